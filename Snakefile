@@ -1,0 +1,17 @@
+# UPH benchmark suite. Stages: corpus -> model -> extract -> svd (LM branch); copy task and
+# feedback run beside it. `snakemake --cores all` runs everything on config.yaml.
+configfile: "config.yaml"
+
+
+include: "rules/common.smk"
+include: "rules/corpus.smk"
+include: "rules/model.smk"
+include: "rules/extract.smk"
+include: "rules/copy_task.smk"
+include: "rules/feedback.smk"
+
+
+rule all:
+    input:
+        all_targets(),
+    default_target: True

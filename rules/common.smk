@@ -1,0 +1,35 @@
+# Helpers shared by every stage: config validation, paths, targets.
+from uph.config import ConfigError, validate
+
+try:
+    validate(config)
+except ConfigError as error:
+    raise WorkflowError(str(error)) from None
+
+
+RESULTS = config["results"]
+
+
+def results(*parts):
+    """Path under the configured results folder."""
+    return "/".join([RESULTS, *map(str, parts)])
+
+
+def shard_paths():
+    return [results("cache", f"shard-{i}.parquet") for i in range(config["extract"]["shards"])]
+
+
+def lm_targets():
+    return [results("corpus", "users.parquet"), *shard_paths(), results("basis", "svd.safetensors")]
+
+
+def copy_task_targets():
+    return []
+
+
+def feedback_targets():
+    return []
+
+
+def all_targets():
+    return lm_targets() + copy_task_targets() + feedback_targets()

