@@ -12,12 +12,10 @@ import yaml
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from uph.errors import ConfigError
+
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
-
-
-class ConfigError(ValueError):
-    """A config value is wrong; the message names the key."""
 
 
 def _load_schemas(schema_dir: Path) -> Registry:

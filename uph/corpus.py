@@ -15,16 +15,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from uph.errors import CorpusError
+
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 .'-]{0,28}\.$")
 HEADER = re.compile(r"^(ACT|SCENE|EPILOGUE|PROLOGUE|INDUCTION|THE END)\b", re.I)
 PERSONS = re.compile(r"^(persons represented|dramatis personae)", re.I)
 BODY_START = re.compile(r"^(ACT|SCENE|PROLOGUE|INDUCTION)\b", re.I)
 STAGE_DIRECTION = re.compile(r"\[[^\]]*\]?", re.S)
 JOINT = re.compile(r"\b(and|AND)\b|&|,")
-
-
-class CorpusError(ValueError):
-    """The corpus cannot be used as given; the message names the file, column or user."""
 
 
 def shakespeare_texts() -> Path:

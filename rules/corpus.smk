@@ -1,0 +1,28 @@
+# Corpus: every (play, role) of the Shakespeare texts, then the tokenized, filtered, split users.
+
+
+rule corpus_roles:
+    output:
+        results("corpus", "roles.parquet"),
+    params:
+        source=config["corpus"]["source"],
+        plays=config["corpus"]["plays"],
+    log:
+        results("logs", "corpus_roles.log"),
+    script:
+        "../workflow_scripts/corpus_roles.py"
+
+
+rule corpus:
+    input:
+        roles=rules.corpus_roles.output[0],
+        model=results("model", "identity.json"),
+    output:
+        users=results("corpus", "users.parquet"),
+    params:
+        corpus=config["corpus"],
+        gap=config["extract"]["context"],
+    log:
+        results("logs", "corpus.log"),
+    script:
+        "../workflow_scripts/corpus.py"

@@ -1,0 +1,22 @@
+"""Errors about the user's input. Each message is one line naming the key, file or user at fault;
+workflow scripts print it as is, without a traceback."""
+
+
+class UphError(ValueError):
+    """Base class: bad input the user can fix."""
+
+
+class ConfigError(UphError):
+    """A config value is wrong; the message names the key."""
+
+
+class CorpusError(UphError):
+    """The corpus cannot be used as given; the message names the file, column or user."""
+
+
+class ModelError(UphError):
+    """The model source cannot be loaded; the message names it."""
+
+
+class CacheError(UphError):
+    """A hidden-state cache file is missing, damaged or was built for something else."""

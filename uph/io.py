@@ -1,0 +1,50 @@
+"""Atomic outputs: every file is written to a temporary name in its folder, then renamed.
+
+A job killed midway leaves at most a `.tmp-*` file behind, never a truncated output that a rerun
+could mistake for a finished one.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary path beside `path`; on success rename it onto `path`, else delete it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(obj, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
+    with atomic_path(path) as tmp:
+        df.to_parquet(tmp, index=False)
+
+
+def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6g") -> None:
+    """A results table as CSV, with Markdown (.md) and LaTeX (.tex) renderings beside it."""
+    csv_path = Path(csv_path)
+    with atomic_path(csv_path) as tmp:
+        df.to_csv(tmp, index=False, float_format=float_format)
+    with atomic_path(csv_path.with_suffix(".md")) as tmp:
+        tmp.write_text(df.to_markdown(index=False, floatfmt=".4g") + "\n")
+    with atomic_path(csv_path.with_suffix(".tex")) as tmp:
+        tmp.write_text(df.to_latex(index=False, float_format=lambda x: f"{x:.4g}", escape=True))

@@ -1,0 +1,13 @@
+"""Rule corpus_roles: all users' text (Shakespeare roles or a corpus file) as one parquet table."""
+from uph.corpus import load_shakespeare_roles, read_corpus_file
+from uph.io import write_parquet
+from uph.logs import rule_logging
+
+with rule_logging(snakemake) as log:
+    source = snakemake.params.source
+    if source == "shakespeare":
+        roles = load_shakespeare_roles(snakemake.params.plays)
+    else:
+        roles = read_corpus_file(source)
+    log.info("%d users, %d characters of text", len(roles), roles["text"].str.len().sum())
+    write_parquet(roles, snakemake.output[0])
