@@ -16,7 +16,7 @@ def results(*parts):
 
 
 def shard_paths():
-    return [results("cache", f"shard-{i}.parquet") for i in range(config["extract"]["shards"])]
+    return expand(results("cache", "shard-{shard}.parquet"), shard=range(config["extract"]["shards"]))
 
 
 def lm_targets():

@@ -160,19 +160,21 @@ def temporal_split(n_tokens: int, train_fraction: float, gap: int) -> Split:
 
 
 def tokenize_users(texts: pd.DataFrame, tokenizer, min_tokens: int, max_users: int,
-                   train_fraction: float, gap: int) -> pd.DataFrame:
-    """Tokenize each user's text, keep users with >= min_tokens tokens, the `max_users` largest.
+                   train_fraction: float, gap: int, max_tokens: int | None = None) -> pd.DataFrame:
+    """Tokenize each user's text (first `max_tokens` tokens if set), keep users with >= min_tokens
+    tokens, the `max_users` largest.
 
     Returns one row per kept user: user_id, n_tokens, train_end, test_start, tokens (list of ids).
     """
+    encoded = tokenizer(list(texts["text"]), add_special_tokens=False)["input_ids"]
     rows = []
-    for user_id, text in zip(texts["user_id"], texts["text"]):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for user_id, ids in zip(texts["user_id"], encoded):
+        ids = ids[:max_tokens]
         if len(ids) >= min_tokens:
             split = temporal_split(len(ids), train_fraction, gap)
             rows.append((user_id, len(ids), split.train_end, split.test_start, ids))
     if not rows:
-        largest = max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts["text"]), default=0)
+        largest = min(max(map(len, encoded), default=0), max_tokens or float("inf"))
         raise CorpusError(f"no user has at least corpus.min_tokens={min_tokens} tokens "
                           f"(the largest has {largest}); lower config key 'corpus.min_tokens'")
     users = pd.DataFrame(rows, columns=["user_id", "n_tokens", "train_end", "test_start", "tokens"])

@@ -23,6 +23,9 @@ def atomic_path(path: str | Path):
     os.close(fd)
     try:
         yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make results private
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -1,0 +1,141 @@
+"""Hidden-state cache: per token, the final hidden state h (the lm_head input) and the next token.
+
+One parquet file per shard; a user's shard is a stable hash of the user id, so shards can be
+built and consumed as independent jobs. Rows: user_id, split ('train' | 'test'), position (index
+of the target in the user's token stream), target, hidden (H numbers; bfloat16 is stored as its
+raw 16 bits). The file's key-value metadata names the model (weights and tokenizer hashes), the
+dtype, the context length and the schema version; a reader that expects another is refused.
+Data pages carry CRC checksums, so a damaged file is detected when it is read.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from uph.errors import CacheError
+from uph.io import atomic_path
+
+SCHEMA_VERSION = 1
+METADATA_KEY = b"uph"
+IDENTITY_KEYS = ("schema_version", "weights_sha256", "tokenizer_sha256", "dtype", "context")
+
+
+def shard_of(user_id: str, n_shards: int) -> int:
+    """Stable across runs and machines (unlike Python's salted hash)."""
+    return zlib.crc32(user_id.encode("utf-8")) % n_shards
+
+
+def cache_identity(model_identity: dict, dtype: torch.dtype, context: int) -> dict:
+    """What a cache file must match to be reused."""
+    return {"schema_version": SCHEMA_VERSION, "model": model_identity["name"],
+            "weights_sha256": model_identity["weights_sha256"],
+            "tokenizer_sha256": model_identity["tokenizer_sha256"],
+            "dtype": str(dtype).removeprefix("torch."), "context": context,
+            "hidden_size": model_identity["hidden_size"]}
+
+
+def _arrow_schema(hidden_size: int, dtype: str, identity: dict) -> pa.Schema:
+    value = pa.uint16() if dtype == "bfloat16" else pa.from_numpy_dtype(np.dtype(dtype))
+    return pa.schema([("user_id", pa.string()), ("split", pa.string()), ("position", pa.int32()),
+                      ("target", pa.int32()), ("hidden", pa.list_(value, hidden_size))],
+                     metadata={METADATA_KEY: json.dumps(identity).encode()})
+
+
+def _to_numpy(hidden: torch.Tensor) -> np.ndarray:
+    if hidden.dtype == torch.bfloat16:
+        return hidden.contiguous().view(torch.uint16).numpy()
+    return hidden.numpy()
+
+
+def _from_numpy(values: np.ndarray, dtype: str) -> torch.Tensor:
+    tensor = torch.from_numpy(values)
+    return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
+
+
+@contextlib.contextmanager
+def shard_writer(path: str | Path, identity: dict):
+    """Yield `write(user_id, split, positions, targets, hidden)`; the shard appears only on success."""
+    schema = _arrow_schema(identity["hidden_size"], identity["dtype"], identity)
+    value_type = schema.field("hidden").type.value_type
+
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd",
+                                                    write_page_checksum=True) as writer:
+        def write(user_id: str, split: str, positions, targets, hidden: torch.Tensor) -> None:
+            n, size = hidden.shape
+            flat = pa.array(_to_numpy(hidden.cpu()).reshape(-1), type=value_type)
+            writer.write_table(pa.table({
+                "user_id": pa.array([user_id] * n, pa.string()),
+                "split": pa.array([split] * n, pa.string()),
+                "position": pa.array(positions, pa.int32()),
+                "target": pa.array(targets, pa.int32()),
+                "hidden": pa.FixedSizeListArray.from_arrays(flat, size)}, schema=schema))
+
+        yield write
+
+
+@dataclass
+class UserStates:
+    """One user's cached tokens: hidden [n, H] and targets [n] for each split."""
+    train_hidden: torch.Tensor
+    train_targets: torch.Tensor
+    test_hidden: torch.Tensor
+    test_targets: torch.Tensor
+
+
+def read_identity(path: str | Path) -> dict:
+    try:
+        metadata = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowException) as error:
+        raise CacheError(f"cache file '{path}' is damaged or truncated ({error}); delete it and rerun "
+                         "the extract stage") from None
+    if METADATA_KEY not in metadata:
+        raise CacheError(f"cache file '{path}' has no uph metadata: not a hidden-state cache; delete it and rerun")
+    return json.loads(metadata[METADATA_KEY])
+
+
+class HiddenStateCache:
+    """Read-only view of shard files, each checked against the identity the reader expects."""
+
+    def __init__(self, paths, expect: dict):
+        self.paths = [Path(p) for p in paths]
+        for path in self.paths:
+            found = read_identity(path)
+            wrong = [k for k in IDENTITY_KEYS if found.get(k) != expect.get(k)]
+            if wrong:
+                detail = ", ".join(f"{k}={found.get(k)!r} (expected {expect.get(k)!r})" for k in wrong)
+                raise CacheError(f"cache file '{path}' was built for something else: {detail}; delete it "
+                                 "and rerun the extract stage")
+        self.dtype = expect["dtype"]
+
+    def load(self) -> dict[str, UserStates]:
+        """Every user of every shard, in user order."""
+        users: dict[str, UserStates] = {}
+        for path in self.paths:
+            try:
+                table = pq.read_table(path, page_checksum_verification=True)
+            except (OSError, pa.ArrowException) as error:
+                raise CacheError(f"cache file '{path}' is damaged ({str(error).splitlines()[0]}); delete it "
+                                 "and rerun the extract stage") from None
+            users.update(self._split_users(table))
+        return dict(sorted(users.items()))
+
+    def _split_users(self, table: pa.Table) -> dict[str, UserStates]:
+        size = table.schema.field("hidden").type.list_size
+        user_ids = table.column("user_id").to_numpy(zero_copy_only=False)
+        is_train = (table.column("split").to_numpy(zero_copy_only=False) == "train")
+        targets = torch.from_numpy(table.column("target").to_numpy().astype(np.int64))
+        hidden = _from_numpy(table.column("hidden").combine_chunks().values.to_numpy().reshape(-1, size), self.dtype)
+        out = {}
+        for user in np.unique(user_ids):
+            mine = user_ids == user
+            train, test = np.flatnonzero(mine & is_train), np.flatnonzero(mine & ~is_train)
+            out[str(user)] = UserStates(hidden[train], targets[train], hidden[test], targets[test])
+        return out

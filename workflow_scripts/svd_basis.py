@@ -1,0 +1,14 @@
+"""Rule svd_basis: the top singular triplets of the model's lm_head weight."""
+from pathlib import Path
+
+from uph.basis import save_basis, top_singular_triplets
+from uph.logs import rule_logging
+from uph.models import lm_head, load_model, read_identity
+
+with rule_logging(snakemake) as log:
+    model_dir = Path(snakemake.input.model).parent
+    W, _ = lm_head(load_model(model_dir))
+    rank = min(snakemake.params.rank, min(W.shape))
+    U, S, Vh = top_singular_triplets(W, rank)
+    log.info("W %s: top %d singular values %.3g .. %.3g", tuple(W.shape), rank, S[0], S[-1])
+    save_basis(snakemake.output[0], U, S, Vh, read_identity(model_dir)["weights_sha256"])
