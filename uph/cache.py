@@ -56,7 +56,7 @@ def _to_numpy(hidden: torch.Tensor) -> np.ndarray:
 
 
 def _from_numpy(values: np.ndarray, dtype: str) -> torch.Tensor:
-    tensor = torch.from_numpy(values)
+    tensor = torch.from_numpy(values.copy())  # arrow's buffers are read-only
     return tensor.view(torch.bfloat16) if dtype == "bfloat16" else tensor
 
 

@@ -1,0 +1,97 @@
+import json
+
+import pandas as pd
+import pytest
+
+from uph.corpus import load_shakespeare_roles, parse_play, read_corpus_file, temporal_split, tokenize_users
+from uph.errors import CorpusError
+from uph.models import byte_tokenizer
+
+PLAY = """HAMLET, PRINCE OF DENMARK
+
+PERSONS REPRESENTED.
+
+Hamlet, Son to the former King.
+Horatio, Friend to Hamlet.
+Rosencrantz, Courtier.
+Guildenstern, Courtier.
+
+SCENE. Elsinore.
+
+ACT I.
+
+Scene I. Elsinore. A platform.
+
+[Enter Hamlet and Horatio.]
+
+Ham.
+Who's there? [Aside.] Speak!
+
+Hor.
+Friends to this ground.
+[Exit.]
+
+Hamlet.
+Good night,
+sweet friend.
+
+Ros. and Guil.
+My lord!
+"""
+
+
+def test_parse_play_attributes_roles_and_drops_stage_directions():
+    speeches = parse_play(PLAY)
+    assert list(speeches["role"]) == ["Hamlet", "Horatio", "Hamlet"]  # 'Ham.' and 'Hamlet.' are one role
+    assert list(speeches["text"]) == ["Who's there? Speak!", "Friends to this ground.", "Good night,\nsweet friend."]
+    assert not speeches["text"].str.contains(r"\[|Courtier|Elsinore").any()  # no directions, persons, headers
+
+
+def test_real_play_roles():
+    roles = load_shakespeare_roles(["hamlet", "lear"]).set_index("user_id")
+    assert {"hamlet/Hamlet", "hamlet/Horatio", "lear/Lear", "lear/Edmund", "lear/Cor", "lear/Cornwall"} <= set(roles.index)
+    hamlet = roles.loc["hamlet/Hamlet", "text"]
+    assert hamlet.startswith("A little more than kin, and less than kind!")
+    assert "To be, or not to be" in hamlet and "[" not in hamlet
+    assert "Claudius, King of Denmark" not in "".join(roles["text"])  # persons list is not speech
+    assert len(roles.loc["hamlet/Hamlet", "text"]) > 3 * len(roles.loc["hamlet/Horatio", "text"])
+
+
+def test_unknown_play_is_named():
+    with pytest.raises(CorpusError, match="corpus.plays.*'hamlett'"):
+        load_shakespeare_roles(["hamlett"])
+
+
+def test_temporal_split_keeps_a_gap():
+    split = temporal_split(1000, 0.8, gap=64)
+    assert (split.train_end, split.test_start, split.n_tokens) == (800, 864, 1000)
+
+
+def test_tokenize_users_filters_and_keeps_largest():
+    texts = pd.DataFrame({"user_id": ["a", "b", "c"], "text": ["x" * 500, "y" * 50, "z" * 900]})
+    users = tokenize_users(texts, byte_tokenizer(), min_tokens=100, max_users=1, train_fraction=0.5, gap=10)
+    assert list(users["user_id"]) == ["c"]
+    row = users.iloc[0]
+    assert (row.n_tokens, row.train_end, row.test_start) == (900, 450, 460)
+    with pytest.raises(CorpusError, match="corpus.min_tokens=1000 .*largest has 900"):
+        tokenize_users(texts, byte_tokenizer(), 1000, 1, 0.5, 10)
+
+
+def test_corpus_files(tmp_path):
+    rows = [{"user_id": "u1", "text": "second", "order": 2}, {"user_id": "u1", "text": "first", "order": 1},
+            {"user_id": "u2", "text": "only"}]
+    jsonl = tmp_path / "c.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows))
+    df = read_corpus_file(jsonl).set_index("user_id")
+    assert df.loc["u1", "text"] == "first\nsecond"
+    pd.DataFrame(rows).drop(columns="user_id").to_parquet(tmp_path / "no_user.parquet")
+    with pytest.raises(CorpusError, match="no 'user_id' column"):
+        read_corpus_file(tmp_path / "no_user.parquet")
+    with pytest.raises(CorpusError, match="'.*missing.jsonl' does not exist"):
+        read_corpus_file(tmp_path / "missing.jsonl")
+    (tmp_path / "bad.jsonl").write_bytes(b'{"user_id": "u", "text": "\xff\xfe"}\n')
+    with pytest.raises(CorpusError, match="bad.jsonl' is not UTF-8"):
+        read_corpus_file(tmp_path / "bad.jsonl")
+    (tmp_path / "broken.jsonl").write_text('{"user_id": "u", "text": \n')
+    with pytest.raises(CorpusError, match="broken.jsonl' cannot be read"):
+        read_corpus_file(tmp_path / "broken.jsonl")

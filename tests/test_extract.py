@@ -1,0 +1,121 @@
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from uph.cache import HiddenStateCache, cache_identity, shard_of, shard_writer
+from uph.corpus import temporal_split
+from uph.errors import CacheError, ModelError
+from uph.extract import extract_users, user_windows
+from uph.models import lm_head, load_model, materialize, read_identity
+
+
+def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(n_users):
+        split = temporal_split(n_tokens + 10 * u, 0.8, gap=context)
+        rows.append((f"user{u}", split.n_tokens, split.train_end, split.test_start,
+                     rng.integers(0, vocab, split.n_tokens).tolist()))
+    return pd.DataFrame(rows, columns=["user_id", "n_tokens", "train_end", "test_start", "tokens"])
+
+
+def _build_cache(model_dir, path, users, context, dtype=torch.float32, batch_size=3):
+    model = load_model(model_dir, dtype=dtype)
+    identity = cache_identity(read_identity(model_dir), dtype, context)
+    with shard_writer(path, identity) as write:
+        extract_users(model, users, context, batch_size, torch.device("cpu"), write)
+    return identity
+
+
+def test_windows_cover_each_region_target_once():
+    tokens = np.arange(100)
+    windows = user_windows("u", tokens, train_end=70, test_start=86, context=16)
+    for split, lo, hi in (("train", 0, 70), ("test", 86, 100)):
+        firsts = [w.first + i for w in windows if w.split == split for i in range(len(w.inputs))]
+        assert firsts == list(range(lo + 1, hi))  # every region token but the first, once, in order
+    assert all(len(w.inputs) <= 16 for w in windows)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_cached_hidden_times_lm_head_reproduces_model_logits(tiny_model_dir, tmp_path, arch):
+    model_dir, context = tiny_model_dir(arch), 16
+    users = _users(context=context)
+    identity = _build_cache(model_dir, tmp_path / "shard.parquet", users, context)
+    cached = HiddenStateCache([tmp_path / "shard.parquet"], expect=identity).load()
+    model = load_model(model_dir)
+    W, b = lm_head(model)
+    for row in users.itertuples():
+        tokens = torch.tensor(row.tokens)
+        states = cached[row.user_id]
+        for split, lo, hi, hidden, targets in (("train", 0, row.train_end, states.train_hidden, states.train_targets),
+                                               ("test", row.test_start, row.n_tokens, states.test_hidden, states.test_targets)):
+            assert torch.equal(targets, tokens[lo + 1:hi])
+            # the model's own logits, window by window, with the full LM head
+            logits = torch.cat([model(tokens[s:min(s + context, hi - 1)][None]).logits[0]
+                                for s in range(lo, hi - 1, context)])
+            ours = hidden @ W.T + (b if b is not None else 0)
+            rel = (ours - logits).norm() / logits.norm()
+            assert rel < 1e-4, f"{arch} {split}: relative error {rel:.2e}"
+
+
+def test_bfloat16_cache_round_trips_exactly(tiny_model_dir, tmp_path):
+    model_dir, users = tiny_model_dir("llama"), _users(n_users=1)
+    identity = _build_cache(model_dir, tmp_path / "s.parquet", users, 16, dtype=torch.bfloat16)
+    states = HiddenStateCache([tmp_path / "s.parquet"], expect=identity).load()["user0"]
+    model = load_model(model_dir, dtype=torch.bfloat16)
+    tokens = torch.tensor(users.tokens[0][:16])[None]
+    direct = model.base_model(input_ids=tokens).last_hidden_state[0, :15]
+    assert states.train_hidden.dtype == torch.bfloat16
+    assert torch.equal(states.train_hidden[:15], direct)
+
+
+def test_cache_rejects_another_model_or_setting(tiny_model_dir, tmp_path):
+    users = _users(n_users=1)
+    llama = _build_cache(tiny_model_dir("llama"), tmp_path / "s.parquet", users, 16)
+    gpt2 = cache_identity(read_identity(tiny_model_dir("gpt2")), torch.float32, 16)
+    with pytest.raises(CacheError, match=r"s.parquet' was built for something else: weights_sha256="):
+        HiddenStateCache([tmp_path / "s.parquet"], expect=gpt2)
+    with pytest.raises(CacheError, match=r"context=16 \(expected 32\)"):
+        HiddenStateCache([tmp_path / "s.parquet"], expect={**llama, "context": 32})
+    with pytest.raises(CacheError, match=r"dtype='float32' \(expected 'bfloat16'\)"):
+        HiddenStateCache([tmp_path / "s.parquet"], expect={**llama, "dtype": "bfloat16"})
+
+
+def test_damaged_cache_is_detected(tiny_model_dir, tmp_path):
+    identity = _build_cache(tiny_model_dir("llama"), tmp_path / "s.parquet", _users(n_users=1), 16)
+    data = (tmp_path / "s.parquet").read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CacheError, match="cut.parquet' is damaged or truncated"):
+        HiddenStateCache([tmp_path / "cut.parquet"], expect=identity)
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0xFF  # inside a data page: the page checksum no longer matches
+    (tmp_path / "edit.parquet").write_bytes(bytes(flipped))
+    with pytest.raises(CacheError, match="edit.parquet' is damaged"):
+        HiddenStateCache([tmp_path / "edit.parquet"], expect=identity).load()
+
+
+def test_failed_extraction_leaves_no_shard(tiny_model_dir, tmp_path):
+    identity = cache_identity(read_identity(tiny_model_dir("llama")), torch.float32, 16)
+    with pytest.raises(RuntimeError):
+        with shard_writer(tmp_path / "s.parquet", identity) as write:
+            raise RuntimeError("killed midway")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shards_are_stable_and_spread():
+    assert shard_of("hamlet/Hamlet", 4) == 2  # crc32: the same on every machine and run
+    counts = np.bincount([shard_of(f"play/role{i}", 4) for i in range(400)], minlength=4)
+    assert counts.min() > 70
+
+
+def test_model_sources_fail_with_one_clear_line(tmp_path):
+    with pytest.raises(ModelError, match="'/no/such/folder' is neither a local folder nor a hub id"):
+        materialize("m", "/no/such/folder", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="model folder '.*empty' holds no weights"):
+        materialize("m", str(tmp_path / "empty"), tmp_path / "out")
+    with pytest.raises(ModelError, match="package 'no_such_package' is not installed"):
+        materialize("m", "package:no_such_package", tmp_path / "out")
+    with pytest.raises(ModelError, match="unknown tiny architecture 'tiny:mamba'"):
+        materialize("m", "tiny:mamba", tmp_path / "out")
