@@ -1,0 +1,39 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from uph.config import validate
+from uph.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=["config.yaml", "config/test.yaml"])
+def config(request):
+    return yaml.safe_load((REPO / request.param).read_text())
+
+
+def test_shipped_configs_are_valid_and_get_defaults(config):
+    validate(config)
+    assert config["fit"]["steps"] == 30 and config["fit"]["lr"] == 0.05  # seed 002 defaults
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(modle={}), "config key 'modle' is not known"),
+    (lambda c: c["extract"].update(shard=2), "config key 'extract.shard' is not known"),
+    (lambda c: c["extract"].update(shards=0), "config key 'extract.shards': 0 is less than the minimum of 1"),
+    (lambda c: c["extract"].update(dtype="float8"), "config key 'extract.dtype': 'float8' is not one of"),
+    (lambda c: c["corpus"].update(min_tokens="many"), "config key 'corpus.min_tokens': 'many' is not of type 'integer'"),
+    (lambda c: c.update(device="tpu"), "config key 'device': 'tpu' is not one of"),
+    (lambda c: c["model"].pop("source"), "config key 'model': 'source' is a required property"),
+    (lambda c: c["corpus"].update(min_tokens=300), "config key 'corpus.min_tokens': 300 leaves"),
+])
+def test_bad_values_name_the_key(config, edit, message):
+    config = copy.deepcopy(config)
+    edit(config)
+    with pytest.raises(ConfigError) as error:
+        validate(config)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
