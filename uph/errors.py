@@ -20,3 +20,7 @@ class ModelError(UphError):
 
 class CacheError(UphError):
     """A hidden-state cache file is missing, damaged or was built for something else."""
+
+
+class FitDivergedError(UphError):
+    """A theta fit produced a NaN or inf; the message names the user and the configuration."""
