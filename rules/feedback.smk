@@ -1,0 +1,38 @@
+# Feedback: a character MLP language model on the corpus text, trained with backprop, direct
+# feedback alignment and factored feedback (seed 003); one job per (method, seed), then the table.
+
+
+rule feedback_train:
+    input:
+        roles=rules.corpus_roles.output[0],
+    output:
+        results("feedback", "method~{method}", "seed~{seed}", "curves.parquet"),
+    wildcard_constraints:
+        method="|".join(config["feedback"]["methods"]),
+        seed=r"\d+",
+    params:
+        feedback=config["feedback"],
+        device=config["device"],
+    threads: 1
+    log:
+        results("logs", "feedback_train-method~{method}-seed~{seed}.log"),
+    benchmark:
+        results("benchmarks", "feedback_train-method~{method}-seed~{seed}.tsv")
+    script:
+        "../workflow_scripts/feedback_train.py"
+
+
+rule feedback_table:
+    input:
+        expand(rules.feedback_train.output[0], method=config["feedback"]["methods"],
+               seed=config["feedback"]["seeds"]),
+    output:
+        csv=report(results("tables", "feedback.csv"), caption="../report/feedback.rst", category="Feedback"),
+        md=results("tables", "feedback.md"),
+        tex=results("tables", "feedback.tex"),
+    log:
+        results("logs", "feedback_table.log"),
+    benchmark:
+        results("benchmarks", "feedback_table.tsv")
+    script:
+        "../workflow_scripts/feedback_table.py"

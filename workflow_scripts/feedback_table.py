@@ -1,0 +1,12 @@
+"""Rule feedback_table: one row per (method, seed) from the training curves."""
+import pandas as pd
+
+from uph.feedback_training import summarize
+from uph.io import write_table
+from uph.logs import rule_logging
+
+with rule_logging(snakemake) as log:
+    table = summarize(pd.concat([pd.read_parquet(path) for path in snakemake.input], ignore_index=True))
+    means = table.groupby("method", sort=False)[["final_loss", "final_acc", "mean_alignment"]].mean()
+    log.info("means over seeds:\n%s", means.to_string(float_format="%.4f"))
+    write_table(table, snakemake.output.csv)
