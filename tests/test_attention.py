@@ -1,0 +1,137 @@
+"""RoPE, standard and triple-product attention against explicit computations."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from uph.attention import (ATTENTIONS, OneLayerModel, _TripleProductProbs, rope, standard_attention,
+                           triple_product_attention, triple_scores)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: two threads spin against each other on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def literal_gram_scores(q, k, r):
+    """-det of the 3x3 Gram matrix of (q_i, k_j, r_i), per (i, j), scaled by D^-1.5, causal."""
+    T, D = q.shape[-2:]
+    grid = q.shape[:-2] + (T, T, D)
+    vectors = torch.stack((q[..., :, None, :].expand(grid), k[..., None, :, :].expand(grid),
+                           r[..., :, None, :].expand(grid)), dim=-2)
+    det = torch.linalg.det(vectors @ vectors.transpose(-1, -2))
+    return (-det * D ** -1.5).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+
+
+def random_qkr(*shape, dtype=torch.float64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=generator, dtype=dtype) for _ in range(3)]
+
+
+def test_rope_is_seed_004s_rotation_of_interleaved_pairs():
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    pairs = torch.complex(x[..., 0::2], x[..., 1::2])
+    theta = torch.arange(5, dtype=torch.float64)[:, None] * 10000.0 ** (-torch.arange(0, 8, 2) / 8)
+    turned = pairs * torch.polar(torch.ones_like(theta), theta)
+    expected = torch.cat((turned.real, turned.imag), dim=-1)
+    torch.testing.assert_close(rope(x), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("score", ["dot", "triple"])
+def test_rope_scores_depend_only_on_relative_position(score):
+    q, k, r = (v.expand(12, 8) for v in random_qkr(1, 8))   # the same content at every position
+    q, k, r = rope(q), rope(k), rope(r)
+    scores = q @ k.T if score == "dot" else triple_scores(q, k, r)
+    for offset in range(12):
+        diagonal = torch.diagonal(scores, offset=-offset)       # all (i, i - offset)
+        torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal), rtol=1e-6, atol=1e-6)
+    assert torch.diagonal(scores, offset=-1)[0] != torch.diagonal(scores, offset=-2)[0]
+
+
+def test_fast_triple_score_equals_literal_gram_determinant_in_float64():
+    q, k, r = random_qkr(2, 3, 9, 6)
+    torch.testing.assert_close(triple_scores(q, k, r), literal_gram_scores(q, k, r), rtol=1e-6, atol=0)
+
+
+def test_fast_triple_score_in_float32_is_within_1e_6_of_float64_literal():
+    q, k, r = random_qkr(2, 3, 16, 16, dtype=torch.float32)
+    fast = triple_scores(q, k, r)
+    exact = literal_gram_scores(q.double(), k.double(), r.double())
+    past = torch.isfinite(exact)
+    assert fast.dtype == torch.float32 and torch.equal(past, torch.isfinite(fast))
+    assert (fast.double() - exact)[past].abs().max() <= 1e-6 * exact[past].abs().max()
+
+
+def test_triple_score_is_float32_for_bfloat16_inputs_and_under_autocast():
+    q, k, r = random_qkr(2, 7, 8, dtype=torch.bfloat16)
+    scores = triple_scores(q, k, r)
+    assert scores.dtype == torch.float32
+    assert torch.equal(scores, triple_scores(q.float(), k.float(), r.float()))
+    q, k, r = (v.float() for v in (q, k, r))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = triple_scores(q, k, r), _TripleProductProbs.apply(q, k, r)
+    outside = triple_scores(q, k, r), _TripleProductProbs.apply(q, k, r)
+    for a, b in zip(inside, outside):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+
+
+def test_triple_probabilities_gradient_matches_finite_differences():
+    q, k, r = (v.requires_grad_() for v in random_qkr(1, 2, 4, 4))
+    assert torch.autograd.gradcheck(_TripleProductProbs.apply, (q, k, r))
+
+
+def test_triple_attention_and_gradients_equal_autograd_through_the_literal_formula():
+    q, k, r = (v.requires_grad_() for v in random_qkr(2, 3, 10, 6, seed=1))
+    v = torch.randn(2, 3, 10, 6, dtype=torch.float64)
+    weights = torch.randn(2, 3, 10, 6, dtype=torch.float64)
+    fast = triple_product_attention(q, k, r, v)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), (q, k, r))
+    literal = torch.softmax(literal_gram_scores(q, k, r), dim=-1) @ v
+    literal_grads = torch.autograd.grad((literal * weights).sum(), (q, k, r))
+    torch.testing.assert_close(fast, literal, rtol=1e-9, atol=1e-12)
+    for a, b in zip(fast_grads, literal_grads):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_standard_attention_is_masked_softmax_of_scaled_dots():
+    q, k, v = random_qkr(2, 3, 10, 8)
+    scores = (q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(torch.ones(10, 10).triu(1).bool(), -math.inf)
+    torch.testing.assert_close(standard_attention(q, k, v), torch.softmax(scores, -1) @ v)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_changing_a_future_token_changes_no_earlier_output(attention):
+    torch.manual_seed(0)
+    model = OneLayerModel(vocab=11, d_model=16, n_head=2, attention=attention)
+    tokens = torch.randint(0, 11, (3, 20))
+    changed = tokens.clone()
+    changed[:, 13] = (changed[:, 13] + 1) % 11
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    torch.testing.assert_close(before[:, :13], after[:, :13], rtol=0, atol=0)
+    assert not torch.allclose(before[:, 13:], after[:, 13:])
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_model_gradients_are_finite(attention):
+    torch.manual_seed(0)
+    model = OneLayerModel(vocab=11, d_model=32, n_head=4, attention=attention)
+    with torch.no_grad():
+        model.embed.weight.mul_(3.0)   # large activations: the degree-6 score spans a wide range
+    tokens = torch.randint(0, 11, (4, 64))
+    loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss)
+    for name, parameter in model.named_parameters():
+        assert torch.isfinite(parameter.grad).all() and parameter.grad.abs().sum() > 0, name
+
+
+def test_unknown_attention_kind_is_refused():
+    with pytest.raises(ValueError, match="'cosine' is not one of"):
+        OneLayerModel(vocab=4, d_model=8, n_head=2, attention="cosine")

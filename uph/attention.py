@@ -1,0 +1,165 @@
+"""Causal self-attention with RoPE: the standard dot-product score and seed 004's triple product.
+
+RoPE (seed 004's layout): the pairs (x[2m], x[2m+1]) of a head vector at position t turn by the
+angle t * 10000^(-2m/D) and are written back as [all first components | all second components].
+Every vector of one position turns the same way, so a dot product of rotated vectors depends on
+their positions only through the offset j - i.
+
+Standard score:        s_ij = q_i·k_j / sqrt(D)
+Triple-product score:  s_ij = -det Gram(q_i, k_j, r_i) / D^1.5   (RoPE on q, k and r)
+
+Writing ab for a·b, with qk_ij = q_i·k_j and rk_ij = r_i·k_j the only T×T inputs,
+
+    det = qq kk rr + 2 qk rk qr - qq rk² - kk qr² - rr qk²
+        = kk_j δ_i - qk_ij (w_i·k_j) - rk_ij (z_i·k_j),
+    δ_i = qq rr - qr²,   w_i = rr q_i - qr r_i,   z_i = qq r_i - qr q_i
+
+(δ is the Gram determinant of q_i, r_i; (w, z) its adjugate applied to (q_i, r_i)). So the score is
+four thin matmuls against k, two Hadamard products and a rank-one update, computed in place in two
+T×T buffers, in float32 at least whatever the input dtype (det is a difference of large terms).
+The backward recomputes qk and rk from the saved q, k, r instead of keeping them; with
+H = dL/ds (zero above the diagonal), c = -1/D^1.5, h_i = Σ_j H_ij kk_j, M1 = (H⊙qk) k,
+M2 = (H⊙rk) k, and the row sums Σ_j H qk² = q·M1, Σ_j H rk² = r·M2, Σ_j H qk rk = r·M1:
+
+    dL/dq_i = 2c [(rr h - r·M2) q + qr M2 - rr M1 + (r·M1 - qr h) r]_i
+    dL/dr_i = 2c [(qq h - q·M1) r + qr M1 - qq M2 + (r·M1 - qr h) q]_i
+    dL/dk_j = 2c [(Σ_i H_ij δ_i) k_j - ((H⊙qk)ᵀ w)_j - ((H⊙rk)ᵀ z)_j]
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ATTENTIONS = ("standard", "triple", "triple_normed")
+ROPE_BASE = 10000.0
+
+
+def rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotate head vectors x [..., T, D] by their position 0..T-1 (seed 004's RoPE, angles in float32)."""
+    T, D = x.shape[-2:]
+    inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
+    angles = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * inv_freq
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def _future(T: int, device: torch.device) -> torch.Tensor:
+    """[T, T] bool, True where key j lies after query i."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).triu_(1)
+
+
+def _dots(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor):
+    """Per-position Gram entries qq, rr, qr [..., T], kk [..., T] and δ = qq rr - qr²."""
+    qq, rr, qr, kk = (q * q).sum(-1), (r * r).sum(-1), (q * r).sum(-1), (k * k).sum(-1)
+    return qq, rr, qr, kk, qq * rr - qr * qr
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """[..., T, X] -> [N, T, X], a view."""
+    return x.reshape(-1, *x.shape[-2:])
+
+
+def triple_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Causal triple-product scores -det Gram(q_i, k_j, r_i) / D^1.5 [..., T, T], -inf above the diagonal."""
+    with torch.autocast(q.device.type, enabled=False):
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        q, k, r = q.to(dtype), k.to(dtype), r.to(dtype)
+        T, scale = q.shape[-2], q.shape[-1] ** -1.5
+        qq, rr, qr, kk, delta = _dots(q, k, r)
+        w = (rr[..., None] * q - qr[..., None] * r) * scale
+        z = (qq[..., None] * r - qr[..., None] * q) * scale
+        kt = k.transpose(-2, -1)
+        scores = (w @ kt).mul_(q @ kt)                        # qk ⊙ (w·k)
+        scores.addcmul_(r @ kt, z @ kt)                       # + rk ⊙ (z·k)
+        _flat(scores).baddbmm_(_flat(delta[..., None]), _flat(kk[..., None, :]), alpha=-scale)
+        return scores.masked_fill_(_future(T, q.device), float("-inf"))
+
+
+class _TripleProductProbs(torch.autograd.Function):
+    """softmax_j(triple_scores(q, k, r)); saves q, k, r and the probabilities, recomputes qk and rk."""
+
+    @staticmethod
+    def forward(ctx, q, k, r):
+        probs = torch.softmax(triple_scores(q, k, r), dim=-1)
+        ctx.save_for_backward(q, k, r, probs)
+        return probs
+
+    @staticmethod
+    def backward(ctx, grad_probs):
+        q_in, k_in, r_in, probs = ctx.saved_tensors
+        with torch.autocast(probs.device.type, enabled=False):
+            q, k, r = q_in.to(probs.dtype), k_in.to(probs.dtype), r_in.to(probs.dtype)
+            c = -2 * q.shape[-1] ** -1.5
+            H = torch.ops.aten._softmax_backward_data(grad_probs.to(probs.dtype), probs, -1, probs.dtype)
+            qq, rr, qr, kk, delta = _dots(q, k, r)
+            h = (H @ kk[..., None]).squeeze(-1)
+            h_delta = (delta[..., None, :] @ H).squeeze(-2)   # Σ_i H_ij δ_i
+            kt = k.transpose(-2, -1)
+            Hqk, Hrk = (q @ kt).mul_(H), (r @ kt).mul_(H)
+            del H
+            M1, M2 = Hqk @ k, Hrk @ k
+            w = rr[..., None] * q - qr[..., None] * r
+            z = qq[..., None] * r - qr[..., None] * q
+            grad_k = h_delta[..., None] * k - Hqk.transpose(-2, -1) @ w - Hrk.transpose(-2, -1) @ z
+            del Hqk, Hrk
+            qM1, rM1, rM2 = (q * M1).sum(-1), (r * M1).sum(-1), (r * M2).sum(-1)
+            cross = (rM1 - qr * h)[..., None]
+            grad_q = (rr * h - rM2)[..., None] * q + qr[..., None] * M2 - rr[..., None] * M1 + cross * r
+            grad_r = (qq * h - qM1)[..., None] * r + qr[..., None] * M1 - qq[..., None] * M2 + cross * q
+        return (c * grad_q).to(q_in.dtype), (c * grad_k).to(k_in.dtype), (c * grad_r).to(r_in.dtype)
+
+
+def triple_product_attention(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention [..., T, D] with the triple-product score (RoPE already applied to q, k, r)."""
+    probs = _TripleProductProbs.apply(q, k, r)
+    return probs.to(v.dtype) @ v
+
+
+def standard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax(q·k / sqrt(D)) v (RoPE already applied to q, k)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with RoPE inside, as seed 004 builds both kinds.
+
+    One bias-free projection makes q, k, v (standard) or q, k, r, v (triple) for every head,
+    RoPE turns q, k (and r), the heads attend, one bias-free projection mixes them back.
+    """
+
+    def __init__(self, d_model: int, n_head: int, kind: str):
+        super().__init__()
+        if kind not in ATTENTIONS:
+            raise ValueError(f"attention kind {kind!r} is not one of {ATTENTIONS}")
+        self.kind, self.n_head = kind, n_head
+        self.n_proj = 3 if kind == "standard" else 4
+        self.proj = nn.Linear(d_model, self.n_proj * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        heads = self.proj(x).view(B, T, self.n_proj, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        turned, v = rope(heads[:-1]), heads[-1]
+        if self.kind == "standard":
+            y = standard_attention(*turned, v)
+        else:
+            if self.kind == "triple_normed":
+                turned = turned * (turned.shape[-1] ** 0.5 / turned.norm(dim=-1, keepdim=True).clamp_min(1e-6))
+            y = triple_product_attention(*turned, v)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class OneLayerModel(nn.Module):
+    """Seed 004's model: token embedding -> attention -> unembedding; no positional embedding,
+    no residual, no norm: position enters only through RoPE."""
+
+    def __init__(self, vocab: int, d_model: int, n_head: int, attention: str):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.attention = CausalSelfAttention(d_model, n_head, attention)
+        self.unembed = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.unembed(self.attention(self.embed(tokens)))
