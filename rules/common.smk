@@ -24,7 +24,7 @@ def lm_targets():
 
 
 def copy_task_targets():
-    return []
+    return [results("tables", "copy_task.csv"), results("tables", "gram_resilience.csv")]
 
 
 def feedback_targets():

@@ -1,0 +1,67 @@
+# Copy task (seed 004): one training job per (attention, seed), the copy-task table over them,
+# and the Gram resilience table. Independent of the LM branch: no model, no corpus.
+from uph.attention import ATTENTIONS
+from uph.copy_task import check_config as check_copy_task_config
+from uph.errors import ConfigError
+
+try:
+    check_copy_task_config(config["copy_task"])
+except ConfigError as error:
+    raise WorkflowError(str(error)) from None
+
+COPY_TASK = config["copy_task"]
+COPY_TASK_JOB = results("copy_task", "attention~{attention}", "seed~{seed}")
+
+
+def copy_task_runs(name):
+    """`name` (curves.parquet or eval.parquet) of every configured (attention, seed) job."""
+    return expand(f"{COPY_TASK_JOB}/{name}", attention=COPY_TASK["attentions"], seed=COPY_TASK["seeds"])
+
+
+rule copy_task_train:
+    output:
+        curves=f"{COPY_TASK_JOB}/curves.parquet",
+        evaluation=f"{COPY_TASK_JOB}/eval.parquet",
+    params:
+        cfg=COPY_TASK,
+        device=config["device"],
+    wildcard_constraints:
+        attention="|".join(ATTENTIONS),
+        seed=r"\d+",
+    threads: 1
+    log:
+        results("logs", "copy_task_train", "attention~{attention}-seed~{seed}.log"),
+    benchmark:
+        results("benchmarks", "copy_task_train-attention~{attention}-seed~{seed}.tsv")
+    script:
+        "../workflow_scripts/copy_task_train.py"
+
+
+rule copy_task_table:
+    input:
+        evaluations=copy_task_runs("eval.parquet"),
+        curves=copy_task_runs("curves.parquet"),
+    output:
+        csv=report(results("tables", "copy_task.csv"), caption="../report/copy_task.rst", category="Copy task"),
+        md=results("tables", "copy_task.md"),
+        tex=results("tables", "copy_task.tex"),
+    log:
+        results("logs", "copy_task_table.log"),
+    benchmark:
+        results("benchmarks", "copy_task_table.tsv")
+    script:
+        "../workflow_scripts/copy_task_table.py"
+
+
+rule gram_resilience:
+    output:
+        csv=report(results("tables", "gram_resilience.csv"), caption="../report/gram_resilience.rst",
+                   category="Copy task"),
+        md=results("tables", "gram_resilience.md"),
+        tex=results("tables", "gram_resilience.tex"),
+    log:
+        results("logs", "gram_resilience.log"),
+    benchmark:
+        results("benchmarks", "gram_resilience.tsv")
+    script:
+        "../workflow_scripts/copy_task_resilience.py"

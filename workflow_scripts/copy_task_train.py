@@ -1,0 +1,17 @@
+"""Rule copy_task_train: seed 004's one-layer model on the copy task, for one (attention, seed)."""
+import torch
+
+from uph.copy_task import train
+from uph.device import resolve_device
+from uph.io import write_parquet
+from uph.logs import rule_logging
+
+with rule_logging(snakemake) as log:
+    torch.set_num_threads(snakemake.threads)
+    curves, evaluation = train(snakemake.params.cfg, snakemake.wildcards.attention, int(snakemake.wildcards.seed),
+                               resolve_device(snakemake.params.device), log)
+    for row in evaluation.itertuples():
+        log.info("eval length %d: copy loss %.4f, token acc %.4f, sequence acc %.4f",
+                 row.eval_len, row.final_loss, row.token_acc, row.seq_acc)
+    write_parquet(curves, snakemake.output.curves)
+    write_parquet(evaluation, snakemake.output.evaluation)
