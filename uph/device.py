@@ -14,9 +14,13 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' -> bfloat16 where the device supports it (CPUs and recent GPUs), else float32."""
+    """'auto' -> bfloat16 where the hardware computes it natively, else float32.
+
+    CPUs without bfloat16 instructions (AVX512-BF16 or AMX; e.g. AVX2-only machines) emulate it
+    and run bfloat16 matmuls several times slower than float32, so there float32 is the fast choice.
+    """
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16
+        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
     return getattr(torch, name)
