@@ -1,0 +1,119 @@
+"""User prior heads (seeds 000-002): each one a rank-d change of the logits.
+
+With h the final hidden state (the lm_head input, after the final norm) and W [V, H], b the
+lm_head, every head changes the logits z = W h + b by a term of rank at most d:
+
+    conditional heads     z(theta) = W h + b + P (theta ⊙ A h)     P [V, d], A [d, H]
+    unconditional heads   z(theta) = W h + b + P theta
+
+| head           | seed | what the seed does                   | A       | P            |
+| -------------- | ---- | ------------------------------------ | ------- | ------------ |
+| cvh            | 000  | h' = h + alpha B (theta ⊙ A h)       | A       | alpha W B    |
+| uncond         | 000  | h' = h + alpha U theta               | -       | alpha W U    |
+| svd_cvh        | 001  | h' = h + alpha V_d (theta ⊙ V_d^T h) | V_d^T   | alpha W V_d  |
+| svd_uncond     | 001  | h' = h + alpha V_d theta             | -       | alpha W V_d  |
+| lm_head_update | 002  | W'_u = W + gamma alpha C diag(theta) A | A     | gamma alpha C |
+
+Seed 000's random bases: one generator seeded `basis_seed` draws A ~ N(0, 1/H) [d, H] and then
+B ~ N(0, 1/d) [H, d]; the unconditional U ~ N(0, 1/d) [H, d] comes from `basis_seed + 1000`.
+Seed 001's V_d holds the top-d right singular vectors of W (W V_d = U_d S_d: SVD-CVH rescales the
+top-d singular values by 1 + alpha theta). For `lm_head_update` the basis is configurable:
+"svd" takes A = V_d^T and C = U_d S_d (so it equals svd_cvh with alpha -> gamma alpha); "random"
+draws A ~ N(0, 1/H) [d, H] and then C ~ N(0, 1/d) [V, d] from one generator seeded `basis_seed`
+(seed 000's fan-in scaling, which gives C the scale of U_d S_d).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from uph.errors import ConfigError
+
+HEADS = ("cvh", "uncond", "svd_cvh", "svd_uncond", "lm_head_update")
+BASES = ("svd", "random")
+
+
+@dataclass(frozen=True)
+class Head:
+    """A head's seed semantics (`apply_hidden`) and its low-rank logit description (P, A)."""
+
+    name: str
+    d: int
+    P: torch.Tensor             # [V, d] logit directions, scalings included
+    A: torch.Tensor | None      # [d, H] conditional heads' projection; None: unconditional
+    up: torch.Tensor | None     # [H, d] alpha B (hidden-space heads); None for lm_head_update
+    W: torch.Tensor             # the lm_head, for `logits`
+    b: torch.Tensor | None
+
+    @property
+    def conditional(self) -> bool:
+        return self.A is not None
+
+    def _gated(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """theta ⊙ A h per row [n, d], or theta itself for unconditional heads [1, d]."""
+        return theta * (h @ self.A.T) if self.conditional else theta.unsqueeze(0)
+
+    def apply_hidden(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """What the seed computes: h' [n, H], or for lm_head_update the logits W'_u h + b [n, V]."""
+        if self.up is None:
+            W_user = self.W + self.P @ torch.diag(theta) @ self.A
+            return F.linear(h, W_user, self.b)
+        return h + self._gated(h, theta) @ self.up.T
+
+    def logits(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Personalized logits the seed's way: the head first, then the lm_head."""
+        out = self.apply_hidden(h, theta)
+        return out if self.up is None else F.linear(out, self.W, self.b)
+
+    def correction(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """The rank-d logit change P (theta ⊙ A h) (or P theta), [n, V]."""
+        return (self._gated(h, theta) @ self.P.T).expand(h.shape[0], -1)
+
+
+def _random(shape: tuple[int, int], fan_in: int, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(*shape, generator=generator) / fan_in ** 0.5
+
+
+def make_head(name: str, W: torch.Tensor, svd: tuple | None = None, d: int = 64, alpha: float = 0.1,
+              basis_seed: int = 42, gamma: float = 0.5, basis: str = "svd",
+              bias: torch.Tensor | None = None) -> Head:
+    """Build head `name` on the lm_head (W [V, H], `bias`), with svd = (U, S, Vh) of W when needed."""
+    if name not in HEADS:
+        raise ConfigError(f"config key 'fit.heads': unknown head '{name}' (known: {', '.join(HEADS)})")
+    if name == "lm_head_update" and basis not in BASES:
+        raise ConfigError(f"config key 'fit.basis': unknown basis '{basis}' (known: {', '.join(BASES)})")
+    V, H = W.shape
+    if not 1 <= d <= H:
+        raise ConfigError(f"config key 'fit.d': d={d} must be between 1 and the hidden size {H}")
+    uses_svd = name.startswith("svd_") or (name == "lm_head_update" and basis == "svd")
+    if uses_svd:
+        if svd is None or svd[2].shape[0] < d:
+            have = "no SVD basis" if svd is None else f"an SVD basis of {svd[2].shape[0]} triplets"
+            raise ConfigError(f"config key 'fit.d': head '{name}' with d={d} needs the top {d} "
+                              f"singular triplets of the lm_head, got {have}")
+        U, S, Vh = svd
+        U, S, Vh = U[:, :d].to(W.dtype), S[:d].to(W.dtype), Vh[:d].to(W.dtype)
+
+    A = up = None
+    if name == "cvh":
+        generator = torch.Generator().manual_seed(basis_seed)
+        A = _random((d, H), H, generator)
+        up = alpha * _random((H, d), d, generator)
+    elif name == "uncond":
+        up = alpha * _random((H, d), d, torch.Generator().manual_seed(basis_seed + 1000))
+    elif name in ("svd_cvh", "svd_uncond"):
+        A = Vh if name == "svd_cvh" else None
+        up = alpha * Vh.T
+    if up is not None:
+        up = up.to(W.dtype)
+        return Head(name, d, P=W @ up, A=None if A is None else A.to(W.dtype), up=up, W=W, b=bias)
+
+    if basis == "svd":
+        A, C = Vh, U * S
+    else:
+        generator = torch.Generator().manual_seed(basis_seed)
+        A = _random((d, H), H, generator).to(W.dtype)
+        C = _random((V, d), d, generator).to(W.dtype)
+    return Head(name, d, P=gamma * alpha * C, A=A, up=None, W=W, b=bias)
