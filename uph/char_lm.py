@@ -71,7 +71,7 @@ def evenly_spaced_windows(tokens: torch.Tensor, context: int, count: int) -> tup
 def output_error(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """e_L = softmax(z) - onehot(y), per example."""
     e = torch.softmax(z, dim=-1)
-    e[torch.arange(len(y)), y] -= 1
+    e[torch.arange(len(y), device=y.device), y] -= 1
     return e
 
 
@@ -100,7 +100,7 @@ class CharMLP:
     def forward(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
         """x (N, T) -> the hidden outputs [h_1..h_L] and the logits z (N, V)."""
         (E, b_1), *rest = self.hidden_weights
-        h = torch.tanh(E[torch.arange(x.shape[1]), x].sum(1) + b_1)
+        h = torch.tanh(E[torch.arange(x.shape[1], device=x.device), x].sum(1) + b_1)
         hs = [h]
         for W, b in rest:
             h = torch.tanh(h @ W.T + b)

@@ -67,6 +67,9 @@ class TrainConfig:
 
 
 class Backprop:
+    def to(self, device: torch.device) -> Backprop:
+        return self
+
     def deltas(self, e: torch.Tensor, true: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
         return true, {}
 
@@ -130,9 +133,7 @@ def train(corpus: CharCorpus, method: str, seed: int, config: TrainConfig,
     vocab_size = len(corpus.vocab)
     model = CharMLP(vocab_size, config.context, list(config.hidden),
                     torch.Generator().manual_seed(seed)).to(device)
-    rule = make_method(method, vocab_size, config, torch.Generator().manual_seed(seed + 1_000_000))
-    if hasattr(rule, "to"):
-        rule.to(device)
+    rule = make_method(method, vocab_size, config, torch.Generator().manual_seed(seed + 1_000_000)).to(device)
     batches = torch.Generator().manual_seed(seed + 2_000_000)
     optimizer = Adam(model.params, lr=config.lr)
     x_test, y_test = (t.to(device) for t in evenly_spaced_windows(corpus.test, config.context, config.eval_windows))

@@ -1,0 +1,89 @@
+"""Cost of one training step of each learning rule, against torch autograd on the same network.
+
+Run: .venv/bin/python benchmarks/bench_feedback.py [--steps 300]
+
+The network is the embedded default's (context 32, hidden [256, 256], batch 64, rank 32) on
+random text with the default's 81-character vocabulary, one thread. Each rule runs through
+uph.feedback_training.train (forward, hand-written backward, the rule's deltas, Adam); the
+reference is autograd's backward with torch.optim.Adam. Rounds alternate between the rules so
+that load on a shared machine hits them alike; the median of the rounds is reported. Also timed:
+a fresh interpreter importing torch, with and without constructing torch.optim.Adam (which
+imports torch._dynamo), the cost our hand-written Adam saves every training job.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from uph.char_lm import CharCorpus, CharMLP, sample_batch
+from uph.feedback import UpdateConfig
+from uph.feedback_training import METHODS, TrainConfig, train
+
+VOCAB = 81
+
+
+def autograd_seconds(corpus: CharCorpus, config: TrainConfig) -> float:
+    """Wall time of `config.steps` autograd steps with torch.optim.Adam."""
+    model = CharMLP(VOCAB, config.context, list(config.hidden), torch.Generator().manual_seed(0))
+    params = [p.requires_grad_() for p in model.params]
+    optimizer = torch.optim.Adam(params, lr=config.lr)
+    batches = torch.Generator().manual_seed(1)
+    start = time.perf_counter()
+    for _ in range(config.steps):
+        x, y = sample_batch(corpus.train, config.context, config.batch_size, batches)
+        optimizer.zero_grad()
+        F.cross_entropy(model.forward(x)[1], y).backward()
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+def import_seconds(code: str, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tokens = torch.randint(VOCAB, (200_000,), generator=torch.Generator().manual_seed(0))
+    corpus = CharCorpus("".join(chr(33 + i) for i in range(VOCAB)), tokens, tokens[:1000])
+    config = TrainConfig(steps=args.steps, log_every=args.steps, eval_windows=1, update=UpdateConfig(eta_B=1.0))
+
+    autograd_seconds(corpus, TrainConfig(steps=5))  # warm up autograd and torch.optim
+    seconds = {name: [] for name in ("autograd + torch Adam", *METHODS)}
+    for _ in range(args.rounds):
+        seconds["autograd + torch Adam"].append(autograd_seconds(corpus, config))
+        for method in METHODS:
+            start = time.perf_counter()
+            train(corpus, method, 0, config)
+            seconds[method].append(time.perf_counter() - start)
+
+    reference = statistics.median(seconds["backprop"])
+    print(f"{'rule':<24}{'ms/step':>10}{'x backprop':>12}")
+    for name, times in seconds.items():
+        median = statistics.median(times)
+        print(f"{name:<24}{1000 * median / args.steps:>10.2f}{median / reference:>12.2f}")
+
+    plain = import_seconds("import torch")
+    with_adam = import_seconds("import torch; torch.optim.Adam([torch.zeros(1, requires_grad=True)])")
+    print(f"\n{'fresh interpreter':<40}{'s':>8}")
+    print(f"{'import torch':<40}{plain:>8.2f}")
+    print(f"{'import torch + torch.optim.Adam(...)':<40}{with_adam:>8.2f}")
+    print(f"{'ratio':<40}{with_adam / plain:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
