@@ -175,8 +175,8 @@ def hamlet():
 
 
 def test_training_curves_are_finite_and_share_the_initial_network_and_batches(hamlet):
-    config = TrainConfig(context=8, hidden=(32, 32), steps=40, batch_size=32, lr=3e-3, log_every=20, eval_windows=256, rank=8,
-                         update=UpdateConfig(eta_B=1.0))
+    config = TrainConfig(context=8, hidden=(32, 32), steps=40, batch_size=32, lr=3e-3, log_every=20,
+                         eval_windows=256, rank=8, update=UpdateConfig(eta_B=1.0))
     curves = {method: train(hamlet, method, 3, config) for method in METHODS}
     initial = CharMLP(len(hamlet.vocab), 8, [32, 32], gen(3))
     initial_loss, _ = evaluate(initial, *evenly_spaced_windows(hamlet.test, 8, 256))

@@ -21,8 +21,10 @@ G = a U* Cov(c), the ascent of <U, ema_G> drives U to U* and alpha* to a.
 
 Adaptation to this project: the seed's (B, T, .) tensors are (N, .) here (one row per example of
 an MLP over a context window; the seed flattens B*T to N anyway). In frozen mode the diagnostics
-alpha_star (not applied), rho and the tangent norm are still reported, for comparison with the
-learned mode; the seed returns only alpha there.
+alpha_star (not applied), rho and the tangent norm (the seed's Delta_frob) are still reported,
+for comparison with the learned mode; the seed returns only alpha there. Random draws (C first,
+then each U_l) come from an explicit generator. r may not exceed any d_l (St(d, r) is empty
+then); the seed does not check.
 """
 from __future__ import annotations
 
@@ -110,8 +112,9 @@ class FeedbackSystem:
                  generator: torch.Generator | None = None):
         self.rank = min(rank, vocab_size)
         if self.rank > min(layer_dims):
-            raise ConfigError(f"config key 'feedback.rank': {self.rank} (clipped to the vocabulary of {vocab_size}) "
-                              f"exceeds the narrowest hidden layer, {min(layer_dims)}; U_l in St(d_l, r) needs r <= d_l")
+            raise ConfigError(f"config key 'feedback.rank': {self.rank} (clipped to the vocabulary of "
+                              f"{vocab_size}) exceeds the narrowest hidden layer, {min(layer_dims)}; "
+                              f"U_l in St(d_l, r) needs r <= d_l")
         self.C = random_stiefel(vocab_size, self.rank, generator).T.contiguous()
         self.layers = [FeedbackLayer(d, self.rank, generator) for d in layer_dims]
 
