@@ -8,15 +8,16 @@ their positions only through the offset j - i.
 Standard score:        s_ij = q_i·k_j / sqrt(D)
 Triple-product score:  s_ij = -det Gram(q_i, k_j, r_i) / D^1.5   (RoPE on q, k and r)
 
-Writing ab for a·b, with qk_ij = q_i·k_j and rk_ij = r_i·k_j the only T×T inputs,
+Writing ab for a·b, with qk_ij = q_i·k_j, rk_ij = r_i·k_j, δ_i = qq rr - qr² (the Gram determinant
+of q_i, r_i), w_i = rr q_i - qr r_i and z_i = qq r_i - qr q_i (its adjugate applied to (q_i, r_i)),
 
     det = qq kk rr + 2 qk rk qr - qq rk² - kk qr² - rr qk²
-        = kk_j δ_i - qk_ij (w_i·k_j) - rk_ij (z_i·k_j),
-    δ_i = qq rr - qr²,   w_i = rr q_i - qr r_i,   z_i = qq r_i - qr q_i
+        = kk_j δ_i - qk_ij (w_i·k_j) - rk_ij (z_i·k_j)
+        = kk_j δ_i - [(w_i·k_j)² + δ_i rk_ij²] / rr_i .
 
-(δ is the Gram determinant of q_i, r_i; (w, z) its adjugate applied to (q_i, r_i)). So the score is
-four thin matmuls against k, two Hadamard products and a rank-one update, computed in place in two
-T×T buffers, in float32 at least whatever the input dtype (det is a difference of large terms).
+The forward uses the last line: two thin matmuls against k (rows w_i and r_i, pre-scaled by the
+per-position factors), a square, a fused multiply-add and a rank-one update, in place in at most
+two T×T buffers, in float32 at least whatever the input dtype (det is a difference of large terms).
 The backward recomputes qk and rk from the saved q, k, r instead of keeping them; with
 H = dL/ds (zero above the diagonal), c = -1/D^1.5, h_i = Σ_j H_ij kk_j, M1 = (H⊙qk) k,
 M2 = (H⊙rk) k, and the row sums Σ_j H qk² = q·M1, Σ_j H rk² = r·M2, Σ_j H qk rk = r·M1:
@@ -24,6 +25,10 @@ M2 = (H⊙rk) k, and the row sums Σ_j H qk² = q·M1, Σ_j H rk² = r·M2, Σ_j
     dL/dq_i = 2c [(rr h - r·M2) q + qr M2 - rr M1 + (r·M1 - qr h) r]_i
     dL/dr_i = 2c [(qq h - q·M1) r + qr M1 - qq M2 + (r·M1 - qr h) q]_i
     dL/dk_j = 2c [(Σ_i H_ij δ_i) k_j - ((H⊙qk)ᵀ w)_j - ((H⊙rk)ᵀ z)_j]
+
+(the polynomial form, free of the forward's division by rr). `triple_normed` is a third attention
+kind, not in the seed: the same score on q, k, r rescaled to norm sqrt(D), which bounds it to
+[-D^1.5, 0]; the seed's degree-6 score otherwise grows with the sixth power of the activations.
 """
 from __future__ import annotations
 
@@ -68,11 +73,15 @@ def triple_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.Te
         q, k, r = q.to(dtype), k.to(dtype), r.to(dtype)
         T, scale = q.shape[-2], q.shape[-1] ** -1.5
         qq, rr, qr, kk, delta = _dots(q, k, r)
-        w = (rr[..., None] * q - qr[..., None] * r) * scale
-        z = (qq[..., None] * r - qr[..., None] * q) * scale
+        delta = delta.clamp_min(0)                            # a Gram determinant; rounding can dip below 0
+        rr = rr.clamp_min(torch.finfo(dtype).tiny)            # r = 0 gives w = 0, δ = 0: score 0
+        u = (rr[..., None] * q - qr[..., None] * r) * (scale / rr).sqrt()[..., None]
+        v = r * (scale * delta / rr).sqrt()[..., None]
         kt = k.transpose(-2, -1)
-        scores = (w @ kt).mul_(q @ kt)                        # qk ⊙ (w·k)
-        scores.addcmul_(r @ kt, z @ kt)                       # + rk ⊙ (z·k)
+        scores = (u @ kt).square_()                           # D^-1.5 (w·k)² / rr
+        vk = v @ kt
+        scores.addcmul_(vk, vk)                               # + D^-1.5 δ (r·k)² / rr
+        del vk
         _flat(scores).baddbmm_(_flat(delta[..., None]), _flat(kk[..., None, :]), alpha=-scale)
         return scores.masked_fill_(_future(T, q.device), float("-inf"))
 
@@ -96,14 +105,17 @@ class _TripleProductProbs(torch.autograd.Function):
             qq, rr, qr, kk, delta = _dots(q, k, r)
             h = (H @ kk[..., None]).squeeze(-1)
             h_delta = (delta[..., None, :] @ H).squeeze(-2)   # Σ_i H_ij δ_i
-            kt = k.transpose(-2, -1)
-            Hqk, Hrk = (q @ kt).mul_(H), (r @ kt).mul_(H)
-            del H
-            M1, M2 = Hqk @ k, Hrk @ k
             w = rr[..., None] * q - qr[..., None] * r
             z = qq[..., None] * r - qr[..., None] * q
-            grad_k = h_delta[..., None] * k - Hqk.transpose(-2, -1) @ w - Hrk.transpose(-2, -1) @ z
-            del Hqk, Hrk
+            kt = k.transpose(-2, -1)
+            Hqk = (q @ kt).mul_(H)                            # one T×T product alive at a time
+            M1, grad_k = Hqk @ k, h_delta[..., None] * k - Hqk.transpose(-2, -1) @ w
+            del Hqk
+            Hrk = (r @ kt).mul_(H)
+            del H
+            M2 = Hrk @ k
+            grad_k -= Hrk.transpose(-2, -1) @ z
+            del Hrk
             qM1, rM1, rM2 = (q * M1).sum(-1), (r * M1).sum(-1), (r * M2).sum(-1)
             cross = (rM1 - qr * h)[..., None]
             grad_q = (rr * h - rM2)[..., None] * q + qr[..., None] * M2 - rr[..., None] * M1 + cross * r
