@@ -1,14 +1,15 @@
 """Cost of one training step of each learning rule, against torch autograd on the same network.
 
-Run: .venv/bin/python benchmarks/bench_feedback.py [--steps 300]
+Run: .venv/bin/python benchmarks/bench_feedback.py [--steps 300] [--rounds 5]
 
 The network is the embedded default's (context 32, hidden [256, 256], batch 64, rank 32) on
 random text with the default's 81-character vocabulary, one thread. Each rule runs through
-uph.feedback_training.train (forward, hand-written backward, the rule's deltas, Adam); the
-reference is autograd's backward with torch.optim.Adam. Rounds alternate between the rules so
-that load on a shared machine hits them alike; the median of the rounds is reported. Also timed:
-a fresh interpreter importing torch, with and without constructing torch.optim.Adam (which
-imports torch._dynamo), the cost our hand-written Adam saves every training job.
+uph.feedback_training.train (forward, hand-written backward, the true deltas for the alignment
+measurement, the rule's deltas, Adam); the reference is autograd's backward with torch.optim.Adam.
+Every round runs each rule once, in a rotated order, so that load on a shared machine hits them
+alike; the median over rounds is reported. Also timed: a fresh interpreter importing torch,
+with and without constructing torch.optim.Adam (which imports torch._dynamo), the cost our
+hand-written Adam saves every training job.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def import_seconds(code: str, repeats: int = 3) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokens = torch.randint(VOCAB, (200_000,), generator=torch.Generator().manual_seed(0))
@@ -64,12 +65,15 @@ def main() -> None:
 
     autograd_seconds(corpus, TrainConfig(steps=5))  # warm up autograd and torch.optim
     seconds = {name: [] for name in ("autograd + torch Adam", *METHODS)}
-    for _ in range(args.rounds):
-        seconds["autograd + torch Adam"].append(autograd_seconds(corpus, config))
-        for method in METHODS:
+    names = list(seconds)
+    for round_ in range(args.rounds):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:  # a new order every round
             start = time.perf_counter()
-            train(corpus, method, 0, config)
-            seconds[method].append(time.perf_counter() - start)
+            if name in METHODS:
+                train(corpus, name, 0, config)
+            else:
+                autograd_seconds(corpus, config)
+            seconds[name].append(time.perf_counter() - start)
 
     reference = statistics.median(seconds["backprop"])
     print(f"{'rule':<24}{'ms/step':>10}{'x backprop':>12}")
