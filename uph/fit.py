@@ -1,0 +1,310 @@
+"""Fitting theta: one engine for every head, minimizing seed 002's objective, with two solvers.
+
+For tokens t = 1..n with base logits z0_t = W h_t + b and head logits z_t = z0_t + P u_t, where
+u_t = theta ⊙ a_t (a_t = A h_t for conditional heads, a_t = 1 otherwise; see uph.heads):
+
+    J(theta) = mean_t [CE(z_t, y_t) + beta KL(p0_t ‖ p_t)] + lam ‖theta‖²   over ‖theta‖ <= max_norm.
+
+Both terms need only the change of log-partition L_t = log Σ_v p0_tv exp(P_v · u_t):
+
+    CE_t = nll0_t + L_t - P_{y_t} · u_t          KL_t = L_t - m_t · u_t,   m_t = P^T p0_t
+    J(theta)  = mean nll0 + (1 + beta) mean_t L_t - theta · (ybar + beta mbar) + lam ‖theta‖²
+    ∇J(theta) = (1 + beta) mean_t a_t ⊙ P^T p_t - (ybar + beta mbar) + 2 lam theta
+
+with ybar = mean_t a_t ⊙ P_{y_t}, mbar = mean_t a_t ⊙ m_t, p_t = softmax(z_t). So p0 [n, V] is
+computed once per split (`prepare`: the only V×H products), a, ybar and mbar once per head
+(`Objective`), and an evaluation costs two [c, d]×[d, V] products and one exp per chunk of c
+tokens (conditional heads) or two [c, V] matrix-vector products (unconditional heads: P theta is
+the same for every token). L_t is taken relative to its value at theta = 0 computed by the same
+code, so the KL is exactly 0 there. J is convex (strictly for lam > 0): the minimizer is unique.
+
+Solvers: "seed" is seed 002's Adam (zero start, gradient-norm clipping at max_norm, then
+projection onto the ball of radius max_norm); "exact" is a projected quasi-Newton method (dense
+BFGS model minimized over the ball, Armijo backtracking) that stops when the projected-gradient
+norm, reported as `certificate`, is below `tol`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from uph.errors import ConfigError, FitDivergedError
+from uph.heads import Head
+
+CHUNK = 256          # tokens per chunk: a [CHUNK, V] float32 block is 50 MB at V = 49152
+EXP_SAFE = 60.0      # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
+SOLVERS = ("seed", "exact")
+
+
+@dataclass
+class Chunk:
+    hidden: torch.Tensor          # [c, H] as given (float32 or bfloat16)
+    targets: torch.Tensor         # [c] next-token ids
+    nll0: torch.Tensor            # [c] base cross-entropy per token
+    p0: torch.Tensor | None       # [c, V] base probabilities; None: recomputed when used
+
+
+@dataclass
+class Tokens:
+    """A split's tokens with the base distribution of each token, cached within a memory budget."""
+
+    chunks: list[Chunk]
+    W: torch.Tensor
+    b: torch.Tensor | None
+
+    @property
+    def n(self) -> int:
+        return sum(len(chunk.targets) for chunk in self.chunks)
+
+    @property
+    def device(self) -> torch.device:
+        return self.W.device
+
+    @property
+    def base_nll(self) -> float:
+        return float(sum(chunk.nll0.sum(dtype=torch.float64) for chunk in self.chunks) / self.n)
+
+    def probabilities(self):
+        """(chunk, p0 [c, V]) for every chunk, from the cache or recomputed."""
+        for chunk in self.chunks:
+            yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.W, self.b)[0]
+
+
+def base_distribution(chunk: Chunk, W: torch.Tensor, b: torch.Tensor | None):
+    """p0 = softmax(W h + b) [c, V] and the base cross-entropy of the targets [c]."""
+    z = F.linear(chunk.hidden.to(W.dtype), W, b)
+    log_partition = torch.logsumexp(z, dim=1)
+    nll0 = log_partition - z.gather(1, chunk.targets[:, None]).squeeze(1)
+    return z.sub_(log_partition[:, None]).exp_(), nll0
+
+
+def prepare(hidden: torch.Tensor, targets: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None,
+            cache_bytes: float = 4 * 2**30, chunk: int = CHUNK, device: torch.device | str = "cpu") -> Tokens:
+    """A split's tokens (hidden [n, H], targets [n]) on `device`, p0 cached for up to `cache_bytes`.
+
+    Chunks beyond the budget recompute p0 through the lm_head whenever they are used. Everything
+    computes in float32 (float64 if W is given so)."""
+    if hidden.shape[0] != targets.shape[0] or hidden.shape[1] != W.shape[1]:
+        raise ValueError(f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)} and W "
+                         f"{tuple(W.shape)} do not fit together")
+    dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
+    W, b = W.to(device, dtype).contiguous(), None if b is None else b.to(device, dtype)
+    chunks, budget = [], cache_bytes
+    for start in range(0, hidden.shape[0], chunk):
+        piece = Chunk(hidden[start:start + chunk].to(device), targets[start:start + chunk].to(device).long(),
+                      None, None)
+        p0, piece.nll0 = base_distribution(piece, W, b)
+        if p0.numel() * p0.element_size() <= budget:
+            piece.p0, budget = p0, budget - p0.numel() * p0.element_size()
+        chunks.append(piece)
+    return Tokens(chunks, W, b)
+
+
+def pool(splits: list[Tokens]) -> Tokens:
+    """All the splits' tokens as one (the pooled `global` theta), sharing their caches."""
+    return Tokens([chunk for split in splits for chunk in split.chunks], splits[0].W, splits[0].b)
+
+
+@dataclass
+class Value:
+    objective: float
+    ce: float
+    kl: float
+    grad: torch.Tensor | None     # [d] float64
+
+
+class Objective:
+    """Seed 002's J(theta) for one head on some tokens, with its gradient (module docstring)."""
+
+    def __init__(self, tokens: Tokens, head: Head, beta: float = 0.05, lam: float = 1e-4):
+        self.tokens, self.beta, self.lam, self.d = tokens, beta, lam, head.d
+        self.dtype, self.device = tokens.W.dtype, tokens.device
+        self.P = head.P.to(self.device, self.dtype).contiguous()
+        self.PT = self.P.T.contiguous()
+        self.reach = float(self.P.norm(dim=1).max())     # |P_v · u| <= reach ‖u‖
+        self.a = None
+        if head.conditional:
+            A = head.A.to(self.device, self.dtype)
+            self.a = [chunk.hidden.to(self.dtype) @ A.T for chunk in tokens.chunks]
+        self.ybar = sum((self._a(i, chunk) * self.P[chunk.targets]).sum(0, dtype=torch.float64)
+                        for i, chunk in enumerate(tokens.chunks)).cpu() / tokens.n
+        self.log_z0, grad0 = self._log_partitions(torch.zeros(self.d), need_grad=True)
+        self.mbar = grad0 / tokens.n
+
+    def _a(self, i: int, chunk: Chunk) -> torch.Tensor:
+        return self.a[i] if self.a is not None else torch.ones(1, self.d, dtype=self.dtype, device=self.device)
+
+    def _log_partitions(self, theta: torch.Tensor, need_grad: bool):
+        """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad."""
+        theta = theta.to(self.device, self.dtype)
+        log_z, grad = [], torch.zeros(self.d, dtype=torch.float64, device=self.device)
+        if self.a is None:
+            s = self.P @ theta
+            shift = s.max()
+            e = (s - shift).exp_()
+            inverse_z_p0 = torch.zeros_like(e)                      # Σ_t p0_t / Z_t
+            for chunk, p0 in self.tokens.probabilities():
+                z = p0 @ e
+                log_z.append(z.log() + shift)
+                if need_grad:
+                    inverse_z_p0 += z.reciprocal() @ p0
+            return log_z, (self.PT @ (e * inverse_z_p0)).double().cpu() if need_grad else None
+        for a, (chunk, p0) in zip(self.a, self.tokens.probabilities()):
+            u = a * theta
+            s = u @ self.PT
+            shift = None
+            if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:
+                shift = s.amax(dim=1, keepdim=True)
+                s.sub_(shift)
+            e = s.exp_().mul_(p0)                                    # p_t up to 1 / Z_t
+            z = e.sum(dim=1)
+            log_z.append(z.log() if shift is None else z.log() + shift.squeeze(1))
+            if need_grad:
+                grad += (a * (e @ self.P) / z[:, None]).sum(0, dtype=torch.float64)
+        return log_z, grad.cpu() if need_grad else None
+
+    def __call__(self, theta: torch.Tensor, need_grad: bool = True) -> Value:
+        log_z, grad = self._log_partitions(theta, need_grad)
+        n = self.tokens.n
+        mean_l = float(sum((lz - lz0).sum(dtype=torch.float64) for lz, lz0 in zip(log_z, self.log_z0))) / n
+        theta = theta.detach().double().cpu()
+        ce = self.tokens.base_nll + mean_l - theta @ self.ybar
+        kl = mean_l - theta @ self.mbar
+        objective = ce + self.beta * kl + self.lam * theta @ theta
+        if need_grad:
+            grad = (1 + self.beta) * grad / n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta
+        return Value(float(objective), float(ce), float(kl), grad)
+
+
+def projected_gradient_norm(theta: torch.Tensor, grad: torch.Tensor, radius: float) -> float:
+    """‖grad‖ without the part the ball blocks: on the sphere an outward -grad is no descent.
+    Zero exactly at the constrained minimizer (KKT: grad = -mu theta, mu >= 0)."""
+    theta, grad = theta.double(), grad.double()
+    norm = theta.norm()
+    if norm >= radius * (1 - 1e-6):
+        outward = theta / norm
+        grad = grad - torch.clamp(grad @ outward, max=0) * outward
+    return float(grad.norm())
+
+
+def project(theta: torch.Tensor, radius: float) -> torch.Tensor:
+    norm = theta.norm()
+    return theta * (radius / norm) if norm > radius else theta
+
+
+@dataclass
+class FitResult:
+    solver: str
+    objective: float
+    ce: float
+    kl: float
+    certificate: float           # projected-gradient norm at theta
+    iterations: int
+    evaluations: int
+    seconds: float
+    theta_norm: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit_theta(tokens: Tokens, head: Head, solver: str = "seed", beta: float = 0.05, lam: float = 1e-4,
+              max_norm: float = 5.0, lr: float = 0.05, steps: int = 30, tol: float = 1e-5,
+              max_iter: int = 300, theta0: torch.Tensor | None = None, user: str = "?",
+              config: str | dict = "?") -> tuple[torch.Tensor, FitResult]:
+    """Fit theta [d] for `head` on `tokens` (one user's train split, or `pool(...)` of all).
+
+    A NaN or inf raises FitDivergedError naming `user` and `config`."""
+    if solver not in SOLVERS:
+        raise ConfigError(f"config key 'fit.solvers': unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
+    label = " ".join(f"{k}={v}" for k, v in config.items()) if isinstance(config, dict) else config
+    start = time.perf_counter()
+    objective = Objective(tokens, head, beta, lam)
+    evaluations = 0
+
+    def evaluate(theta: torch.Tensor, iteration: int) -> Value:
+        nonlocal evaluations
+        evaluations += 1
+        value = objective(theta)
+        if not (torch.isfinite(theta).all() and torch.isfinite(value.grad).all()
+                and torch.isfinite(torch.tensor(value.objective))):
+            raise FitDivergedError(f"fit of user '{user}' ({label}, solver {solver}) diverged at iteration "
+                                   f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}")
+        return value
+
+    theta = torch.zeros(head.d, dtype=objective.dtype) if theta0 is None else theta0.to(objective.dtype)
+    if solver == "seed":
+        theta, iterations = _adam(evaluate, theta, lr, steps, max_norm), steps
+        value = evaluate(theta, iterations)
+    else:
+        theta, iterations, value = _projected_bfgs(evaluate, project(theta.double(), max_norm), max_norm,
+                                                   tol, max_iter)
+    return theta, FitResult(solver, value.objective, value.ce, value.kl,
+                            projected_gradient_norm(theta, value.grad, max_norm), iterations, evaluations,
+                            time.perf_counter() - start, float(theta.norm()))
+
+
+def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, max_norm: float) -> torch.Tensor:
+    """Seed 002: Adam on J, the gradient clipped to norm max_norm, theta projected onto the ball."""
+    theta = theta.clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([theta], lr=lr)
+    for step in range(steps):
+        theta.grad = evaluate(theta.detach(), step).grad.to(theta.dtype)
+        torch.nn.utils.clip_grad_norm_([theta], max_norm=max_norm)
+        optimizer.step()
+        with torch.no_grad():
+            theta.copy_(project(theta, max_norm))
+    return theta.detach()
+
+
+def _projected_bfgs(evaluate, theta: torch.Tensor, radius: float, tol: float, max_iter: int):
+    """Minimize J over the ball: each step minimizes the BFGS model g·s + ½ s^T B s exactly over the
+    ball, then backtracks (Armijo) along it. Stops at certificate <= tol, or when no step decreases
+    J any more (the float noise floor)."""
+    value, B = evaluate(theta, 0), None
+    for iteration in range(max_iter):
+        if projected_gradient_norm(theta, value.grad, radius) <= tol:
+            return theta, iteration, value
+        model = torch.eye(len(theta), dtype=torch.float64) * float(value.grad.norm()) if B is None else B
+        step = _ball_model_minimizer(theta, value.grad, model, radius) - theta
+        slope, t = float(value.grad @ step), 1.0
+        if slope >= 0:
+            return theta, iteration, value
+        for _ in range(40):
+            trial = evaluate(theta + t * step, iteration + 1)
+            if trial.objective <= value.objective + 1e-4 * t * slope:
+                break
+            t /= 2
+        else:
+            return theta, iteration, value
+        s, y = t * step, trial.grad - value.grad
+        if float(s @ y) > 1e-12 * float(s.norm() * y.norm()):
+            if B is None:
+                B = torch.eye(len(theta), dtype=torch.float64) * float(y @ y / (s @ y))
+            Bs = B @ s
+            B = B - torch.outer(Bs, Bs) / (s @ Bs) + torch.outer(y, y) / (s @ y)
+        theta, value = theta + s, trial
+    return theta, max_iter, value
+
+
+def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
+    """argmin over ‖x‖ <= radius of grad·(x - theta) + ½ (x - theta)^T B (x - theta), B positive
+    definite: x(mu) = (B + mu I)^-1 (B theta - grad), with mu >= 0 the least that lands in the ball
+    (‖x(mu)‖ decreases in mu; bisection)."""
+    eigenvalues, Q = torch.linalg.eigh(B)
+    eigenvalues = eigenvalues.clamp_min(eigenvalues.max() * 1e-12)
+    c = Q.T @ (B @ theta - grad)
+
+    def x(mu: float) -> torch.Tensor:
+        return Q @ (c / (eigenvalues + mu))
+
+    if x(0.0).norm() <= radius:
+        return x(0.0)
+    low, high = 0.0, float(c.norm()) / radius
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if x(middle).norm() > radius else (low, middle)
+    return x(high)
