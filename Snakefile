@@ -1,5 +1,5 @@
-# UPH benchmark suite. Stages: corpus -> model -> extract -> svd (LM branch); copy task and
-# feedback run beside it. `snakemake --cores all` runs everything on config.yaml.
+# UPH benchmark suite. Stages: corpus -> model -> extract -> svd -> fit -> tables (LM branch);
+# copy task and feedback run beside it. `snakemake --cores all` runs everything on config.yaml.
 configfile: "config.yaml"
 
 
@@ -7,6 +7,7 @@ include: "rules/common.smk"
 include: "rules/corpus.smk"
 include: "rules/model.smk"
 include: "rules/extract.smk"
+include: "rules/fit.smk"
 include: "rules/copy_task.smk"
 include: "rules/feedback.smk"
 

@@ -1,5 +1,6 @@
 # Helpers shared by every stage: config validation, paths, targets.
-from uph.config import ConfigError, validate
+from uph.config import validate
+from uph.errors import ConfigError
 
 try:
     validate(config)
@@ -20,7 +21,7 @@ def shard_paths():
 
 
 def lm_targets():
-    return [results("corpus", "users.parquet"), *shard_paths(), results("basis", "svd.safetensors")]
+    return [results("tables", "personalization.csv"), results("tables", "cross_user.csv")]
 
 
 def copy_task_targets():

@@ -20,8 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from uph.device import resolve_device, resolve_dtype
 from uph.errors import CacheError
 from uph.io import atomic_path
+from uph.models import read_identity as read_model_identity
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"uph"
@@ -34,12 +36,18 @@ def shard_of(user_id: str, n_shards: int) -> int:
 
 
 def cache_identity(model_identity: dict, dtype: torch.dtype, context: int) -> dict:
-    """What a cache file must match to be reused."""
+    """What a cache file must match to be reused (see `configured_identity` for a config's)."""
     return {"schema_version": SCHEMA_VERSION, "model": model_identity["name"],
             "weights_sha256": model_identity["weights_sha256"],
             "tokenizer_sha256": model_identity["tokenizer_sha256"],
             "dtype": str(dtype).removeprefix("torch."), "context": context,
             "hidden_size": model_identity["hidden_size"]}
+
+
+def configured_identity(model_dir: str | Path, extract: dict, device: str) -> dict:
+    """The cache identity that the config's `extract` section and `device` ask for."""
+    dtype = resolve_dtype(extract["dtype"], resolve_device(device))
+    return cache_identity(read_model_identity(model_dir), dtype, extract["context"])
 
 
 def _arrow_schema(hidden_size: int, dtype: str, identity: dict) -> pa.Schema:

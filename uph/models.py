@@ -133,11 +133,14 @@ def materialize(name: str, source: str, out_dir: str | Path, gguf_file: str | No
         del config.quantization_config
     config.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    save_file(_unique_state_dict(model), staging / WEIGHTS, metadata={"format": "pt"})
+    tensors = _unique_state_dict(model)
+    save_file(tensors, staging / WEIGHTS, metadata={"format": "pt"})
     out_dir.mkdir(parents=True, exist_ok=True)
     for path in sorted(staging.iterdir()):
         path.replace(out_dir / path.name)
     shutil.rmtree(staging)
+    saved_as = {t.data_ptr(): key for key, t in tensors.items()}
+    head = model.get_output_embeddings()
     tokenizer_files = [p for p in out_dir.iterdir() if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens"))]
     identity = {
         "name": name,
@@ -145,9 +148,11 @@ def materialize(name: str, source: str, out_dir: str | Path, gguf_file: str | No
         "gguf_file": gguf_file,
         "revision": revision,
         "architecture": config.architectures[0] if config.architectures else type(model).__name__,
-        "hidden_size": model.get_output_embeddings().weight.shape[1],
-        "vocab_size": model.get_output_embeddings().weight.shape[0],
-        "n_parameters": sum(t.numel() for t in _unique_state_dict(model).values()),
+        "hidden_size": head.weight.shape[1],
+        "vocab_size": head.weight.shape[0],
+        "n_parameters": sum(t.numel() for t in tensors.values()),
+        "lm_head_tensors": {"weight": saved_as[head.weight.data_ptr()],
+                            "bias": saved_as[head.bias.data_ptr()] if getattr(head, "bias", None) is not None else None},
         "weights_sha256": file_sha256([out_dir / WEIGHTS]),
         "tokenizer_sha256": file_sha256(tokenizer_files),
     }
@@ -182,6 +187,17 @@ def lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
     head = model.get_output_embeddings()
     bias = getattr(head, "bias", None)
     return head.weight.detach().float(), (bias.detach().float() if bias is not None else None)
+
+
+def read_lm_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The same as `lm_head(load_model(model_dir))`, reading only those tensors from disk."""
+    from safetensors import safe_open
+
+    keys = read_identity(model_dir)["lm_head_tensors"]
+    with safe_open(Path(model_dir) / WEIGHTS, framework="pt") as f:
+        W = f.get_tensor(keys["weight"]).float()
+        b = f.get_tensor(keys["bias"]).float() if keys["bias"] else None
+    return W, b
 
 
 def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:

@@ -4,11 +4,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from uph.cache import cache_identity, shard_of, shard_writer
+from uph.cache import configured_identity, shard_of, shard_writer
 from uph.device import resolve_device, resolve_dtype
 from uph.extract import extract_users
 from uph.logs import rule_logging
-from uph.models import load_model, read_identity
+from uph.models import load_model
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.extract
@@ -21,7 +21,7 @@ with rule_logging(snakemake) as log:
     users = users[[shard_of(u, cfg["shards"]) == shard for u in users["user_id"]]]
     log.info("shard %d: %d users, %d tokens, %s on %s", shard, len(users), users["n_tokens"].sum(), dtype, device)
     model = load_model(model_dir, dtype=dtype, device=device)
-    identity = cache_identity(read_identity(model_dir), dtype, cfg["context"])
+    identity = configured_identity(model_dir, cfg, snakemake.params.device)
     with shard_writer(snakemake.output[0], identity) as write:
         n = extract_users(model, users, cfg["context"], cfg["batch_size"], device, write)
     log.info("cached %d tokens", n)

@@ -3,11 +3,11 @@ from pathlib import Path
 
 from uph.basis import save_basis, top_singular_triplets
 from uph.logs import rule_logging
-from uph.models import lm_head, load_model, read_identity
+from uph.models import read_identity, read_lm_head
 
 with rule_logging(snakemake) as log:
     model_dir = Path(snakemake.input.model).parent
-    W, _ = lm_head(load_model(model_dir))
+    W, _ = read_lm_head(model_dir)
     rank = min(snakemake.params.rank, min(W.shape))
     U, S, Vh = top_singular_triplets(W, rank)
     log.info("W %s: top %d singular values %.3g .. %.3g", tuple(W.shape), rank, S[0], S[-1])

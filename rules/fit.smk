@@ -1,0 +1,105 @@
+# Fit: theta for every user x head x alpha x d x solver of the sweep, evaluated held out, with the
+# global control and the cross-user matrix. One job per (sweep point, shard); solvers share a job.
+FIT = config["fit"]
+SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")
+
+
+def sweep_paths(name):
+    return expand(f"{SWEEP}/{name}", head=FIT["heads"], alpha=FIT["alphas"], d=FIT["ds"])
+
+
+def cross_user_paths():
+    return [f"{SWEEP}/cross_user.parquet".format(**point) for point in FIT["cross_user"]]
+
+
+wildcard_constraints:
+    head="|".join(FIT["heads"]),
+    alpha=r"[0-9.e+-]+",
+    d=r"\d+",
+    shard=r"\d+",
+
+
+rule fit:
+    input:
+        shard=results("cache", "shard-{shard}.parquet"),
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        f"{SWEEP}/shard-{{shard}}.parquet",
+    params:
+        fit=FIT,
+        extract=config["extract"],
+        device=config["device"],
+    threads: 1
+    resources:
+        mem_mb=6000,
+    log:
+        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.log"),
+    benchmark:
+        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.tsv")
+    script:
+        "../workflow_scripts/fit.py"
+
+
+rule fit_global:
+    input:
+        shards=shard_paths(),
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        f"{SWEEP}/global.parquet",
+    params:
+        fit=FIT,
+        extract=config["extract"],
+        device=config["device"],
+    threads: 1
+    resources:
+        mem_mb=12000,
+    log:
+        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-global.log"),
+    benchmark:
+        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-global.tsv")
+    script:
+        "../workflow_scripts/fit_global.py"
+
+
+rule cross_user:
+    input:
+        fits=expand(f"{SWEEP}/shard-{{shard}}.parquet", shard=range(config["extract"]["shards"]), allow_missing=True),
+        shards=shard_paths(),
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        f"{SWEEP}/cross_user.parquet",
+    params:
+        fit=FIT,
+        extract=config["extract"],
+        device=config["device"],
+    threads: 1
+    log:
+        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-cross_user.log"),
+    benchmark:
+        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-cross_user.tsv")
+    script:
+        "../workflow_scripts/fit_cross_user.py"
+
+
+rule personalization_table:
+    input:
+        fits=[path for shard in range(config["extract"]["shards"]) for path in sweep_paths(f"shard-{shard}.parquet")],
+        controls=sweep_paths("global.parquet"),
+        cross_user=cross_user_paths(),
+        model=rules.model.output.identity,
+    output:
+        personalization=report(results("tables", "personalization.csv"), caption="../report/personalization.rst",
+                               category="User prior heads"),
+        cross_user=report(results("tables", "cross_user.csv"), caption="../report/cross_user.rst",
+                          category="User prior heads"),
+    params:
+        fit=FIT,
+    log:
+        results("logs", "personalization_table.log"),
+    benchmark:
+        results("benchmarks", "personalization_table.tsv")
+    script:
+        "../workflow_scripts/fit_tables.py"

@@ -1,0 +1,68 @@
+"""The personalization sweep on cached users: one sweep point (head, alpha, d) at a time.
+
+Each user's train and held-out tokens are prepared once per job (the only V×H products, see
+uph.fit), then every solver fits theta on the train split and is scored on the held-out split.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from uph.basis import load_basis
+from uph.cache import HiddenStateCache, UserStates, configured_identity
+from uph.evaluate import user_metrics
+from uph.fit import Tokens, fit_theta, prepare
+from uph.heads import Head, make_head
+from uph.models import read_lm_head
+
+log = logging.getLogger(__name__)
+
+
+def point_label(head: str, alpha: float, d: int) -> dict:
+    return {"head": head, "alpha": float(alpha), "d": int(d)}
+
+
+def load_head(model_dir: str | Path, basis_path: str | Path, fit: dict, point: dict) -> Head:
+    """The sweep point's head on the model's lm_head (float32) and SVD basis."""
+    W, b = read_lm_head(model_dir)
+    update = fit["lm_head_update"]
+    return make_head(point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"],
+                     basis_seed=fit["basis_seed"], gamma=update["gamma"], basis=update["basis"], bias=b)
+
+
+def load_users(shards, model_dir, extract: dict, device: str) -> dict[str, UserStates]:
+    return HiddenStateCache(shards, expect=configured_identity(model_dir, extract, device)).load()
+
+
+def prepared(states: UserStates, head: Head) -> tuple[Tokens, Tokens]:
+    """(train, test) tokens of one user with their base distributions."""
+    return (prepare(states.train_hidden, states.train_targets, head.W, head.b),
+            prepare(states.test_hidden, states.test_targets, head.W, head.b))
+
+
+def fit_and_score(train: Tokens, tests: dict[str, Tokens], head: Head, fit: dict, solver: str,
+                  user: str, point: dict) -> tuple[torch.Tensor, list[dict]]:
+    """Fit theta on `train` with `solver`; one row per held-out split in `tests` it is scored on."""
+    theta, result = fit_theta(train, head, solver, beta=fit["beta"], lam=fit["lam"], max_norm=fit["max_norm"],
+                              lr=fit["lr"], steps=fit["steps"], tol=fit["tol"], max_iter=fit["max_iter"],
+                              user=user, config=point)
+    fit_columns = {f"fit_{k}": v for k, v in result.as_dict().items() if k != "solver"}
+    rows = [{**point, "solver": solver, "user": text_user, **fit_columns, **user_metrics(test, head, theta),
+             "theta": theta.double().tolist()} for text_user, test in tests.items()]
+    return theta, rows
+
+
+def fit_users(users: dict[str, UserStates], head: Head, fit: dict, point: dict) -> pd.DataFrame:
+    """Every user x solver at one sweep point: fit, certificate and held-out metrics per row."""
+    rows = []
+    for user, states in users.items():
+        train, test = prepared(states, head)
+        for solver in fit["solvers"]:
+            _, scored = fit_and_score(train, {user: test}, head, fit, solver, user, point)
+            rows += scored
+            log.info("%s %s: delta_nll %+.4f (certificate %.1e, %.1f s)", user, solver, scored[0]["delta_nll"],
+                     scored[0]["fit_certificate"], scored[0]["fit_seconds"])
+    return pd.DataFrame(rows)

@@ -1,0 +1,26 @@
+"""Rule fit_global: the control theta fitted on all users' train tokens pooled, scored on each user."""
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from uph.fit import pool
+from uph.io import write_parquet
+from uph.logs import rule_logging
+from uph.sweep import fit_and_score, load_head, load_users, point_label, prepared
+
+with rule_logging(snakemake) as log:
+    torch.set_num_threads(snakemake.threads)
+    fit = snakemake.params.fit
+    model_dir = Path(snakemake.input.model).parent
+    point = point_label(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
+    head = load_head(model_dir, snakemake.input.basis, fit, point)
+    users = load_users(snakemake.input.shards, model_dir, snakemake.params.extract, snakemake.params.device)
+    splits = {user: prepared(states, head) for user, states in users.items()}
+    train = pool([train for train, _ in splits.values()])
+    tests = {user: test for user, (_, test) in splits.items()}
+    log.info("%s: global theta on %d pooled tokens of %d users", point, train.n, len(users))
+    rows = []
+    for solver in fit["solvers"]:
+        rows += fit_and_score(train, tests, head, fit, solver, "global", point)[1]
+    write_parquet(pd.DataFrame(rows), snakemake.output[0])
