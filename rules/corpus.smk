@@ -9,6 +9,8 @@ rule corpus_roles:
         plays=config["corpus"]["plays"],
     log:
         results("logs", "corpus_roles.log"),
+    benchmark:
+        results("benchmarks", "corpus_roles.tsv")
     script:
         "../workflow_scripts/corpus_roles.py"
 
@@ -24,5 +26,7 @@ rule corpus:
         gap=config["extract"]["context"],
     log:
         results("logs", "corpus.log"),
+    benchmark:
+        results("benchmarks", "corpus.tsv")
     script:
         "../workflow_scripts/corpus.py"

@@ -72,7 +72,23 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
 
 
 def _check_across_keys(config: dict) -> None:
-    """What one key's schema cannot see: relations between keys."""
+    """What one key's schema cannot see: relations between keys, and named files that are missing."""
+    source = config["corpus"]["source"]
+    if source != "shakespeare":
+        if Path(source).suffix not in (".parquet", ".jsonl"):
+            raise ConfigError(f"config key 'corpus.source': '{source}' is neither 'shakespeare' nor a .parquet or .jsonl file")
+        if not Path(source).is_file():
+            raise ConfigError(f"config key 'corpus.source': corpus file '{source}' does not exist")
+    model = config["model"]["source"]
+    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
+        raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
+    points = {(h, float(a), d) for h in config["fit"]["heads"] for a in config["fit"]["alphas"] for d in config["fit"]["ds"]}
+    for i, point in enumerate(config["fit"]["cross_user"]):
+        if (point["head"], float(point["alpha"]), point["d"]) not in points:
+            raise ConfigError(f"config key 'fit.cross_user[{i}]': {point['head']} alpha={point['alpha']} "
+                              f"d={point['d']} is not a point of the sweep (fit.heads x fit.alphas x fit.ds)")
+    if point_solver := [p["solver"] for p in config["fit"]["cross_user"] if p["solver"] not in config["fit"]["solvers"]]:
+        raise ConfigError(f"config key 'fit.cross_user': solver '{point_solver[0]}' is not in fit.solvers")
     corpus, context = config["corpus"], config["extract"]["context"]
     held_out = int(corpus["min_tokens"] * (1 - corpus["train_fraction"]))
     if held_out < context + 2:
