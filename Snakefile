@@ -1,6 +1,6 @@
 # UPH benchmark suite. Stages: corpus -> model -> extract -> svd -> fit -> tables (LM branch);
 # copy task and feedback run beside it. `snakemake --cores all` runs everything on config.yaml.
-configfile: "config.yaml"
+configfile: f"{workflow.basedir}/config.yaml"  # the embedded default; --configfile overrides it
 
 
 include: "rules/common.smk"
