@@ -87,6 +87,13 @@ def test_standard_attention_learns_the_tiny_copy_task_reproducibly():
     pd.testing.assert_frame_equal(curves, again)
 
 
+@pytest.mark.parametrize("attention", ["triple", "triple_normed"])
+def test_triple_attentions_train_under_bfloat16_autocast(attention):
+    curves, final = train({**TINY, "dtype": "bfloat16", "steps": 100}, attention, seed=0, device=torch.device("cpu"))
+    assert curves[["train_loss", "loss"]].iloc[1:].notna().all().all()
+    assert final["token_acc"].iloc[0] >= 0.9
+
+
 def test_head_width_must_be_even_and_divide_the_model_width():
     for d_model, n_head in ((24, 8), (26, 4)):
         with pytest.raises(ConfigError, match=f"config key 'copy_task.d_model': {d_model} must split into "
