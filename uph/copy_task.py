@@ -107,10 +107,11 @@ def train(cfg: dict, attention: str, seed: int, device: torch.device,
             log.info("%s seed %d step %d: train loss %.4f, copy loss %.4f, token acc %.4f",
                      attention, seed, step, rows[-1]["train_loss"], rows[-1]["loss"], rows[-1]["token_acc"])
     log.info("%s seed %d: %d steps in %.1f s", attention, seed, cfg["steps"], time.perf_counter() - start)
-    final = [{"attention": attention, "seed": seed, "train_len": L, "eval_len": length,
-              **{f"final_{k}" if k == "loss" else k: v
-                 for k, v in evaluate(model, *eval_set, cfg["batch_size"], autocast).items()}}
-             for length, eval_set in eval_sets.items()]
+    final = []
+    for length, eval_set in eval_sets.items():
+        metrics = evaluate(model, *eval_set, cfg["batch_size"], autocast)
+        final.append({"attention": attention, "seed": seed, "train_len": L, "eval_len": length,
+                      "final_loss": metrics["loss"], "token_acc": metrics["token_acc"], "seq_acc": metrics["seq_acc"]})
     return pd.DataFrame(rows), pd.DataFrame(final)
 
 
