@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import torch
 
+from uph.errors import ConfigError
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """'auto' -> cuda when present, else cpu; 'cuda' without a GPU is an error naming the key."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("config key 'device' is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
+        raise ConfigError("config key 'device' is 'cuda' but no CUDA device is available; use 'auto' or 'cpu'")
     return torch.device(name)
 
 
