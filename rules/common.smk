@@ -1,9 +1,14 @@
 # Helpers shared by every stage: config validation, paths, targets.
-from uph.config import validate
+from pathlib import Path
+
+from uph.config import check_against_model, validate
 from uph.errors import ConfigError
+from uph.models import IDENTITY, read_identity
 
 try:
     validate(config)
+    if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now
+        check_against_model(config, read_identity(Path(config["results"]) / "model"))
 except ConfigError as error:
     raise WorkflowError(str(error)) from None
 

@@ -46,3 +46,12 @@ def test_bad_values_name_the_key(config, edit, message):
         validate(config)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_d_above_the_hidden_size_is_refused(config):
+    from uph.config import check_against_model
+
+    validate(config)
+    config["fit"]["ds"] = [8, 65]
+    with pytest.raises(ConfigError, match="config key 'fit.ds': d=65 is larger than the basis rank, the hidden size 64"):
+        check_against_model(config, {"name": "tiny", "hidden_size": 64})

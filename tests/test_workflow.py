@@ -34,10 +34,37 @@ def test_lm_stages_run_end_to_end_on_the_tiny_config(lm_run):
     assert not list((workdir / "results").rglob(".tmp-*"))
 
 
-def test_second_run_does_nothing(lm_run):
+@pytest.fixture(scope="module")
+def tables_run(lm_run):
+    workdir = lm_run[0]
+    return workdir, snakemake(workdir, "results/tables/personalization.csv", "results/tables/cross_user.csv")
+
+
+def test_fit_tables_cover_the_sweep(tables_run):
+    workdir, run = tables_run
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = pd.read_csv(workdir / "results/tables/personalization.csv")
+    personal = table[table["control"] == "personal"]
+    assert len(personal) == 5 * 1 * 1 * 2  # heads x alphas x ds x solvers of config/test.yaml
+    assert set(table["control"]) == {"personal", "global"}
+    assert (personal["n_users"] == 4).all() and (personal["params_per_user"] == 8).all()
+    numbers = table.select_dtypes("number")
+    assert numbers.notna().all().all() and numbers.abs().lt(float("inf")).all().all()
+    assert (personal["delta_nll_ci_low"] <= personal["delta_nll"]).all()
+    assert (personal["delta_nll"] <= personal["delta_nll_ci_high"]).all()
+    exact = personal[personal["solver"] == "exact"].set_index("head")
+    seed = personal[personal["solver"] == "seed"].set_index("head")
+    assert (exact["fit_objective"] <= seed["fit_objective"] + 1e-9).all()
+    cross = pd.read_csv(workdir / "results/tables/cross_user.csv")
+    assert len(cross) == 16 and {"theta_user", "text_user", "delta_nll"} <= set(cross.columns)
+    for suffix in (".md", ".tex"):
+        assert (workdir / "results/tables" / f"personalization{suffix}").stat().st_size > 0
+
+
+def test_second_run_does_nothing(lm_run, tables_run):
     workdir, _, _ = lm_run
     start = time.perf_counter()
-    again = snakemake(workdir, *LM_TARGETS)
+    again = snakemake(workdir, *LM_TARGETS, "results/tables/personalization.csv")
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
     assert time.perf_counter() - start < 30

@@ -71,6 +71,15 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
     return config
 
 
+def check_against_model(config: dict, model_identity: dict) -> None:
+    """What needs the model's sizes: every d of the sweep fits in the SVD basis (rank <= H)."""
+    hidden = model_identity["hidden_size"]
+    too_big = [d for d in config["fit"]["ds"] if d > hidden]
+    if too_big:
+        raise ConfigError(f"config key 'fit.ds': d={too_big[0]} is larger than the basis rank, the hidden size "
+                          f"{hidden} of model '{model_identity['name']}'")
+
+
 def _check_across_keys(config: dict) -> None:
     """What one key's schema cannot see: relations between keys, and named files that are missing."""
     source = config["corpus"]["source"]

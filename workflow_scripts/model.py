@@ -1,6 +1,7 @@
 """Rule model: materialize the configured model source (identity.json is written last)."""
 from pathlib import Path
 
+from uph.config import check_against_model
 from uph.logs import rule_logging
 from uph.models import materialize
 
@@ -11,3 +12,4 @@ with rule_logging(snakemake) as log:
                            gguf_file=spec["gguf_file"], revision=spec["revision"])
     log.info("%s: %s, %d parameters, weights sha256 %s", identity["name"], identity["architecture"],
              identity["n_parameters"], identity["weights_sha256"][:12])
+    check_against_model(snakemake.config, identity)
