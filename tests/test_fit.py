@@ -55,6 +55,16 @@ def test_objective_and_gradient_match_autograd(lm, name):
     torch.testing.assert_close(value.grad, theta.grad, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", ["lm_head_update", "uncond"])
+def test_curvature_is_the_hessian_diagonal_at_zero(lm, name):
+    h, y, W, b, svd = lm
+    head = make_head(name, W, svd=svd, d=D, alpha=0.5, bias=b)
+    hessian = torch.autograd.functional.hessian(
+        lambda theta: seed_objective(head, h, y, W, b, theta, beta=0.05, lam=1e-3)[0], torch.zeros(D, dtype=W.dtype))
+    curvature = Objective(prepare(h, y, W, b, chunk=64), head, beta=0.05, lam=1e-3).curvature()
+    torch.testing.assert_close(curvature, hessian.diagonal(), rtol=1e-9, atol=1e-12)
+
+
 def test_kl_is_zero_and_nll_is_base_at_theta_zero(lm):
     h, y, W, b, svd = lm
     tokens = prepare(h, y, W, b, chunk=64)

@@ -145,13 +145,13 @@ class Objective:
             s = self.P @ theta
             shift = s.max()
             e = (s - shift).exp_()
-            inverse_z_p0 = torch.zeros_like(e)                      # Σ_t p0_t / Z_t
+            inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)   # Σ_t p0_t / Z_t
             for chunk, p0 in self.tokens.probabilities():
-                z = p0 @ e
+                z = (p0 * e).sum(dim=1)            # a cascade sum: accurate over V terms, unlike p0 @ e
                 log_z.append(z.log() + shift)
                 if need_grad:
                     inverse_z_p0 += z.reciprocal() @ p0
-            return log_z, (self.PT @ (e * inverse_z_p0)).double().cpu() if need_grad else None
+            return log_z, (self.P.double().T @ (e * inverse_z_p0)).cpu() if need_grad else None
         for a, (chunk, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
             s = u @ self.PT
@@ -165,6 +165,17 @@ class Objective:
             if need_grad:
                 grad += (a * (e @ self.P) / z[:, None]).sum(0, dtype=torch.float64)
         return log_z, grad.cpu() if need_grad else None
+
+    def curvature(self) -> torch.Tensor:
+        """diag ∇²J at theta = 0 [d]: (1 + beta) mean_t a_t² ⊙ Var_{p0_t}(P) + 2 lam (the exact
+        solver's first quasi-Newton model; one more [c, V]×[V, 2d] product per chunk)."""
+        P_and_squares = torch.cat([self.P, self.P.square()], dim=1)
+        total = torch.zeros(self.d, dtype=torch.float64, device=self.device)
+        for i, ((chunk, p0), log_z0) in enumerate(zip(self.tokens.probabilities(), self.log_z0)):
+            moments = (p0 @ P_and_squares) / log_z0.exp()[:, None]
+            variance = moments[:, self.d:] - moments[:, :self.d].square()
+            total += (self._a(i, chunk).square() * variance).sum(0, dtype=torch.float64)
+        return ((1 + self.beta) * total / self.tokens.n + 2 * self.lam).cpu()
 
     def __call__(self, theta: torch.Tensor, need_grad: bool = True) -> Value:
         log_z, grad = self._log_partitions(theta, need_grad)
@@ -240,8 +251,8 @@ def fit_theta(tokens: Tokens, head: Head, solver: str = "seed", beta: float = 0.
         theta, iterations = _adam(evaluate, theta, lr, steps, max_norm), steps
         value = evaluate(theta, iterations)
     else:
-        theta, iterations, value = _projected_bfgs(evaluate, project(theta.double(), max_norm), max_norm,
-                                                   tol, max_iter)
+        theta, iterations, value = _projected_bfgs(evaluate, project(theta.double(), max_norm),
+                                                   torch.diag(objective.curvature()), max_norm, tol, max_iter)
     return theta, FitResult(solver, value.objective, value.ce, value.kl,
                             projected_gradient_norm(theta, value.grad, max_norm), iterations, evaluations,
                             time.perf_counter() - start, float(theta.norm()))
@@ -260,16 +271,15 @@ def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, max_norm: float)
     return theta.detach()
 
 
-def _projected_bfgs(evaluate, theta: torch.Tensor, radius: float, tol: float, max_iter: int):
-    """Minimize J over the ball: each step minimizes the BFGS model g·s + ½ s^T B s exactly over the
-    ball, then backtracks (Armijo) along it. Stops at certificate <= tol, or when no step decreases
-    J any more (the float noise floor)."""
-    value, B = evaluate(theta, 0), None
+def _projected_bfgs(evaluate, theta: torch.Tensor, B: torch.Tensor, radius: float, tol: float, max_iter: int):
+    """Minimize J over the ball from the model Hessian B: each step minimizes the BFGS model
+    g·s + ½ s^T B s exactly over the ball, then backtracks (Armijo) along it. Stops at
+    certificate <= tol, or when no step decreases J any more (the float noise floor)."""
+    value = evaluate(theta, 0)
     for iteration in range(max_iter):
         if projected_gradient_norm(theta, value.grad, radius) <= tol:
             return theta, iteration, value
-        model = torch.eye(len(theta), dtype=torch.float64) * float(value.grad.norm()) if B is None else B
-        step = _ball_model_minimizer(theta, value.grad, model, radius) - theta
+        step = _ball_model_minimizer(theta, value.grad, B, radius) - theta
         slope, t = float(value.grad @ step), 1.0
         if slope >= 0:
             return theta, iteration, value
@@ -282,8 +292,6 @@ def _projected_bfgs(evaluate, theta: torch.Tensor, radius: float, tol: float, ma
             return theta, iteration, value
         s, y = t * step, trial.grad - value.grad
         if float(s @ y) > 1e-12 * float(s.norm() * y.norm()):
-            if B is None:
-                B = torch.eye(len(theta), dtype=torch.float64) * float(y @ y / (s @ y))
             Bs = B @ s
             B = B - torch.outer(Bs, Bs) / (s @ Bs) + torch.outer(y, y) / (s @ y)
         theta, value = theta + s, trial
