@@ -86,6 +86,18 @@ def test_float32_engine_on_bfloat16_states_matches_float64(lm):
     torch.testing.assert_close(fast.grad, exact.grad, rtol=1e-4, atol=1e-5)
 
 
+def test_float32_engine_survives_logit_changes_beyond_exp_range(lm):
+    h, y, W, b, svd = lm
+    head64 = make_head("cvh", W, d=D, alpha=300.0, bias=b)
+    head32 = make_head("cvh", W.float(), d=D, alpha=300.0, bias=b.float())
+    theta = 5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), dim=0)
+    assert head64.correction(h, theta).abs().max() > 200          # exp(200) overflows float32
+    exact = Objective(prepare(h, y, W, b), head64)(theta)
+    fast = Objective(prepare(h.float(), y, W.float(), b.float()), head32)(theta.float())
+    assert fast.objective == pytest.approx(exact.objective, rel=1e-5)
+    torch.testing.assert_close(fast.grad, exact.grad, rtol=1e-4, atol=1e-4)
+
+
 def seed_002_written_out(h, y, W, b, head, d, lr=0.05, steps=30, beta=0.05, lam=1e-4, max_norm=5.0):
     """Seed 002's loop as written: chunks of 16, autograd, Adam, clipping, ball projection."""
     theta = torch.zeros(d, dtype=h.dtype, requires_grad=True)

@@ -36,6 +36,7 @@ from uph.heads import Head
 
 CHUNK = 256          # tokens per chunk: a [CHUNK, V] float32 block is 50 MB at V = 49152
 EXP_SAFE = 60.0      # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
+LOG2E = 1.4426950408889634
 SOLVERS = ("seed", "exact")
 
 
@@ -123,8 +124,10 @@ class Objective:
         self.tokens, self.beta, self.lam, self.d = tokens, beta, lam, head.d
         self.dtype, self.device = tokens.W.dtype, tokens.device
         self.P = head.P.to(self.device, self.dtype).contiguous()
-        self.PT = self.P.T.contiguous()
+        self.PT_log2e = self.P.T.contiguous() * LOG2E    # exp(x) = exp2(x log2 e), and exp2 is faster
         self.reach = float(self.P.norm(dim=1).max())     # |P_v · u| <= reach ‖u‖
+        rows = max(len(chunk.targets) for chunk in tokens.chunks)
+        self.scratch = torch.empty(rows, self.P.shape[0], dtype=self.dtype, device=self.device)  # one [c, V] block
         self.a = None
         if head.conditional:
             A = head.A.to(self.device, self.dtype)
@@ -147,21 +150,21 @@ class Objective:
             e = (s - shift).exp_()
             inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)   # Σ_t p0_t / Z_t
             for chunk, p0 in self.tokens.probabilities():
-                z = (p0 * e).sum(dim=1)            # a cascade sum: accurate over V terms, unlike p0 @ e
+                z = torch.mul(p0, e, out=self.scratch[:len(p0)]).sum(dim=1)   # accurate, unlike p0 @ e
                 log_z.append(z.log() + shift)
                 if need_grad:
                     inverse_z_p0 += z.reciprocal() @ p0
             return log_z, (self.P.double().T @ (e * inverse_z_p0)).cpu() if need_grad else None
         for a, (chunk, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
-            s = u @ self.PT
+            s = torch.mm(u, self.PT_log2e, out=self.scratch[:len(u)])   # P u_t in units of ln 2
             shift = None
             if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:
                 shift = s.amax(dim=1, keepdim=True)
                 s.sub_(shift)
-            e = s.exp_().mul_(p0)                                    # p_t up to 1 / Z_t
+            e = s.exp2_().mul_(p0)                                   # p_t up to 1 / Z_t
             z = e.sum(dim=1)
-            log_z.append(z.log() if shift is None else z.log() + shift.squeeze(1))
+            log_z.append(z.log() if shift is None else z.log() + shift.squeeze(1) / LOG2E)
             if need_grad:
                 grad += (a * (e @ self.P) / z[:, None]).sum(0, dtype=torch.float64)
         return log_z, grad.cpu() if need_grad else None
