@@ -75,6 +75,10 @@ def test_tokenize_users_filters_and_keeps_largest():
     assert (row.n_tokens, row.train_end, row.test_start) == (900, 450, 460)
     with pytest.raises(CorpusError, match="corpus.min_tokens=1000 .*largest has 900"):
         tokenize_users(texts, byte_tokenizer(), 1000, 1, 0.5, 10)
+    capped = tokenize_users(texts, byte_tokenizer(), 100, 2, 0.5, 10, max_tokens=200)
+    assert list(capped["user_id"]) == ["a", "c"]  # the largest users, then cut to their first 200 tokens
+    assert list(capped["n_tokens_total"]) == [500, 900] and list(capped["n_tokens"]) == [200, 200]
+    assert capped["tokens"][1] == byte_tokenizer()("z" * 200)["input_ids"]
 
 
 def test_corpus_files(tmp_path):

@@ -161,22 +161,23 @@ def temporal_split(n_tokens: int, train_fraction: float, gap: int) -> Split:
 
 def tokenize_users(texts: pd.DataFrame, tokenizer, min_tokens: int, max_users: int,
                    train_fraction: float, gap: int, max_tokens: int | None = None) -> pd.DataFrame:
-    """Tokenize each user's text (first `max_tokens` tokens if set), keep users with >= min_tokens
-    tokens, the `max_users` largest.
+    """Tokenize each user's text, keep users with >= min_tokens tokens, the `max_users` largest,
+    then cut each to its first `max_tokens` tokens (if set) and split it in time.
 
-    Returns one row per kept user: user_id, n_tokens, train_end, test_start, tokens (list of ids).
+    Returns one row per kept user: user_id, n_tokens_total, n_tokens, train_end, test_start,
+    tokens (list of ids).
     """
     encoded = tokenizer(list(texts["text"]), add_special_tokens=False)["input_ids"]
-    rows = []
-    for user_id, ids in zip(texts["user_id"], encoded):
-        ids = ids[:max_tokens]
-        if len(ids) >= min_tokens:
-            split = temporal_split(len(ids), train_fraction, gap)
-            rows.append((user_id, len(ids), split.train_end, split.test_start, ids))
-    if not rows:
-        largest = min(max(map(len, encoded), default=0), max_tokens or float("inf"))
+    users = pd.DataFrame({"user_id": texts["user_id"], "n_tokens_total": list(map(len, encoded)), "tokens": encoded})
+    users = users[users["n_tokens_total"] >= min_tokens]
+    if users.empty:
         raise CorpusError(f"no user has at least corpus.min_tokens={min_tokens} tokens "
-                          f"(the largest has {largest}); lower config key 'corpus.min_tokens'")
-    users = pd.DataFrame(rows, columns=["user_id", "n_tokens", "train_end", "test_start", "tokens"])
-    users = users.sort_values(["n_tokens", "user_id"], ascending=[False, True], kind="stable").head(max_users)
-    return users.sort_values("user_id", kind="stable").reset_index(drop=True)
+                          f"(the largest has {max(map(len, encoded), default=0)}); lower config key 'corpus.min_tokens'")
+    users = users.sort_values(["n_tokens_total", "user_id"], ascending=[False, True], kind="stable").head(max_users)
+    users["tokens"] = [ids[:max_tokens] for ids in users["tokens"]]
+    users["n_tokens"] = users["tokens"].map(len)
+    splits = [temporal_split(n, train_fraction, gap) for n in users["n_tokens"]]
+    users["train_end"] = [split.train_end for split in splits]
+    users["test_start"] = [split.test_start for split in splits]
+    columns = ["user_id", "n_tokens_total", "n_tokens", "train_end", "test_start", "tokens"]
+    return users[columns].sort_values("user_id", kind="stable").reset_index(drop=True)

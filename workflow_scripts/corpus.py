@@ -15,6 +15,6 @@ with rule_logging(snakemake) as log:
     users = tokenize_users(roles, tokenizer, cfg["min_tokens"], cfg["max_users"],
                            cfg["train_fraction"], gap=snakemake.params.gap,
                            max_tokens=cfg["max_tokens"])
-    log.info("kept %d of %d users (%d to %d tokens each, %d in all)", len(users), len(roles),
-             users["n_tokens"].min(), users["n_tokens"].max(), users["n_tokens"].sum())
+    log.info("kept %d of %d users (%d to %d tokens each, %d used in all)", len(users), len(roles),
+             users["n_tokens_total"].min(), users["n_tokens_total"].max(), users["n_tokens"].sum())
     write_parquet(users, snakemake.output.users)
