@@ -13,15 +13,16 @@ Both terms need only the change of log-partition L_t = log Σ_v p0_tv exp(P_v ·
 
 with ybar = mean_t a_t ⊙ P_{y_t}, mbar = mean_t a_t ⊙ m_t, p_t = softmax(z_t). So p0 [n, V] is
 computed once per split (`prepare`: the only V×H products), a, ybar and mbar once per head
-(`Objective`), and an evaluation costs two [c, d]×[d, V] products and one exp per chunk of c
-tokens (conditional heads) or two [c, V] matrix-vector products (unconditional heads: P theta is
-the same for every token). L_t is taken relative to its value at theta = 0 computed by the same
-code, so the KL is exactly 0 there. J is convex (strictly for lam > 0): the minimizer is unique.
+(`Objective`); an evaluation costs, per chunk of c tokens, two [c, d]×[d, V] products and one exp
+(conditional heads), or two passes over p0 (unconditional heads: P theta is the same for every
+token). L_t is taken relative to its value at theta = 0, computed by the same code: the KL is
+exactly 0 there, and p0 need only be known up to a factor per token. J is convex (strictly for
+lam > 0), so the minimizer is unique.
 
 Solvers: "seed" is seed 002's Adam (zero start, gradient-norm clipping at max_norm, then
-projection onto the ball of radius max_norm); "exact" is a projected quasi-Newton method (dense
-BFGS model minimized over the ball, Armijo backtracking) that stops when the projected-gradient
-norm, reported as `certificate`, is below `tol`.
+projection onto the ball of radius max_norm); "exact" is a projected quasi-Newton method (a BFGS
+model, started from the Hessian diagonal at 0, minimized exactly over the ball; Armijo
+backtracking) that stops when the projected-gradient norm, reported as `certificate`, is <= tol.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class Chunk:
     hidden: torch.Tensor          # [c, H] as given (float32 or bfloat16)
     targets: torch.Tensor         # [c] next-token ids
     nll0: torch.Tensor            # [c] base cross-entropy per token
-    p0: torch.Tensor | None       # [c, V] base probabilities; None: recomputed when used
+    p0: torch.Tensor | None       # [c, V] base probabilities up to a factor per token; None: recomputed
 
 
 @dataclass
@@ -69,17 +70,20 @@ class Tokens:
         return float(sum(chunk.nll0.sum(dtype=torch.float64) for chunk in self.chunks) / self.n)
 
     def probabilities(self):
-        """(chunk, p0 [c, V]) for every chunk, from the cache or recomputed."""
+        """(chunk, p0 [c, V] up to a factor per token) for every chunk, from the cache or recomputed."""
         for chunk in self.chunks:
             yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.W, self.b)[0]
 
 
 def base_distribution(chunk: Chunk, W: torch.Tensor, b: torch.Tensor | None):
-    """p0 = softmax(W h + b) [c, V] and the base cross-entropy of the targets [c]."""
+    """exp(z - max z) for z = W h + b [c, V] (p0 up to a factor per token, which every use divides
+    out: see Objective), and the base cross-entropy of the targets [c]."""
     z = F.linear(chunk.hidden.to(W.dtype), W, b)
-    log_partition = torch.logsumexp(z, dim=1)
-    nll0 = log_partition - z.gather(1, chunk.targets[:, None]).squeeze(1)
-    return z.sub_(log_partition[:, None]).exp_(), nll0
+    top = z.amax(dim=1, keepdim=True)
+    target = z.gather(1, chunk.targets[:, None])
+    unnormalized = z.sub_(top).exp_()
+    nll0 = (top + unnormalized.sum(dim=1, keepdim=True).log() - target).squeeze(1)
+    return unnormalized, nll0
 
 
 def prepare(hidden: torch.Tensor, targets: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None,
