@@ -185,8 +185,11 @@ class Objective:
         return ((1 + self.beta) * total / self.tokens.n + 2 * self.lam).cpu()
 
     def __call__(self, theta: torch.Tensor, need_grad: bool = True) -> Value:
-        log_z, grad = self._log_partitions(theta, need_grad)
         n = self.tokens.n
+        if theta.any():
+            log_z, grad = self._log_partitions(theta, need_grad)
+        else:   # the base model: known from the pass at theta = 0 in __init__
+            log_z, grad = self.log_z0, self.mbar * n
         mean_l = float(sum((lz - lz0).sum(dtype=torch.float64) for lz, lz0 in zip(log_z, self.log_z0))) / n
         theta = theta.detach().double().cpu()
         ce = self.tokens.base_nll + mean_l - theta @ self.ybar
