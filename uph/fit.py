@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from uph.errors import ConfigError, FitDivergedError
 from uph.heads import Head
 
-CHUNK = 256          # tokens per chunk: a [CHUNK, V] float32 block is 50 MB at V = 49152
+CHUNK = 256          # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
+VOCAB_BLOCK = 4096   # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
 EXP_SAFE = 60.0      # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
 LOG2E = 1.4426950408889634
 SOLVERS = ("seed", "exact")
@@ -46,7 +47,7 @@ class Chunk:
     hidden: torch.Tensor          # [c, H] as given (float32 or bfloat16)
     targets: torch.Tensor         # [c] next-token ids
     nll0: torch.Tensor            # [c] base cross-entropy per token
-    p0: torch.Tensor | None       # [c, V] base probabilities up to a factor per token; None: recomputed
+    p0: torch.Tensor | None       # [V, c] base probabilities up to a factor per token; None: recomputed
 
 
 @dataclass
@@ -70,19 +71,21 @@ class Tokens:
         return float(sum(chunk.nll0.sum(dtype=torch.float64) for chunk in self.chunks) / self.n)
 
     def probabilities(self):
-        """(chunk, p0 [c, V] up to a factor per token) for every chunk, from the cache or recomputed."""
+        """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed."""
         for chunk in self.chunks:
             yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.W, self.b)[0]
 
 
 def base_distribution(chunk: Chunk, W: torch.Tensor, b: torch.Tensor | None):
-    """exp(z - max z) for z = W h + b [c, V] (p0 up to a factor per token, which every use divides
-    out: see Objective), and the base cross-entropy of the targets [c]."""
-    z = F.linear(chunk.hidden.to(W.dtype), W, b)
-    top = z.amax(dim=1, keepdim=True)
-    target = z.gather(1, chunk.targets[:, None])
+    """exp(z - max z) for z = W h + b, vocabulary-major [V, c] (p0 up to a factor per token, which
+    every use divides out: see Objective), and the base cross-entropy of the targets [c]."""
+    z = W @ chunk.hidden.to(W.dtype).T
+    if b is not None:
+        z += b[:, None]
+    top = z.amax(dim=0, keepdim=True)
+    target = z.gather(0, chunk.targets[None, :])
     unnormalized = z.sub_(top).exp_()
-    nll0 = (top + unnormalized.sum(dim=1, keepdim=True).log() - target).squeeze(1)
+    nll0 = (top + unnormalized.sum(dim=0, keepdim=True).log() - target).squeeze(0)
     return unnormalized, nll0
 
 
@@ -128,10 +131,11 @@ class Objective:
         self.tokens, self.beta, self.lam, self.d = tokens, beta, lam, head.d
         self.dtype, self.device = tokens.W.dtype, tokens.device
         self.P = head.P.to(self.device, self.dtype).contiguous()
-        self.PT_log2e = self.P.T.contiguous() * LOG2E    # exp(x) = exp2(x log2 e), and exp2 is faster
+        self.PT = self.P.T.contiguous()
+        self.P_log2e = self.P * LOG2E                    # exp(x) = exp2(x log2 e), and exp2 is faster
         self.reach = float(self.P.norm(dim=1).max())     # |P_v · u| <= reach ‖u‖
-        rows = max(len(chunk.targets) for chunk in tokens.chunks)
-        self.scratch = torch.empty(rows, self.P.shape[0], dtype=self.dtype, device=self.device)  # one [c, V] block
+        columns = max(len(chunk.targets) for chunk in tokens.chunks)
+        self.scratch = torch.empty(VOCAB_BLOCK * columns, dtype=self.dtype, device=self.device)
         self.a = None
         if head.conditional:
             A = head.A.to(self.device, self.dtype)
@@ -141,11 +145,17 @@ class Objective:
         self.log_z0, grad0 = self._log_partitions(torch.zeros(self.d), need_grad=True)
         self.mbar = grad0 / tokens.n
 
+    def _block(self, rows: int, columns: int) -> torch.Tensor:
+        """The reused work block [rows <= VOCAB_BLOCK, columns]: small enough to stay in cache, and
+        allocated once (a fresh block per chunk would cost page faults)."""
+        return self.scratch[:rows * columns].view(rows, columns)
+
     def _a(self, i: int, chunk: Chunk) -> torch.Tensor:
         return self.a[i] if self.a is not None else torch.ones(1, self.d, dtype=self.dtype, device=self.device)
 
     def _log_partitions(self, theta: torch.Tensor, need_grad: bool):
-        """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad."""
+        """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad. The
+        vocabulary is walked in blocks of VOCAB_BLOCK rows, so each pass over a block hits cache."""
         theta = theta.to(self.device, self.dtype)
         log_z, grad = [], torch.zeros(self.d, dtype=torch.float64, device=self.device)
         if self.a is None:
@@ -154,32 +164,40 @@ class Objective:
             e = (s - shift).exp_()
             inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)   # Σ_t p0_t / Z_t
             for chunk, p0 in self.tokens.probabilities():
-                z = torch.mul(p0, e, out=self.scratch[:len(p0)]).sum(dim=1)   # accurate, unlike p0 @ e
+                z = sum(torch.mul(p, e_v[:, None], out=self._block(*p.shape)).sum(dim=0)   # cascade sums:
+                        for p, e_v in zip(p0.split(VOCAB_BLOCK), e.split(VOCAB_BLOCK)))   # accurate, unlike e @ p0
                 log_z.append(z.log() + shift)
                 if need_grad:
-                    inverse_z_p0 += z.reciprocal() @ p0
+                    inverse_z_p0 += p0 @ z.reciprocal()
             return log_z, (self.P.double().T @ (e * inverse_z_p0)).cpu() if need_grad else None
+        blocks = list(zip(self.P_log2e.split(VOCAB_BLOCK), self.PT.split(VOCAB_BLOCK, dim=1)))
         for a, (chunk, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
-            s = torch.mm(u, self.PT_log2e, out=self.scratch[:len(u)])   # P u_t in units of ln 2
             shift = None
-            if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:
-                shift = s.amax(dim=1, keepdim=True)
-                s.sub_(shift)
-            e = s.exp2_().mul_(p0)                                   # p_t up to 1 / Z_t
-            z = e.sum(dim=1)
-            log_z.append(z.log() if shift is None else z.log() + shift.squeeze(1) / LOG2E)
+            if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:   # rare: each token's max first
+                shift = torch.stack([(P_v @ u.T).amax(dim=0) for P_v, _ in blocks]).amax(dim=0)
+            z = torch.zeros(len(u), dtype=self.dtype, device=self.device)
+            p_sum = torch.zeros(self.d, len(u), dtype=self.dtype, device=self.device)   # Σ_v P_v p_tv Z_t
+            for (P_v, PT_v), p in zip(blocks, p0.split(VOCAB_BLOCK)):
+                s = torch.mm(P_v, u.T, out=self._block(len(P_v), len(u)))        # P u_t in units of ln 2
+                if shift is not None:
+                    s.sub_(shift)
+                e = s.exp2_().mul_(p)                                            # p_t up to 1 / Z_t
+                z += e.sum(dim=0)
+                if need_grad:
+                    p_sum.addmm_(PT_v, e)
+            log_z.append(z.log() if shift is None else z.log() + shift / LOG2E)
             if need_grad:
-                grad += (a * (e @ self.P) / z[:, None]).sum(0, dtype=torch.float64)
+                grad += (a * p_sum.T / z[:, None]).sum(0, dtype=torch.float64)
         return log_z, grad.cpu() if need_grad else None
 
     def curvature(self) -> torch.Tensor:
         """diag ∇²J at theta = 0 [d]: (1 + beta) mean_t a_t² ⊙ Var_{p0_t}(P) + 2 lam (the exact
         solver's first quasi-Newton model; one more [c, V]×[V, 2d] product per chunk)."""
-        P_and_squares = torch.cat([self.P, self.P.square()], dim=1)
+        P_and_squares = torch.cat([self.PT, self.PT.square()])
         total = torch.zeros(self.d, dtype=torch.float64, device=self.device)
         for i, ((chunk, p0), log_z0) in enumerate(zip(self.tokens.probabilities(), self.log_z0)):
-            moments = (p0 @ P_and_squares) / log_z0.exp()[:, None]
+            moments = (P_and_squares @ p0).T / log_z0.exp()[:, None]
             variance = moments[:, self.d:] - moments[:, :self.d].square()
             total += (self._a(i, chunk).square() * variance).sum(0, dtype=torch.float64)
         return ((1 + self.beta) * total / self.tokens.n + 2 * self.lam).cpu()
