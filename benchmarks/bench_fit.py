@@ -159,7 +159,7 @@ def main() -> None:
               f"{j:>13.6f}{j - j_ref:>14.1e}{result.certificate:>13.1e}")
     seed, exact = runs["seed"], runs["exact"]
     evaluation = 4 * n * V * args.d / 1e9        # two [n, d]x[d, V]-sized products per evaluation
-    per_eval = (seed[1].seconds) / (seed[1].evaluations + 1)   # + the objective's pass at theta = 0
+    per_eval = seed[1].seconds / seed[1].evaluations   # the pass at theta = 0 serves the first evaluation
     print(f"uph: prepare (p0 once, {2 * n * V * H / 1e9:.0f} GFLOP) {seed[2]:.1f} s; seed fit {seed[1].seconds:.1f} s "
           f"({seed[1].evaluations} evaluations of {evaluation:.1f} GFLOP, {evaluation / per_eval:.0f} GFLOP/s with the "
           f"exp); exact fit {exact[1].seconds:.1f} s ({exact[1].evaluations} evaluations); |theta_seed - "

@@ -24,7 +24,8 @@ def planted(tmp_path_factory):
     head = make_head("svd_cvh", W, svd=torch.linalg.svd(W, full_matrices=False), d=D, alpha=1.0)
     stars, trains, tests = {}, {}, {}
     for i, user in enumerate(["romeo", "juliet"]):
-        stars[user] = 3.0 * F.normalize(torch.randn(D, dtype=W.dtype, generator=torch.Generator().manual_seed(i)), dim=0)
+        direction = torch.randn(D, dtype=W.dtype, generator=torch.Generator().manual_seed(i))
+        stars[user] = 3.0 * F.normalize(direction, dim=0)
         ids = sample_text(model, lambda h: head.logits(h, stars[user]), batch=15, length=81, seed=10 + i)
         (h_train, y_train), (h_test, y_test) = user_split(model, ids)
         trains[user], tests[user] = prepare(h_train, y_train, W), (h_test, y_test)
@@ -53,7 +54,8 @@ def test_cross_user_matrix_is_diagonal_and_beats_the_global_theta(planted):
     matrix = cross_user(thetas, splits, head)
     assert len(matrix) == 4 and set(matrix.columns) >= {"theta_user", "text_user", "delta_nll", "kl"}
     for row in matrix.itertuples():
-        assert row.delta_nll == pytest.approx(user_metrics(splits[row.text_user], head, thetas[row.theta_user])["delta_nll"])
+        alone = user_metrics(splits[row.text_user], head, thetas[row.theta_user])
+        assert row.delta_nll == pytest.approx(alone["delta_nll"])
     delta = matrix.pivot(index="theta_user", columns="text_user", values="delta_nll")
     for user in thetas:
         assert delta.loc[user, user] < -0.05
@@ -72,7 +74,8 @@ def test_summary_bootstrap_and_shares():
     row = summarize(users, d=64, n_boot=2000, seed=0)
     rng = np.random.default_rng(0)
     resampled = users["delta_nll"].to_numpy()[rng.integers(0, 5, size=(2000, 5))].mean(axis=1)
-    assert (row["delta_nll_ci_low"], row["delta_nll_ci_high"]) == pytest.approx(tuple(np.quantile(resampled, [0.025, 0.975])))
+    expected = tuple(np.quantile(resampled, [0.025, 0.975]))
+    assert (row["delta_nll_ci_low"], row["delta_nll_ci_high"]) == pytest.approx(expected)
     assert row["delta_nll"] == pytest.approx(-0.14)
     assert row["delta_nll_ci_low"] < row["delta_nll"] < row["delta_nll_ci_high"]
     assert row["frac_users_improved"] == 0.8 and row["params_per_user"] == 64 and row["n_users"] == 5

@@ -30,7 +30,6 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.nn.functional as F
 
 from uph.errors import ConfigError, FitDivergedError
 from uph.heads import Head
