@@ -35,7 +35,7 @@ HEADS = ("cvh", "uncond", "svd_cvh", "svd_uncond", "lm_head_update")
 BASES = ("svd", "random")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Head:
     """A head's seed semantics (`apply_hidden`) and its low-rank logit description (P, A)."""
 
