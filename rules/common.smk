@@ -1,4 +1,5 @@
 # Helpers shared by every stage: config validation, paths, targets.
+import os
 from pathlib import Path
 
 from uph.config import check_against_model, validate
@@ -14,6 +15,9 @@ except ConfigError as error:
 
 
 RESULTS = config["results"]
+
+# Jobs share the cores: OpenMP threads that spin while waiting slow each other down many times over.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def results(*parts):

@@ -85,12 +85,12 @@ def test_bad_head_configurations_name_the_key(lm):
     h, W, b, svd = lm
     with pytest.raises(ConfigError, match=r"'fit\.heads'.*unknown head 'lora'"):
         make_head("lora", W, svd=svd, d=D)
-    with pytest.raises(ConfigError, match=r"'fit\.basis'.*'pca'"):
+    with pytest.raises(ConfigError, match=r"'fit\.lm_head_update\.basis'.*'pca'"):
         make_head("lm_head_update", W, svd=svd, d=D, basis="pca")
-    with pytest.raises(ConfigError, match=r"'fit\.d'.*needs the top 8 singular triplets.*no SVD basis"):
+    with pytest.raises(ConfigError, match=r"'fit\.ds'.*needs the top 8 singular triplets.*no SVD basis"):
         make_head("svd_cvh", W, svd=None, d=D)
     U, S, Vh = svd
-    with pytest.raises(ConfigError, match=r"'fit\.d'.*got an SVD basis of 4 triplets"):
+    with pytest.raises(ConfigError, match=r"'fit\.ds'.*got an SVD basis of 4 triplets"):
         make_head("svd_uncond", W, svd=(U[:, :4], S[:4], Vh[:4]), d=D)
-    with pytest.raises(ConfigError, match=r"'fit\.d'"):
+    with pytest.raises(ConfigError, match=r"'fit\.ds'"):
         make_head("cvh", W, d=0)

@@ -83,15 +83,15 @@ def make_head(name: str, W: torch.Tensor, svd: tuple | None = None, d: int = 64,
     if name not in HEADS:
         raise ConfigError(f"config key 'fit.heads': unknown head '{name}' (known: {', '.join(HEADS)})")
     if name == "lm_head_update" and basis not in BASES:
-        raise ConfigError(f"config key 'fit.basis': unknown basis '{basis}' (known: {', '.join(BASES)})")
+        raise ConfigError(f"config key 'fit.lm_head_update.basis': unknown basis '{basis}' (known: {', '.join(BASES)})")
     V, H = W.shape
     if not 1 <= d <= H:
-        raise ConfigError(f"config key 'fit.d': d={d} must be between 1 and the hidden size {H}")
+        raise ConfigError(f"config key 'fit.ds': d={d} must be between 1 and the hidden size {H}")
     uses_svd = name.startswith("svd_") or (name == "lm_head_update" and basis == "svd")
     if uses_svd:
         if svd is None or svd[2].shape[0] < d:
             have = "no SVD basis" if svd is None else f"an SVD basis of {svd[2].shape[0]} triplets"
-            raise ConfigError(f"config key 'fit.d': head '{name}' with d={d} needs the top {d} "
+            raise ConfigError(f"config key 'fit.ds': head '{name}' with d={d} needs the top {d} "
                               f"singular triplets of the lm_head, got {have}")
         U, S, Vh = svd
         U, S, Vh = U[:, :d].to(W.dtype), S[:d].to(W.dtype), Vh[:d].to(W.dtype)

@@ -37,10 +37,10 @@ def load_users(shards, model_dir, extract: dict, device: str) -> dict[str, UserS
     return HiddenStateCache(shards, expect=configured_identity(model_dir, extract, device)).load()
 
 
-def prepared(states: UserStates, head: Head) -> tuple[Tokens, Tokens]:
-    """(train, test) tokens of one user with their base distributions."""
-    return (prepare(states.train_hidden, states.train_targets, head.W, head.b),
-            prepare(states.test_hidden, states.test_targets, head.W, head.b))
+def prepared(states: UserStates, head: Head, device: torch.device) -> tuple[Tokens, Tokens]:
+    """(train, test) tokens of one user with their base distributions, on `device`."""
+    return (prepare(states.train_hidden, states.train_targets, head.W, head.b, device=device),
+            prepare(states.test_hidden, states.test_targets, head.W, head.b, device=device))
 
 
 def fit_and_score(train: Tokens, tests: dict[str, Tokens], head: Head, fit: dict, solver: str,
@@ -55,11 +55,12 @@ def fit_and_score(train: Tokens, tests: dict[str, Tokens], head: Head, fit: dict
     return theta, rows
 
 
-def fit_users(users: dict[str, UserStates], head: Head, fit: dict, point: dict) -> pd.DataFrame:
+def fit_users(users: dict[str, UserStates], head: Head, fit: dict, point: dict,
+              device: torch.device) -> pd.DataFrame:
     """Every user x solver at one sweep point: fit, certificate and held-out metrics per row."""
     rows = []
     for user, states in users.items():
-        train, test = prepared(states, head)
+        train, test = prepared(states, head, device)
         for solver in fit["solvers"]:
             _, scored = fit_and_score(train, {user: test}, head, fit, solver, user, point)
             rows += scored

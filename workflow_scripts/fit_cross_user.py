@@ -6,6 +6,7 @@ import torch
 
 from uph.evaluate import cross_user
 from uph.fit import prepare
+from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
 from uph.sweep import load_head, load_users, point_label
@@ -21,7 +22,8 @@ with rule_logging(snakemake) as log:
     thetas = {user: torch.tensor(theta) for user, theta in zip(fits["user"], fits["theta"])}
     head = load_head(model_dir, snakemake.input.basis, fit, point)
     users = load_users(snakemake.input.shards, model_dir, snakemake.params.extract, snakemake.params.device)
-    tests = {user: prepare(s.test_hidden, s.test_targets, head.W, head.b) for user, s in users.items()}
+    device = resolve_device(snakemake.params.device)
+    tests = {user: prepare(s.test_hidden, s.test_targets, head.W, head.b, device=device) for user, s in users.items()}
     log.info("%s, solver %s: %d x %d cross-user scores", point, solver, len(thetas), len(tests))
     table = cross_user(thetas, tests, head).assign(**point, solver=solver)
     write_parquet(table, snakemake.output[0])
