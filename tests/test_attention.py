@@ -10,14 +10,6 @@ from uph.attention import (ATTENTIONS, OneLayerModel, _TripleProductProbs, rope,
                            triple_product_attention, triple_scores)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: two threads spin against each other on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def literal_gram_scores(q, k, r):
     """-det of the 3x3 Gram matrix of (q_i, k_j, r_i), per (i, j), scaled by D^-1.5, causal."""

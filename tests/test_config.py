@@ -1,5 +1,4 @@
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
@@ -7,7 +6,7 @@ import yaml
 from uph.config import validate
 from uph.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
 
 
 @pytest.fixture(params=["config.yaml", "config/test.yaml"])

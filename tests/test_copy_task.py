@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,8 +13,7 @@ from uph.config import validate
 from uph.copy_task import check_config, copied_targets, copy_batch, copy_metrics, gram_resilience, train
 from uph.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
-SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+from conftest import REPO, SNAKEMAKE
 
 # The table printed at the end of seed 004: (magnitude, Dot(Q,K), Gram(Q,K,R)), reference row first.
 SEED_TABLE = [(1.0, 0.7071, -0.0), (1.0, 0.1, -1.0), (5.0, 0.1, -25.0), (10.0, 0.1, -100.0),
@@ -26,14 +23,6 @@ TINY = {"attentions": ["standard"], "seeds": [0], "vocab": 8, "train_len": 8, "e
         "n_head": 2, "steps": 150, "batch_size": 32, "lr": 0.005, "weight_decay": 0.01, "log_every": 50,
         "eval_size": 64, "dtype": "float32"}
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: two threads spin against each other on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_copy_batch_repeats_its_first_half_and_targets_are_the_next_tokens():

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tiny_lm import one_thread, sample_text, tiny_llama, user_split  # noqa: F401 (one_thread: autouse fixture)
+from tiny_lm import sample_text, tiny_llama, user_split
 from uph.evaluate import bootstrap_ci, cross_user, per_user, summarize, user_metrics
 from uph.fit import fit_theta, pool, prepare
 from uph.heads import make_head

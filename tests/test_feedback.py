@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,16 +18,8 @@ from uph.feedback import (FeedbackLayer, FeedbackSystem, UpdateConfig, qr_retrac
 from uph.feedback_training import (METHODS, Adam, TrainConfig, evaluate, make_method, summarize, train,
                                    train_config)
 
-REPO = Path(__file__).resolve().parent.parent
+from conftest import REPO
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are small: a second thread only contends with other work on a 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def gen(seed=0):

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tiny_lm import one_thread, final_hidden, sample_text, tiny_llama, user_split  # noqa: F401 (one_thread: autouse fixture)
+from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 from uph.errors import ConfigError, FitDivergedError
 from uph.fit import Objective, fit_theta, pool, prepare, projected_gradient_norm
 from uph.heads import HEADS, make_head

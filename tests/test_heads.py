@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tiny_lm import one_thread, final_hidden, tiny_llama  # noqa: F401 (one_thread: autouse fixture)
+from tiny_lm import final_hidden, tiny_llama
 from uph.errors import ConfigError
 from uph.heads import HEADS, make_head
 

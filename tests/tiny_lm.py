@@ -2,7 +2,6 @@
 tests: its final hidden states, lm_head, and text sampled from it with a planted theta*."""
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -43,11 +42,3 @@ def user_split(model, ids: torch.Tensor, train_fraction: float = 0.8):
     flat = lambda x: x.reshape(-1, *x.shape[2:])
     return (flat(hidden[:cut]), flat(targets[:cut])), (flat(hidden[cut:]), flat(targets[cut:]))
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is fastest, and immune to OpenMP spin-waits on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
