@@ -3,11 +3,13 @@ import os
 from pathlib import Path
 
 from uph.config import check_against_model, validate
+from uph.copy_task import check_config as check_copy_task_config
 from uph.errors import ConfigError
 from uph.models import IDENTITY, read_identity
 
 try:
     validate(config)
+    check_copy_task_config(config["copy_task"])
     if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now
         check_against_model(config, read_identity(Path(config["results"]) / "model"))
 except ConfigError as error:
@@ -27,6 +29,28 @@ def results(*parts):
 
 def shard_paths():
     return expand(results("cache", "shard-{shard}.parquet"), shard=range(config["extract"]["shards"]))
+
+
+FIT = config["fit"]
+SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")
+
+
+def sweep_paths(name):
+    """`name` under every point (head, alpha, d) of the fit sweep."""
+    return expand(f"{SWEEP}/{name}", head=FIT["heads"], alpha=FIT["alphas"], d=FIT["ds"])
+
+
+def cross_user_paths():
+    return [f"{SWEEP}/cross_user.parquet".format(**point) for point in FIT["cross_user"]]
+
+
+COPY_TASK = config["copy_task"]
+COPY_TASK_JOB = results("copy_task", "attention~{attention}", "seed~{seed}")
+
+
+def copy_task_runs(name):
+    """`name` (curves.parquet or eval.parquet) of every configured (attention, seed) job."""
+    return expand(f"{COPY_TASK_JOB}/{name}", attention=COPY_TASK["attentions"], seed=COPY_TASK["seeds"])
 
 
 def lm_targets():

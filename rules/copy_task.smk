@@ -1,21 +1,6 @@
 # Copy task (seed 004): one training job per (attention, seed), the copy-task table over them,
 # and the Gram resilience table. Independent of the LM branch: no model, no corpus.
 from uph.attention import ATTENTIONS
-from uph.copy_task import check_config as check_copy_task_config
-from uph.errors import ConfigError
-
-try:
-    check_copy_task_config(config["copy_task"])
-except ConfigError as error:
-    raise WorkflowError(str(error)) from None
-
-COPY_TASK = config["copy_task"]
-COPY_TASK_JOB = results("copy_task", "attention~{attention}", "seed~{seed}")
-
-
-def copy_task_runs(name):
-    """`name` (curves.parquet or eval.parquet) of every configured (attention, seed) job."""
-    return expand(f"{COPY_TASK_JOB}/{name}", attention=COPY_TASK["attentions"], seed=COPY_TASK["seeds"])
 
 
 rule copy_task_train:

@@ -1,17 +1,5 @@
 # Fit: theta for every user x head x alpha x d x solver of the sweep, evaluated held out, with the
 # global control and the cross-user matrix. One job per (sweep point, shard); solvers share a job.
-FIT = config["fit"]
-SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")
-
-
-def sweep_paths(name):
-    return expand(f"{SWEEP}/{name}", head=FIT["heads"], alpha=FIT["alphas"], d=FIT["ds"])
-
-
-def cross_user_paths():
-    return [f"{SWEEP}/cross_user.parquet".format(**point) for point in FIT["cross_user"]]
-
-
 wildcard_constraints:
     head="|".join(FIT["heads"]),
     alpha=r"[0-9.e+-]+",
