@@ -100,7 +100,7 @@ def test_damaged_cache_is_detected(tiny_model_dir, tmp_path):
 def test_failed_extraction_leaves_no_shard(tiny_model_dir, tmp_path):
     identity = cache_identity(read_identity(tiny_model_dir("llama")), torch.float32, 16)
     with pytest.raises(RuntimeError):
-        with shard_writer(tmp_path / "s.parquet", identity) as write:
+        with shard_writer(tmp_path / "s.parquet", identity):
             raise RuntimeError("killed midway")
     assert list(tmp_path.iterdir()) == []
 

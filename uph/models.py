@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from uph.errors import ModelError
-from uph.io import atomic_path, write_json
+from uph.io import write_json
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ import pandas as pd
 import torch
 
 from uph.cache import configured_identity, shard_of, shard_writer
-from uph.device import resolve_device, resolve_dtype
+from uph.device import resolve_device
 from uph.extract import extract_users
 from uph.logs import rule_logging
 from uph.models import load_model
@@ -15,13 +15,13 @@ with rule_logging(snakemake) as log:
     shard = int(snakemake.wildcards.shard)
     torch.set_num_threads(snakemake.threads)
     device = resolve_device(snakemake.params.device)
-    dtype = resolve_dtype(cfg["dtype"], device)
     model_dir = Path(snakemake.input.model).parent
+    identity = configured_identity(model_dir, cfg, snakemake.params.device)
+    dtype = getattr(torch, identity["dtype"])
     users = pd.read_parquet(snakemake.input.users)
     users = users[[shard_of(u, cfg["shards"]) == shard for u in users["user_id"]]]
     log.info("shard %d: %d users, %d tokens, %s on %s", shard, len(users), users["n_tokens"].sum(), dtype, device)
     model = load_model(model_dir, dtype=dtype, device=device)
-    identity = configured_identity(model_dir, cfg, snakemake.params.device)
     with shard_writer(snakemake.output[0], identity) as write:
         n = extract_users(model, users, cfg["context"], cfg["batch_size"], device, write)
     log.info("cached %d tokens", n)
