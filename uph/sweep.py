@@ -13,6 +13,7 @@ import torch
 
 from uph.basis import load_basis
 from uph.cache import HiddenStateCache, UserStates, configured_identity
+from uph.device import resolve_device
 from uph.evaluate import user_metrics
 from uph.fit import Tokens, fit_theta, prepare
 from uph.heads import Head, make_head
@@ -25,16 +26,16 @@ def point_label(head: str, alpha: float, d: int) -> dict:
     return {"head": head, "alpha": float(alpha), "d": int(d)}
 
 
-def load_head(model_dir: str | Path, basis_path: str | Path, fit: dict, point: dict) -> Head:
-    """The sweep point's head on the model's lm_head (float32) and SVD basis."""
+def load_point(point: dict, model_dir: str | Path, basis_path: str | Path, shards, fit: dict,
+               extract: dict, device: str) -> tuple[Head, dict[str, UserStates], torch.device]:
+    """What every job at one sweep point needs: the point's head on the model's lm_head (float32)
+    and SVD basis, the users of `shards` (checked against the configured cache identity), the device."""
     W, b = read_lm_head(model_dir)
     update = fit["lm_head_update"]
-    return make_head(point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"],
+    head = make_head(point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"],
                      basis_seed=fit["basis_seed"], gamma=update["gamma"], basis=update["basis"], bias=b)
-
-
-def load_users(shards, model_dir, extract: dict, device: str) -> dict[str, UserStates]:
-    return HiddenStateCache(shards, expect=configured_identity(model_dir, extract, device)).load()
+    users = HiddenStateCache(shards, expect=configured_identity(model_dir, extract, device)).load()
+    return head, users, resolve_device(device)
 
 
 def prepared(states: UserStates, head: Head, device: torch.device) -> tuple[Tokens, Tokens]:

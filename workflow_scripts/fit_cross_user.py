@@ -6,23 +6,20 @@ import torch
 
 from uph.evaluate import cross_user
 from uph.fit import prepare
-from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
-from uph.sweep import load_head, load_users, point_label
+from uph.sweep import load_point, point_label
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     fit = snakemake.params.fit
-    model_dir = Path(snakemake.input.model).parent
     point = point_label(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
     solver = next(p["solver"] for p in fit["cross_user"] if point_label(p["head"], p["alpha"], p["d"]) == point)
     fits = pd.concat(map(pd.read_parquet, snakemake.input.fits))
     fits = fits[fits["solver"] == solver]
     thetas = {user: torch.tensor(theta) for user, theta in zip(fits["user"], fits["theta"])}
-    head = load_head(model_dir, snakemake.input.basis, fit, point)
-    users = load_users(snakemake.input.shards, model_dir, snakemake.params.extract, snakemake.params.device)
-    device = resolve_device(snakemake.params.device)
+    head, users, device = load_point(point, Path(snakemake.input.model).parent, snakemake.input.basis,
+                                     snakemake.input.shards, fit, snakemake.params.extract, snakemake.params.device)
     tests = {user: prepare(s.test_hidden, s.test_targets, head.W, head.b, device=device) for user, s in users.items()}
     log.info("%s, solver %s: %d x %d cross-user scores", point, solver, len(thetas), len(tests))
     table = cross_user(thetas, tests, head).assign(**point, solver=solver)

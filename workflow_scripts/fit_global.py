@@ -5,19 +5,16 @@ import pandas as pd
 import torch
 
 from uph.fit import pool
-from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
-from uph.sweep import fit_and_score, load_head, load_users, point_label, prepared
+from uph.sweep import fit_and_score, load_point, point_label, prepared
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     fit = snakemake.params.fit
-    model_dir = Path(snakemake.input.model).parent
     point = point_label(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
-    head = load_head(model_dir, snakemake.input.basis, fit, point)
-    users = load_users(snakemake.input.shards, model_dir, snakemake.params.extract, snakemake.params.device)
-    device = resolve_device(snakemake.params.device)
+    head, users, device = load_point(point, Path(snakemake.input.model).parent, snakemake.input.basis,
+                                     snakemake.input.shards, fit, snakemake.params.extract, snakemake.params.device)
     splits = {user: prepared(states, head, device) for user, states in users.items()}
     train = pool([train for train, _ in splits.values()])
     tests = {user: test for user, (_, test) in splits.items()}
