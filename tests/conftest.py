@@ -1,7 +1,10 @@
 """Shared fixtures: tiny real models (random weights, real architectures) materialized on disk."""
 from __future__ import annotations
 
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,34 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+LM_TARGETS = ["results/corpus/users.parquet", "results/cache/shard-0.parquet",
+              "results/cache/shard-1.parquet", "results/basis/svd.safetensors"]
+
+
+def snakemake(workdir, *args, config="config/test.yaml", timeout=600):
+    """The snakemake command line on this repository's Snakefile, run in `workdir`."""
+    return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+                           "--configfile", str(REPO / config), "--cores", "2", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@dataclass
+class Run:
+    workdir: Path
+    lm_stages: subprocess.CompletedProcess  # corpus -> model -> extract -> basis
+    lm_seconds: float
+    rest: subprocess.CompletedProcess  # everything else of `rule all`
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory) -> Run:
+    """One clean run of the whole DAG on config/test.yaml, shared by every test that reads its outputs.
+    Read it, never write to it: tests that perturb a run make their own."""
+    workdir = tmp_path_factory.mktemp("tiny-study")
+    start = time.perf_counter()
+    lm_stages = snakemake(workdir, *LM_TARGETS)
+    lm_seconds = time.perf_counter() - start
+    return Run(workdir, lm_stages, lm_seconds, snakemake(workdir))
 
 
 @pytest.fixture(autouse=True)

@@ -3,45 +3,20 @@ import subprocess
 import time
 
 import pandas as pd
-import pytest
 
-from conftest import REPO, SNAKEMAKE
-
-LM_TARGETS = ["results/corpus/users.parquet", "results/cache/shard-0.parquet",
-              "results/cache/shard-1.parquet", "results/basis/svd.safetensors"]
+from conftest import REPO, SNAKEMAKE, snakemake
 
 
-def snakemake(workdir, *args, config="config/test.yaml"):
-    return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-                           "--configfile", str(REPO / config), "--cores", "2", *args],
-                          capture_output=True, text=True, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def lm_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("workflow")
-    start = time.perf_counter()
-    run = snakemake(workdir, *LM_TARGETS)
-    return workdir, run, time.perf_counter() - start
-
-
-def test_lm_stages_run_end_to_end_on_the_tiny_config(lm_run):
-    workdir, run, seconds = lm_run
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert seconds < 120
-    users = pd.read_parquet(workdir / "results/corpus/users.parquet")
+def test_lm_stages_run_end_to_end_on_the_tiny_config(tiny_study):
+    assert tiny_study.lm_stages.returncode == 0, tiny_study.lm_stages.stderr[-3000:]
+    assert tiny_study.lm_seconds < 120
+    users = pd.read_parquet(tiny_study.workdir / "results/corpus/users.parquet")
     assert len(users) == 4 and (users["n_tokens"] <= 4000).all()
-    assert not list((workdir / "results").rglob(".tmp-*"))
+    assert not list((tiny_study.workdir / "results").rglob(".tmp-*"))
 
 
-@pytest.fixture(scope="module")
-def tables_run(lm_run):
-    workdir = lm_run[0]
-    return workdir, snakemake(workdir, "results/tables/personalization.csv", "results/tables/cross_user.csv")
-
-
-def test_fit_tables_cover_the_sweep(tables_run):
-    workdir, run = tables_run
+def test_fit_tables_cover_the_sweep(tiny_study):
+    workdir, run = tiny_study.workdir, tiny_study.rest
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
     personal = table[table["control"] == "personal"]
@@ -61,10 +36,9 @@ def test_fit_tables_cover_the_sweep(tables_run):
         assert (workdir / "results/tables" / f"personalization{suffix}").stat().st_size > 0
 
 
-def test_second_run_does_nothing(lm_run, tables_run):
-    workdir, _, _ = lm_run
+def test_second_run_does_nothing(tiny_study):
     start = time.perf_counter()
-    again = snakemake(workdir, *LM_TARGETS, "results/tables/personalization.csv")
+    again = snakemake(tiny_study.workdir)
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
     assert time.perf_counter() - start < 30

@@ -172,7 +172,7 @@ def summarize(curves: pd.DataFrame) -> pd.DataFrame:
         last = run.iloc[-1]
         rows.append({"method": method, "seed": seed, "final_loss": last["test_loss"], "final_acc": last["test_acc"],
                      "mean_alignment": alignment.mean(), "final_alignment": alignment.iloc[-1],
-                     "final_train_loss": last["train_loss"], "steps": int(last["step"]), "seconds": last["seconds"]})
+                     "final_train_loss": last["train_loss"], "steps": int(last["step"])})
     order = {method: i for i, method in enumerate(METHODS)}
     table = pd.DataFrame(rows)
     return table.sort_values(["method", "seed"], key=lambda s: s.map(order) if s.name == "method" else s,
