@@ -1,0 +1,308 @@
+"""The study's figures, drawn from its tables and curves alone (`uph.study.Study`).
+
+One function per figure family draws into a given matplotlib Figure; `render(name, study)` makes
+the Figure at its fixed paper size and `save` writes it as PNG (fixed dpi, so a figure is always
+the same number of pixels) and PDF (no creation date, so reruns give identical bytes). Figures are
+built with `matplotlib.figure.Figure` directly: no pyplot state, no GUI backend. Colours come from
+the Okabe-Ito palette (distinguishable with every common colour-vision deficiency), assigned to
+names in a fixed order so a head, attention or method keeps its colour in every figure; the
+cross-user heatmap uses ColorBrewer's diverging RdBu, also colour-blind safe.
+
+Units: NLL changes are in 10^-3 nats per token (millinats), negative = the personalized head
+predicts the held-out text better than the frozen model. Spread over seeds is min to max.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import matplotlib as mpl
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+
+from uph.attention import ATTENTIONS
+from uph.feedback_training import METHODS
+from uph.heads import HEADS
+from uph.io import atomic_path
+from uph.study import Study, headline_solver, ordered
+
+OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+DPI = 200
+FULL_WIDTH = 7.0  # inches: the text width of a two-column paper
+COLUMN_WIDTH = 3.4
+MILLI = 1e3  # nats -> 10^-3 nats
+STYLE = {
+    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 7,
+    "xtick.labelsize": 7, "ytick.labelsize": 7, "axes.spines.top": False, "axes.spines.right": False,
+    "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5, "lines.linewidth": 1.2,
+    "lines.markersize": 4, "legend.frameon": False, "pdf.fonttype": 42,
+    "axes.prop_cycle": mpl.cycler(color=OKABE_ITO),
+}
+DNLL_LABEL = "Δ held-out NLL (10⁻³ nats/token)"
+
+
+def palette(names, order) -> dict:
+    """name -> colour, by position in the known `order` so colours agree across figures."""
+    return {name: OKABE_ITO[i % len(OKABE_ITO)] for i, name in enumerate(ordered(names, order))}
+
+
+def _log2_axis(ax, ticks) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    if len(ticks) == 1:  # one tick: give the log axis some room either side
+        ax.set_xlim(ticks[0] / 2, ticks[0] * 2)
+
+
+def _dodge(i: int, n: int, spread: float = 0.12) -> float:
+    """Multiplicative x offset of series i of n on a log axis, so error bars do not overlap."""
+    return 2.0 ** (spread * (i - (n - 1) / 2))
+
+
+def _mean_and_spread(ax, run: pd.DataFrame, x: str, y: str, color, label=None, linestyle="-") -> None:
+    """Mean over seeds as a line, min to max over seeds as a band."""
+    stats = run.groupby(x)[y].agg(["mean", "min", "max"])
+    ax.plot(stats.index, stats["mean"], color=color, label=label, linestyle=linestyle)
+    ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.2, linewidth=0)
+
+
+def _seeds(curves: pd.DataFrame) -> str:
+    n = curves["seed"].nunique()
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def personalization(fig: Figure, study: Study) -> None:
+    """Held-out NLL change per head against d, one panel per alpha; personal fits with their 95 %
+    bootstrap interval over users, the pooled global control dashed."""
+    solver = headline_solver(study.personalization)
+    table = study.personalization[study.personalization["solver"] == solver]
+    alphas, ds = sorted(table["alpha"].unique()), sorted(table["d"].unique())
+    colors = palette(table["head"], HEADS)
+    axes = fig.subplots(1, len(alphas), sharey=True, squeeze=False)[0]
+    for ax, alpha in zip(axes, alphas):
+        at_alpha = table[table["alpha"] == alpha]
+        for i, head in enumerate(colors):
+            for j, (control, style) in enumerate((("personal", "-"), ("global", "--"))):
+                rows = at_alpha[(at_alpha["head"] == head) & (at_alpha["control"] == control)].sort_values("d")
+                x = rows["d"] * _dodge(2 * i + j, 2 * len(colors), spread=0.07)
+                y = rows["delta_nll"] * MILLI
+                if control == "personal":
+                    ax.errorbar(x, y, yerr=[y - rows["delta_nll_ci_low"] * MILLI, rows["delta_nll_ci_high"] * MILLI - y],
+                                color=colors[head], marker="o", linestyle=style, capsize=2, label=head)
+                else:
+                    ax.plot(x, y, color=colors[head], marker="o", markerfacecolor="white", linestyle=style)
+        ax.axhline(0, color="0.4", linewidth=0.8)
+        _log2_axis(ax, ds)
+        ax.set_xlabel("d (parameters per user)")
+        ax.set_title(f"α = {alpha:g}")
+    axes[0].set_ylabel(DNLL_LABEL)
+    styles = [Line2D([], [], color="0.3", marker="o", label="personal θ (95 % CI over users)"),
+              Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="--",
+                     label="global θ (pooled control)")]
+    handles = [Line2D([], [], color=color, marker="o", label=head) for head, color in colors.items()]
+    fig.legend(handles=handles + styles, loc="outside right center")
+    fig.suptitle(f"{table['model'].iloc[0]}, {solver} solver (lower is better)")
+
+
+def cross_user(fig: Figure, study: Study) -> None:
+    """theta of user u (rows) scored on the held-out text of user v (columns); a personal gain shows
+    as a diagonal bluer than its column."""
+    points = list(study.cross_user.groupby(["head", "alpha", "d", "solver"], sort=True))
+    if not points:
+        fig.subplots().text(0.5, 0.5, "no cross-user point configured (fit.cross_user)", ha="center")
+        return
+    limit = study.cross_user["delta_nll"].abs().max() * MILLI or 1.0
+    axes = fig.subplots(1, len(points), squeeze=False)[0]
+    for ax, ((head, alpha, d, solver), pairs) in zip(axes, points):
+        matrix = pairs.pivot(index="theta_user", columns="text_user", values="delta_nll") * MILLI
+        users = matrix.index.tolist()
+        matrix = matrix.loc[users, users]
+        image = ax.imshow(matrix.to_numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
+        ax.grid(False)
+        if len(users) <= 12:
+            ax.set_xticks(range(len(users)), users, rotation=45, ha="right", rotation_mode="anchor")
+            ax.set_yticks(range(len(users)), users)
+            for (row, col), value in np.ndenumerate(matrix.to_numpy()):
+                ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=6,
+                        color="white" if abs(value) > 0.6 * limit else "black",
+                        fontweight="bold" if row == col else "normal")
+        else:
+            ax.set_xticks([]), ax.set_yticks([])
+        ax.set_xlabel("held-out text of user")
+        ax.set_ylabel("θ fitted on user")
+        ax.set_title(f"{head}, α = {alpha:g}, d = {d} ({solver})")
+    fig.colorbar(image, ax=axes.tolist(), label=DNLL_LABEL, shrink=0.8)
+
+
+def solver_gap(fig: Figure, study: Study) -> None:
+    """How far seed 002's Adam schedule (solver `seed`) stops from the certified optimum (`exact`):
+    the mean fit objective's excess, and the worst user's projected-gradient norm per solver."""
+    table = study.personalization[study.personalization["control"] == "personal"]
+    objective = table.pivot_table(index=["head", "alpha", "d"], columns="solver", values="fit_objective")
+    colors = palette(table["head"], HEADS)
+    markers = dict(zip(sorted(table["alpha"].unique()), itertools.cycle("os^Dv")))
+    gap_ax, certificate_ax = fig.subplots(1, 2, width_ratios=[3, 2])
+    if {"seed", "exact"} <= set(objective.columns):
+        gap = (objective["seed"] - objective["exact"]) * MILLI
+        ds = sorted(table["d"].unique())
+        for i, head in enumerate(colors):
+            for alpha, marker in markers.items():
+                rows = gap.xs((head, alpha), level=["head", "alpha"])
+                gap_ax.plot(rows.index * _dodge(i, len(colors)), rows, color=colors[head], marker=marker,
+                            linestyle="none")
+        _log2_axis(gap_ax, ds)
+    else:
+        gap_ax.text(0.5, 0.5, "needs fit.solvers seed and exact", ha="center", transform=gap_ax.transAxes)
+    gap_ax.set_xlabel("d (parameters per user)")
+    gap_ax.set_ylabel("objective excess, seed − exact (10⁻³ nats)")
+    gap_ax.set_title("mean fit objective J(θ) above the optimum")
+    solvers = ordered(table["solver"], ("seed", "exact"))
+    for i, solver in enumerate(solvers):
+        rows = table[table["solver"] == solver]
+        jitter = np.linspace(-0.15, 0.15, len(rows)) if len(rows) > 1 else np.zeros(1)
+        certificate_ax.scatter(i + jitter, rows["fit_certificate_max"], c=rows["head"].map(colors), s=12)
+    certificate_ax.set_yscale("log")
+    certificate_ax.set_xticks(range(len(solvers)), solvers)
+    certificate_ax.set_xlim(-0.6, len(solvers) - 0.4)
+    certificate_ax.set_xlabel("solver")
+    certificate_ax.set_ylabel("projected-gradient norm, worst user")
+    certificate_ax.set_title("optimality certificate")
+    handles = [Line2D([], [], color=c, marker="o", linestyle="none", label=h) for h, c in colors.items()]
+    handles += [Line2D([], [], color="0.3", marker=m, linestyle="none", label=f"α = {a:g}") for a, m in markers.items()]
+    fig.legend(handles=handles, loc="outside right center")
+
+
+def copy_task_curves(fig: Figure, study: Study) -> None:
+    """Copy loss and token accuracy on the copied half at the training length along training."""
+    curves = study.copy_task_curves
+    colors = palette(curves["attention"], ATTENTIONS)
+    loss_ax, acc_ax = fig.subplots(1, 2)
+    for attention, color in colors.items():
+        run = curves[curves["attention"] == attention]
+        _mean_and_spread(loss_ax, run, "step", "loss", color, label=attention)
+        _mean_and_spread(acc_ax, run, "step", "token_acc", color)
+    acc_ax.axhline(1 / study.copy_task_vocab, color="0.4", linestyle=":", linewidth=0.8, label="chance (1/vocab)")
+    loss_ax.set_yscale("log")
+    loss_ax.yaxis.set_major_formatter("{x:g}")  # 0.1 and 2.1 rather than 10^-1 and 2.1x10^0
+    loss_ax.yaxis.set_minor_formatter(mpl.ticker.LogFormatter(labelOnlyBase=False))
+    loss_ax.set_ylabel("copy loss (nats/token)")
+    acc_ax.set_ylabel("token accuracy on the copied half")
+    acc_ax.set_ylim(0, 1.02)
+    for ax in (loss_ax, acc_ax):
+        ax.set_xlabel("training step")
+    fig.legend(loc="outside right center")
+    fig.suptitle(f"Copy task at the training length: mean and min–max over {_seeds(curves)}")
+
+
+def copy_task_lengths(fig: Figure, study: Study) -> None:
+    """Token and whole-sequence accuracy on the copied half against the evaluation length."""
+    table = study.copy_task
+    colors = palette(table["attention"], ATTENTIONS)
+    lengths = sorted(table["eval_len"].unique())
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, metric, title in zip(axes, ("token_acc", "seq_acc"), ("token accuracy", "whole-sequence accuracy")):
+        for i, (attention, color) in enumerate(colors.items()):
+            stats = table[table["attention"] == attention].groupby("eval_len")[metric].agg(["mean", "min", "max"])
+            x = stats.index * _dodge(i, len(colors), spread=0.05)
+            ax.errorbar(x, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                        color=color, marker="o", capsize=2, label=attention if metric == "token_acc" else None)
+        ax.axvline(table["train_len"].iloc[0], color="0.4", linestyle="--", linewidth=0.8,
+                   label="training length" if metric == "token_acc" else None)
+        _log2_axis(ax, lengths)
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_title(title)
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].set_ylabel("accuracy on the copied half")
+    axes[0].axhline(1 / study.copy_task_vocab, color="0.4", linestyle=":", linewidth=0.8, label="chance (1/vocab)")
+    fig.legend(loc="outside right center")
+
+
+def gram_resilience(fig: Figure, study: Study) -> None:
+    """Seed 004's resilience table: a loud mismatch k = m e3 + 0.1 q keeps q·k = 0.1 at every
+    magnitude m while the Gram score falls as -m²; the true match (in the q, r plane) scores 0."""
+    table = study.gram_resilience
+    loud = table[table["result"] != "True Match"]
+    match = table[table["result"] == "True Match"]
+    ax = fig.subplots()
+    for column, color, label in (("dot", OKABE_ITO[0], "dot product q·k"), ("gram", OKABE_ITO[1], "Gram score −det G(q, k, r)")):
+        ax.plot(loud["magnitude"], loud[column], color=color, marker="o", label=f"{label}, loud mismatch")
+        ax.plot(match["magnitude"], match[column], color=color, marker="*", markersize=9, linestyle="none")
+    ax.plot([], [], color="0.3", marker="*", markersize=9, linestyle="none", label="true match (both scores)")
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("mismatch magnitude m (|k| outside the q, r plane)")
+    ax.set_ylabel("attention score (symlog)")
+    ax.legend(loc="upper right")
+
+
+def feedback(fig: Figure, study: Study) -> None:
+    """Held-out loss per learning rule, and the cosine between each hidden layer's feedback delta and
+    the true gradient (backprop's is 1 by definition), over training."""
+    curves = study.feedback_curves
+    colors = palette(curves["method"], METHODS)
+    layers = sorted(c for c in curves.columns if c.startswith("alignment_l"))
+    linestyles = dict(zip(layers, ["-", "--", ":", "-."] * len(layers)))
+    loss_ax, align_ax = fig.subplots(1, 2)
+    for method, color in colors.items():
+        run = curves[curves["method"] == method]
+        _mean_and_spread(loss_ax, run, "step", "test_loss", color, label=method)
+        for layer in layers:
+            _mean_and_spread(align_ax, run, "step", layer, color, linestyle=linestyles[layer])
+    loss_ax.set_ylabel("held-out loss (nats/character)")
+    align_ax.set_ylabel("cos(feedback delta, true gradient)")
+    align_ax.set_ylim(min(0.0, align_ax.get_ylim()[0]), 1.05)
+    for ax in (loss_ax, align_ax):
+        ax.set_xlabel("training step")
+    layer_styles = [Line2D([], [], color="0.3", linestyle=style, label=f"hidden layer {layer.removeprefix('alignment_l')}")
+                    for layer, style in linestyles.items()]
+    fig.legend(handles=loss_ax.get_legend_handles_labels()[0] + layer_styles, loc="outside right center")
+    fig.suptitle(f"Character MLP language model: mean and min–max over {_seeds(curves)}")
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    draw: Callable[[Figure, Study], None]
+    title: str  # what it shows, for links to it
+    size: tuple[float, float]  # inches
+    category: str  # where the report files it
+
+
+FIGURES = {
+    "personalization": FigureSpec(personalization, "Held-out NLL change by head against d", (FULL_WIDTH, 2.8),
+                                  "User prior heads"),
+    "cross_user": FigureSpec(cross_user, "Cross-user matrix", (FULL_WIDTH, 4.2), "User prior heads"),
+    "solver_gap": FigureSpec(solver_gap, "Seed vs exact solver", (FULL_WIDTH, 2.6), "User prior heads"),
+    "copy_task_curves": FigureSpec(copy_task_curves, "Copy-task learning curves", (FULL_WIDTH, 2.6), "Copy task"),
+    "copy_task_lengths": FigureSpec(copy_task_lengths, "Copy-task accuracy against evaluation length",
+                                    (FULL_WIDTH, 2.6), "Copy task"),
+    "gram_resilience": FigureSpec(gram_resilience, "Gram-score resilience", (COLUMN_WIDTH, 2.6), "Copy task"),
+    "feedback": FigureSpec(feedback, "Feedback loss and alignment over training", (FULL_WIDTH, 2.8), "Feedback"),
+}
+
+
+def pixel_size(name: str) -> tuple[int, int]:
+    """(width, height) in pixels of figure `name`'s PNG."""
+    width, height = FIGURES[name].size
+    return round(width * DPI), round(height * DPI)
+
+
+def render(name: str, study: Study) -> Figure:
+    spec = FIGURES[name]
+    with mpl.rc_context(STYLE):
+        fig = Figure(figsize=spec.size, dpi=DPI, layout="constrained")
+        spec.draw(fig, study)
+    return fig
+
+
+def save(fig: Figure, png_path, pdf_path) -> None:
+    """PNG at DPI and PDF, both written atomically and byte-for-byte reproducible."""
+    logging.getLogger("fontTools").setLevel(logging.WARNING)  # it logs every PDF font subset at INFO
+    with mpl.rc_context(STYLE):
+        with atomic_path(png_path) as tmp:
+            fig.savefig(tmp, format="png", dpi=DPI)
+        with atomic_path(pdf_path) as tmp:
+            fig.savefig(tmp, format="pdf", metadata={"CreationDate": None})
