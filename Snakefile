@@ -1,6 +1,8 @@
 # UPH benchmark suite. Stages: corpus -> model -> extract -> svd -> fit -> tables (LM branch);
-# copy task and feedback run beside it. `snakemake --cores all` runs everything on config.yaml.
+# copy task and feedback run beside it; aggregate draws the figures, summary and provenance from
+# the tables. `snakemake --cores all` runs everything on config.yaml.
 configfile: f"{workflow.basedir}/config.yaml"  # the embedded default; --configfile overrides it
+report: "report/workflow.rst"  # front page of `snakemake --report`
 
 
 include: "rules/common.smk"
@@ -10,6 +12,7 @@ include: "rules/extract.smk"
 include: "rules/fit.smk"
 include: "rules/copy_task.smk"
 include: "rules/feedback.smk"
+include: "rules/aggregate.smk"
 
 
 rule all:

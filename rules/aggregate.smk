@@ -1,0 +1,42 @@
+# Aggregate: the study's figures and one-page summary from the tables and curves alone (no model,
+# no cache, so `snakemake --forcerun aggregate` redraws them anywhere), then provenance.json.
+from uph.figures import FIGURES
+from uph.study import TABLES
+
+
+rule aggregate:
+    input:
+        tables=[results("tables", f"{name}.csv") for name in TABLES],
+        copy_task_curves=rules.copy_task_table.input.curves,
+        feedback_curves=rules.feedback_table.input,
+    output:
+        png=[report(results("figures", f"{name}.png"), caption=f"../report/figures/{name}.rst",
+                    category=spec.category) for name, spec in FIGURES.items()],
+        pdf=[results("figures", f"{name}.pdf") for name in FIGURES],
+        summary=report(results("summary.md"), caption="../report/summary.rst", category="Summary"),
+    params:
+        copy_task_vocab=COPY_TASK["vocab"],
+    log:
+        results("logs", "aggregate.log"),
+    benchmark:
+        results("benchmarks", "aggregate.tsv")
+    script:
+        "../workflow_scripts/aggregate.py"
+
+
+rule provenance:
+    input:
+        model=rules.model.output.identity,
+        summary=rules.aggregate.output.summary,  # last: every other job's benchmark file is written
+    output:
+        report(results("provenance.json"), caption="../report/provenance.rst", category="Provenance"),
+    params:
+        config=config,
+        repo=workflow.basedir,
+        benchmarks=lambda wildcards: benchmark_patterns(),
+    log:
+        results("logs", "provenance.log"),
+    benchmark:
+        results("benchmarks", "provenance.tsv")
+    script:
+        "../workflow_scripts/provenance.py"
