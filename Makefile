@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 CORES  ?= all
+RESULTS := results
 
 .PHONY: setup reproduce test dry-run clean
+# A failed recipe leaves no half-written target that would look up to date.
+.DELETE_ON_ERROR:
 
 setup: $(VENV)/.installed
 
@@ -18,6 +21,12 @@ $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
 
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --configfile config.yaml
+	$(MAKE) --no-print-directory $(RESULTS)/report.html
+
+# Snakemake's report of the finished run (RESULTS is config.yaml's `results`), rebuilt only when the
+# run's summary or provenance changed.
+$(RESULTS)/report.html: $(RESULTS)/summary.md $(RESULTS)/provenance.json
+	$(BIN)/snakemake --cores $(CORES) --configfile config.yaml --report $@
 
 test: setup
 	$(BIN)/pytest -q
