@@ -1,11 +1,12 @@
 """Atomic outputs: every file is written to a temporary name in its folder, then renamed.
 
 A job killed midway leaves at most a `.tmp-*` file behind, never a truncated output that a rerun
-could mistake for a finished one.
+could mistake for a finished one; the next write of the same output deletes what it left.
 """
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import tempfile
@@ -19,6 +20,8 @@ def atomic_path(path: str | Path):
     """Yield a temporary path beside `path`; on success rename it onto `path`, else delete it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for left_behind in path.parent.glob(f".tmp-{glob.escape(path.name)}.{'?' * 8}"):  # mkstemp's names, of a
+        left_behind.unlink(missing_ok=True)                                         # killed writer of `path`
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
     os.close(fd)
     try:
