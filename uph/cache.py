@@ -5,7 +5,9 @@ built and consumed as independent jobs. Rows: user_id, split ('train' | 'test'),
 of the target in the user's token stream), target, hidden (H numbers; bfloat16 is stored as its
 raw 16 bits). The file's key-value metadata names the model (weights and tokenizer hashes), the
 dtype, the context length and the schema version; a reader that expects another is refused.
-Data pages carry CRC checksums, so a damaged file is detected when it is read.
+Data pages carry CRC checksums, so a damaged file is detected when it is read, and so are NaN or
+inf hidden states (a float16 extraction that overflowed). Every refusal is one `CacheError` line
+naming the file and what to do, raised before any of the file's states is used.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from uph.models import read_identity as read_model_identity
 SCHEMA_VERSION = 1
 METADATA_KEY = b"uph"
 IDENTITY_KEYS = ("schema_version", "weights_sha256", "tokenizer_sha256", "dtype", "context")
+EXTRACT_KEYS = ("context", "dtype")  # the extract config keys that `configured_identity` reads
 
 
 def shard_of(user_id: str, n_shards: int) -> int:
@@ -98,15 +101,19 @@ class UserStates:
     test_targets: torch.Tensor
 
 
+def _unusable(path, why: str) -> CacheError:
+    return CacheError(f"cache file '{path}' {why}; delete it and run snakemake again (the extract job rebuilds it)")
+
+
 def read_identity(path: str | Path) -> dict:
     try:
         metadata = pq.read_schema(path).metadata or {}
     except (OSError, pa.ArrowException) as error:
-        raise CacheError(f"cache file '{path}' is damaged or truncated ({error}); delete it and rerun "
-                         "the extract stage") from None
-    if METADATA_KEY not in metadata:
-        raise CacheError(f"cache file '{path}' has no uph metadata: not a hidden-state cache; delete it and rerun")
-    return json.loads(metadata[METADATA_KEY])
+        raise _unusable(path, f"is damaged or truncated ({str(error).splitlines()[0]})") from None
+    try:
+        return json.loads(metadata[METADATA_KEY])
+    except (KeyError, ValueError):
+        raise _unusable(path, "has no readable uph metadata: not a hidden-state cache of this suite") from None
 
 
 class HiddenStateCache:
@@ -119,8 +126,7 @@ class HiddenStateCache:
             wrong = [k for k in IDENTITY_KEYS if found.get(k) != expect.get(k)]
             if wrong:
                 detail = ", ".join(f"{k}={found.get(k)!r} (expected {expect.get(k)!r})" for k in wrong)
-                raise CacheError(f"cache file '{path}' was built for something else: {detail}; delete it "
-                                 "and rerun the extract stage")
+                raise _unusable(path, f"was built for something else: {detail}")
         self.dtype = expect["dtype"]
 
     def load(self) -> dict[str, UserStates]:
@@ -130,17 +136,22 @@ class HiddenStateCache:
             try:
                 table = pq.read_table(path, page_checksum_verification=True)
             except (OSError, pa.ArrowException) as error:
-                raise CacheError(f"cache file '{path}' is damaged ({str(error).splitlines()[0]}); delete it "
-                                 "and rerun the extract stage") from None
-            users.update(self._split_users(table))
+                raise _unusable(path, f"is damaged ({str(error).splitlines()[0]})") from None
+            users.update(self._split_users(table, path))
         return dict(sorted(users.items()))
 
-    def _split_users(self, table: pa.Table) -> dict[str, UserStates]:
+    def _split_users(self, table: pa.Table, path: Path) -> dict[str, UserStates]:
         size = table.schema.field("hidden").type.list_size
         user_ids = table.column("user_id").to_numpy(zero_copy_only=False)
         is_train = (table.column("split").to_numpy(zero_copy_only=False) == "train")
         targets = torch.from_numpy(table.column("target").to_numpy().astype(np.int64))
         hidden = _from_numpy(table.column("hidden").combine_chunks().values.to_numpy().reshape(-1, size), self.dtype)
+        finite = torch.isfinite(hidden).all(dim=1)
+        if not finite.all():
+            user = user_ids[int(torch.argmin(finite.int()))]
+            fix = ("the model computes them in float32 too" if self.dtype == "float32"
+                   else f"{self.dtype} overflowed: set config key 'extract.dtype' to float32")
+            raise CacheError(f"cache file '{path}' holds NaN or inf hidden states of user '{user}'; {fix}")
         out = {}
         for user in np.unique(user_ids):
             mine = user_ids == user
