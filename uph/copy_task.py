@@ -10,6 +10,7 @@ sequence accuracy (every copied target of a sequence right).
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import pandas as pd
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from uph.attention import OneLayerModel
-from uph.errors import ConfigError
+from uph.errors import ConfigError, TrainingDivergedError
 
 EVAL_STREAM = 1_000_003  # eval sets come from generators seeded seed * EVAL_STREAM + length
 
@@ -73,7 +74,9 @@ def train(cfg: dict, attention: str, seed: int, device: torch.device,
     Returns the learning curves (one row per logged step: mean training loss since the last row,
     and the copy metrics on the fixed eval set at train_len) and the final evaluation (one row
     per eval length). Model init uses torch.manual_seed(seed), training batches a generator
-    seeded with seed, eval sets generators seeded seed * EVAL_STREAM + length.
+    seeded with seed, eval sets generators seeded seed * EVAL_STREAM + length. A NaN or inf mean
+    training loss at a logged step raises TrainingDivergedError: no table holds a diverged run
+    (its accuracies would be argmax-of-NaN noise that a mean over seeds takes in silently).
     """
     log = log or logging.getLogger(__name__)
     torch.manual_seed(seed)
@@ -102,7 +105,12 @@ def train(cfg: dict, attention: str, seed: int, device: torch.device,
         optimizer.step()
         running.append(loss.detach())
         if step % every == 0 or step == cfg["steps"]:
-            rows.append(curve_row(step, torch.stack(running).mean().item()))
+            train_loss = torch.stack(running).mean().item()
+            if not math.isfinite(train_loss):
+                raise TrainingDivergedError(
+                    f"copy task with {attention} attention, seed {seed}: the training loss is {train_loss} by step "
+                    f"{step}; lower config key 'copy_task.lr' ({cfg['lr']})")
+            rows.append(curve_row(step, train_loss))
             running = []
             log.info("%s seed %d step %d: train loss %.4f, copy loss %.4f, token acc %.4f",
                      attention, seed, step, rows[-1]["train_loss"], rows[-1]["loss"], rows[-1]["token_acc"])

@@ -24,3 +24,8 @@ class CacheError(UphError):
 
 class FitDivergedError(UphError):
     """A theta fit produced a NaN or inf; the message names the user and the configuration."""
+
+
+class TrainingDivergedError(UphError):
+    """A training run (copy task, feedback) reached a NaN or inf loss; the message names the run,
+    the step and the config key to lower."""

@@ -17,6 +17,7 @@ tangent_norm_l; plus the held-out loss and accuracy on fixed evenly spaced windo
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from uph.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
-from uph.errors import ConfigError
+from uph.errors import ConfigError, TrainingDivergedError
 from uph.feedback import FeedbackSystem, UpdateConfig
 
 METHODS = ("backprop", "dfa", "feedback_frozen", "feedback_learned")
@@ -129,7 +130,8 @@ def evaluate(model: CharMLP, x: torch.Tensor, y: torch.Tensor, chunk: int = 1024
 @torch.no_grad()
 def train(corpus: CharCorpus, method: str, seed: int, config: TrainConfig,
           device: torch.device = torch.device("cpu")) -> pd.DataFrame:
-    """Train one network with one method; returns its curves (one row per log step)."""
+    """Train one network with one method; returns its curves (one row per log step). A NaN or inf
+    training loss raises TrainingDivergedError: no table holds a diverged run."""
     vocab_size = len(corpus.vocab)
     model = CharMLP(vocab_size, config.context, list(config.hidden),
                     torch.Generator().manual_seed(seed)).to(device)
@@ -146,7 +148,11 @@ def train(corpus: CharCorpus, method: str, seed: int, config: TrainConfig,
         deltas, diagnostics = rule.deltas(e, true)
         optimizer.step(model.gradients(x, hs, e, deltas))
 
-        sums["train_loss"] += F.cross_entropy(z, y).item()
+        loss = F.cross_entropy(z, y).item()
+        if not math.isfinite(loss):
+            raise TrainingDivergedError(f"feedback training with {method}, seed {seed}: the training loss is {loss} "
+                                        f"at step {step}; lower config key 'feedback.lr' ({config.lr})")
+        sums["train_loss"] += loss
         sums["train_acc"] += (z.argmax(-1) == y).float().mean().item()
         for l, (delta, g) in enumerate(zip(deltas, true), 1):
             sums[f"alignment_l{l}"] += F.cosine_similarity(delta, g, dim=1, eps=1e-12).mean().item()

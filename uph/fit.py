@@ -23,6 +23,12 @@ Solvers: "seed" is seed 002's Adam (zero start, gradient-norm clipping at max_no
 projection onto the ball of radius max_norm); "exact" is a projected quasi-Newton method (a BFGS
 model, started from the Hessian diagonal at 0, minimized exactly over the ball; Armijo
 backtracking) that stops when the projected-gradient norm, reported as `certificate`, is <= tol.
+
+Numerics: theta never leaves the ball, so no learning rate makes a fit run away (a huge lr only
+bounces the seed solver around the sphere; its certificate shows it). A NaN or inf, which only a
+scale that overflows float32 can cause (the schema caps fit.alphas and fit.lm_head_update.gamma,
+and the cache refuses non-finite hidden states), raises FitDivergedError: a table never averages
+a NaN. A fit that stops short of tol is no error: its certificate is in every row.
 """
 from __future__ import annotations
 
@@ -271,7 +277,8 @@ def fit_theta(tokens: Tokens, head: Head, solver: str = "seed", beta: float = 0.
         if not (torch.isfinite(theta).all() and torch.isfinite(value.grad).all()
                 and torch.isfinite(torch.tensor(value.objective))):
             raise FitDivergedError(f"fit of user '{user}' ({label}, solver {solver}) diverged at iteration "
-                                   f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}")
+                                   f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "
+                                   "lower config key 'fit.alphas' or 'fit.max_norm'")
         return value
 
     theta = torch.zeros(head.d, dtype=objective.dtype) if theta0 is None else theta0.to(objective.dtype)
