@@ -1,10 +1,13 @@
 """Config validation: JSON schema (one file per stage) plus checks a schema cannot express.
 
 `validate(config, schema_dir)` fills defaults in place and raises `ConfigError` with one line
-naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the minimum of 1``.
+naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the minimum of 1``
+(`ModelError` for a local model folder without weights). `check_results_folder` and
+`check_against_model` need the file system; `job_params` is what a rule passes to one job.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import jsonschema
@@ -13,6 +16,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from uph.errors import ConfigError
+from uph.models import check_model_folder
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
@@ -71,6 +75,31 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
     return config
 
 
+def check_results_folder(results: str | Path) -> None:
+    """The results folder, or else the nearest folder above it that exists, must be a folder this
+    process can write to; otherwise every job would fail, and a long one only at its end."""
+    path = Path(results).absolute()
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    problem = ("is not a folder" if not existing.is_dir()
+               else "is not writable" if not os.access(existing, os.W_OK | os.X_OK) else None)
+    if problem and existing == path:
+        raise ConfigError(f"config key 'results': folder '{results}' {problem}")
+    if problem:
+        raise ConfigError(f"config key 'results': folder '{results}' cannot be created: '{existing}' {problem}")
+
+
+def job_params(section: dict, keys=None) -> dict:
+    """The keys of a config section that one job reads (all if None), sorted at every level.
+
+    Snakemake reruns a job when the repr of its params changes, so a job gets exactly the settings
+    its outputs depend on: not the lists of sweep points or seeds (its wildcards pick one), so adding
+    one reruns nothing old, and never the YAML's key order."""
+    def canonical(value):
+        return {key: canonical(value[key]) for key in sorted(value)} if isinstance(value, dict) else value
+
+    return canonical({key: section[key] for key in (section if keys is None else keys)})
+
+
 def check_against_model(config: dict, model_identity: dict) -> None:
     """What needs the model's sizes: every d of the sweep fits in the SVD basis (rank <= H)."""
     hidden = model_identity["hidden_size"]
@@ -89,8 +118,10 @@ def _check_across_keys(config: dict) -> None:
         if not Path(source).is_file():
             raise ConfigError(f"config key 'corpus.source': corpus file '{source}' does not exist")
     model = config["model"]["source"]
-    if model.startswith(("/", ".", "~")) and not Path(model).expanduser().is_dir():
-        raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
+    if model.startswith(("/", ".", "~")):
+        if not Path(model).expanduser().exists():
+            raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
+        check_model_folder(Path(model).expanduser(), config["model"]["gguf_file"])
     points = {(h, float(a), d) for h in config["fit"]["heads"] for a in config["fit"]["alphas"] for d in config["fit"]["ds"]}
     for i, point in enumerate(config["fit"]["cross_user"]):
         if (point["head"], float(point["alpha"]), point["d"]) not in points:

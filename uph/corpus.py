@@ -114,35 +114,60 @@ def load_shakespeare_roles(plays: list[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["user_id", "play", "role", "text"])
 
 
+def _read_jsonl(path: Path) -> pd.DataFrame:
+    rows = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line = line.decode("utf-8")
+                if line.strip():
+                    rows.append(json.loads(line))
+            except UnicodeDecodeError as error:
+                raise CorpusError(f"corpus file '{path}' is not UTF-8 text (line {number}, byte {error.start} of "
+                                  "the line); re-encode it as UTF-8") from None
+            except ValueError as error:
+                raise CorpusError(f"corpus file '{path}' cannot be read: line {number} is not JSON ({error})") from None
+    return pd.DataFrame(rows)
+
+
 def read_corpus_file(path: str | Path) -> pd.DataFrame:
     """A user corpus from .parquet or .jsonl: user_id, text, optional order or timestamp.
 
-    Rows of one user are concatenated in `order` (or `timestamp`, or file) order.
+    Rows of one user are concatenated in `order` (or `timestamp`, or file) order; rows without
+    text (null or blank) are dropped. A row without a user_id, a text that is not a string, or a
+    user left with no text is a CorpusError naming the file and the row or user.
     """
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"corpus file '{path}' does not exist (config key 'corpus.source')")
-    try:
-        if path.suffix == ".parquet":
+    if path.suffix == ".parquet":
+        try:
             df = pd.read_parquet(path)
-        elif path.suffix in (".jsonl", ".json"):
-            with open(path, encoding="utf-8") as f:
-                df = pd.DataFrame([json.loads(line) for line in f if line.strip()])
-        else:
-            raise CorpusError(f"corpus file '{path}': expected a .parquet or .jsonl file")
-    except UnicodeDecodeError as error:
-        raise CorpusError(f"corpus file '{path}' is not UTF-8 text (byte {error.start})") from None
-    except (ValueError, OSError) as error:
-        if isinstance(error, CorpusError):
-            raise
-        raise CorpusError(f"corpus file '{path}' cannot be read: {str(error).splitlines()[0]}") from None
+        except (ValueError, OSError) as error:
+            raise CorpusError(f"corpus file '{path}' cannot be read: {str(error).splitlines()[0]}") from None
+    elif path.suffix in (".jsonl", ".json"):
+        df = _read_jsonl(path)
+    else:
+        raise CorpusError(f"corpus file '{path}': expected a .parquet or .jsonl file")
     for column in ("user_id", "text"):
         if column not in df.columns:
             raise CorpusError(f"corpus file '{path}' has no '{column}' column (columns: {', '.join(map(str, df.columns))})")
+    df = df.assign(_row=range(1, len(df) + 1))
+    if df["user_id"].isna().any():
+        raise CorpusError(f"corpus file '{path}' row {df.loc[df['user_id'].isna(), '_row'].iloc[0]} has no user_id")
+    not_text = ~df["text"].map(lambda text: text is None or isinstance(text, str) or text != text)  # None, NaN
+    if not_text.any():
+        row = df[not_text].iloc[0]
+        raise CorpusError(f"corpus file '{path}' row {row['_row']}: text is {type(row['text']).__name__}, not a string")
     order = next((c for c in ("order", "timestamp") if c in df.columns), None)
-    df = df.assign(user_id=df["user_id"].astype(str), _row=range(len(df)))
+    df = df.assign(user_id=df["user_id"].astype(str))
+    users = df["user_id"].unique()
+    df = df[df["text"].map(lambda text: isinstance(text, str) and text.strip() != "")]
+    if empty := sorted(set(users) - set(df["user_id"])):
+        raise CorpusError(f"corpus file '{path}': user '{empty[0]}' has no text (every row is empty or blank); "
+                          "remove the user or fill in its text")
     df = df.sort_values(["user_id", order, "_row"] if order else ["user_id", "_row"], kind="stable")
-    texts = df.groupby("user_id", sort=True)["text"].apply(lambda t: "\n".join(map(str, t)))
+    texts = df.groupby("user_id", sort=True)["text"].apply("\n".join)
     return pd.DataFrame({"user_id": texts.index, "text": texts.values})
 
 

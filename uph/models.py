@@ -58,6 +58,18 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0):
     return AutoModelForCausalLM.from_config(config)
 
 
+def check_model_folder(folder: Path, gguf_file: str | None) -> None:
+    """A local model folder must hold weights: the named GGUF file, or *.safetensors / *.bin files
+    (cheap: it only lists the folder, so the config check at DAG build runs it too)."""
+    if not folder.is_dir():
+        raise ModelError(f"config key 'model.source': '{folder}' is a file, expected a model folder")
+    if gguf_file and not (folder / gguf_file).is_file():
+        raise ModelError(f"config key 'model.gguf_file': '{folder / gguf_file}' does not exist")
+    if not gguf_file and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise ModelError(f"config key 'model.source': model folder '{folder}' holds no weights "
+                         "(*.safetensors or *.bin)")
+
+
 def _load_source(source: str, gguf_file: str | None, revision: str | None):
     """(model, tokenizer) in float32 from any supported source."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -78,13 +90,8 @@ def _load_source(source: str, gguf_file: str | None, revision: str | None):
             gguf_file = ggufs[0]
         source = folder
     folder = Path(source)
-    if folder.exists() and not folder.is_dir():
-        raise ModelError(f"config key 'model.source': '{source}' is a file, expected a model folder")
-    if folder.is_dir():
-        if gguf_file and not (folder / gguf_file).is_file():
-            raise ModelError(f"config key 'model.gguf_file': '{folder / gguf_file}' does not exist")
-        if not gguf_file and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-            raise ModelError(f"model folder '{source}' holds no weights (*.safetensors or *.bin)")
+    if folder.exists():
+        check_model_folder(folder, gguf_file)
     elif source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise ModelError(f"config key 'model.source': '{source}' is neither a local folder nor a hub id (org/name)")
     kwargs = dict(gguf_file=gguf_file) if gguf_file else dict(revision=revision)
