@@ -2,6 +2,8 @@
 
 
 rule corpus_roles:
+    input:
+        corpus_file(),
     output:
         results("corpus", "roles.parquet"),
     params:
@@ -22,7 +24,7 @@ rule corpus:
     output:
         users=results("corpus", "users.parquet"),
     params:
-        corpus=config["corpus"],
+        corpus=job_params(config["corpus"], ("min_tokens", "max_users", "max_tokens", "train_fraction")),
         gap=config["extract"]["context"],
     log:
         results("logs", "corpus.log"),

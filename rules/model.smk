@@ -2,10 +2,12 @@
 
 
 rule model:
+    input:
+        model_folder_files(),
     output:
         identity=results("model", "identity.json"),
     params:
-        model=config["model"],
+        model=job_params(config["model"]),
     log:
         results("logs", "model.log"),
     benchmark:

@@ -2,6 +2,8 @@
 
 Each user's train and held-out tokens are prepared once per job (the only V×H products, see
 uph.fit), then every solver fits theta on the train split and is scored on the held-out split.
+A job reads only the fit keys its head reads (`head_settings`) and those of its solvers
+(`SOLVER_KEYS`), so changing one head's settings reruns only that head's jobs.
 """
 from __future__ import annotations
 
@@ -21,20 +23,41 @@ from uph.models import read_lm_head
 
 log = logging.getLogger(__name__)
 
+SOLVER_KEYS = ("solvers", "beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # what fit_and_score reads
+
 
 def point_label(head: str, alpha: float, d: int) -> dict:
     return {"head": head, "alpha": float(alpha), "d": int(d)}
 
 
-def load_point(point: dict, model_dir: str | Path, basis_path: str | Path, shards, fit: dict,
-               extract: dict, device: str) -> tuple[Head, dict[str, UserStates], torch.device]:
-    """What every job at one sweep point needs: the point's head on the model's lm_head (float32)
-    and SVD basis, the users of `shards` (checked against the configured cache identity), the device."""
-    W, b = read_lm_head(model_dir)
+def head_settings(head: str, fit: dict) -> dict:
+    """The `fit` keys that building `head` reads, as uph.heads.make_head's keyword arguments: seed
+    000's random bases read basis_seed, lm_head_update reads gamma and basis (and basis_seed when
+    random), the SVD heads nothing beyond their sweep point."""
     update = fit["lm_head_update"]
-    head = make_head(point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"],
-                     basis_seed=fit["basis_seed"], gamma=update["gamma"], basis=update["basis"], bias=b)
-    users = HiddenStateCache(shards, expect=configured_identity(model_dir, extract, device)).load()
+    if head in ("cvh", "uncond"):
+        return {"basis_seed": fit["basis_seed"]}
+    if head == "lm_head_update":
+        seeded = {"basis_seed": fit["basis_seed"]} if update["basis"] == "random" else {}
+        return {"gamma": update["gamma"], "basis": update["basis"], **seeded}
+    return {}
+
+
+def cross_user_solver(fit: dict, head: str, alpha, d) -> str:
+    """The solver whose thetas the cross-user matrix at sweep point (head, alpha, d) scores."""
+    point = point_label(head, alpha, d)
+    return next(p["solver"] for p in fit["cross_user"] if point_label(p["head"], p["alpha"], p["d"]) == point)
+
+
+def load_point(point: dict, model_dir: str | Path, basis_path: str | Path, shards, settings: dict,
+               cache: dict, device: str) -> tuple[Head, dict[str, UserStates], torch.device]:
+    """What every job at one sweep point needs: the point's head (`settings` from `head_settings`)
+    on the model's lm_head (float32) and SVD basis, the users of `shards` (checked against the
+    cache identity that `cache`, the extract keys context and dtype, asks for), the device."""
+    W, b = read_lm_head(model_dir)
+    head = make_head(point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"], bias=b,
+                     **settings)
+    users = HiddenStateCache(shards, expect=configured_identity(model_dir, cache, device)).load()
     return head, users, resolve_device(device)
 
 
@@ -46,7 +69,8 @@ def prepared(states: UserStates, head: Head, device: torch.device) -> tuple[Toke
 
 def fit_and_score(train: Tokens, tests: dict[str, Tokens], head: Head, fit: dict, solver: str,
                   user: str, point: dict) -> tuple[torch.Tensor, list[dict]]:
-    """Fit theta on `train` with `solver`; one row per held-out split in `tests` it is scored on."""
+    """Fit theta on `train` with `solver` (settings: the SOLVER_KEYS of `fit`); one row per held-out
+    split in `tests` it is scored on."""
     theta, result = fit_theta(train, head, solver, beta=fit["beta"], lam=fit["lam"], max_norm=fit["max_norm"],
                               lr=fit["lr"], steps=fit["steps"], tol=fit["tol"], max_iter=fit["max_iter"],
                               user=user, config=point)

@@ -8,7 +8,7 @@ from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
-    curves, evaluation = train(snakemake.params.cfg, snakemake.wildcards.attention, int(snakemake.wildcards.seed),
+    curves, evaluation = train(snakemake.params.copy_task, snakemake.wildcards.attention, int(snakemake.wildcards.seed),
                                resolve_device(snakemake.params.device), log)
     for row in evaluation.itertuples():
         log.info("eval length %d: copy loss %.4f, token acc %.4f, sequence acc %.4f",

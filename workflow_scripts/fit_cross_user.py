@@ -12,14 +12,14 @@ from uph.sweep import load_point, point_label
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
-    fit = snakemake.params.fit
     point = point_label(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
-    solver = next(p["solver"] for p in fit["cross_user"] if point_label(p["head"], p["alpha"], p["d"]) == point)
+    solver = snakemake.params.solver
     fits = pd.concat(map(pd.read_parquet, snakemake.input.fits))
     fits = fits[fits["solver"] == solver]
     thetas = {user: torch.tensor(theta) for user, theta in zip(fits["user"], fits["theta"])}
     head, users, device = load_point(point, Path(snakemake.input.model).parent, snakemake.input.basis,
-                                     snakemake.input.shards, fit, snakemake.params.extract, snakemake.params.device)
+                                     snakemake.input.shards, snakemake.params.head, snakemake.params.cache,
+                                     snakemake.params.device)
     tests = {user: prepare(s.test_hidden, s.test_targets, head.W, head.b, device=device) for user, s in users.items()}
     log.info("%s, solver %s: %d x %d cross-user scores", point, solver, len(thetas), len(tests))
     table = cross_user(thetas, tests, head).assign(**point, solver=solver)

@@ -14,7 +14,8 @@ with rule_logging(snakemake) as log:
     fit = snakemake.params.fit
     point = point_label(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
     head, users, device = load_point(point, Path(snakemake.input.model).parent, snakemake.input.basis,
-                                     snakemake.input.shards, fit, snakemake.params.extract, snakemake.params.device)
+                                     snakemake.input.shards, snakemake.params.head, snakemake.params.cache,
+                                     snakemake.params.device)
     splits = {user: prepared(states, head, device) for user, states in users.items()}
     train = pool([train for train, _ in splits.values()])
     tests = {user: test for user, (_, test) in splits.items()}

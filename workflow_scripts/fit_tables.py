@@ -12,7 +12,6 @@ from uph.logs import rule_logging
 KEYS = ["head", "alpha", "d", "solver"]
 
 with rule_logging(snakemake) as log:
-    fit = snakemake.params.fit
     model = json.loads(open(snakemake.input.model).read())["name"]
     personal = pd.concat(map(pd.read_parquet, snakemake.input.fits)).assign(control="personal")
     controls = pd.concat(map(pd.read_parquet, snakemake.input.controls)).assign(control="global")
@@ -20,7 +19,7 @@ with rule_logging(snakemake) as log:
     for (control, *key), users in pd.concat([personal, controls]).groupby(["control", *KEYS], sort=True):
         point = dict(zip(KEYS, key))
         rows.append({"model": model, **point, "control": control,
-                     **summarize(users, d=point["d"], n_boot=fit["bootstrap"]),
+                     **summarize(users, d=point["d"], n_boot=snakemake.params.bootstrap),
                      "fit_objective": users["fit_objective"].mean(),
                      "fit_certificate_max": users["fit_certificate"].max()})
     table = pd.DataFrame(rows).sort_values(["control", "head", "alpha", "d", "solver"], ascending=[False, True, True, True, True])
