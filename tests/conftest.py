@@ -16,11 +16,17 @@ LM_TARGETS = ["results/corpus/users.parquet", "results/cache/shard-0.parquet",
               "results/cache/shard-1.parquet", "results/basis/svd.safetensors"]
 
 
+def snakemake_command(workdir, *args, config="config/test.yaml") -> list[str]:
+    """The snakemake command line on this repository's Snakefile in `workdir` (config: relative to
+    the repository, or an absolute path)."""
+    return [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
+            "--configfile", str(REPO / config), "--cores", "2", *args]
+
+
 def snakemake(workdir, *args, config="config/test.yaml", timeout=600):
-    """The snakemake command line on this repository's Snakefile, run in `workdir`."""
-    return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-                           "--configfile", str(REPO / config), "--cores", "2", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    """Run `snakemake_command` to its end."""
+    return subprocess.run(snakemake_command(workdir, *args, config=config), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @dataclass
