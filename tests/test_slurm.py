@@ -1,0 +1,106 @@
+"""Cluster execution: the SLURM profile plans the cluster example, runs the tiny study through sbatch
+on a one-node SLURM cluster on localhost (tests/slurm_cluster.py) with the local run's tables, and
+the profiles retry a job that fails once (UPH_FAIL_ONCE, see uph.logs)."""
+import re
+
+import pytest
+import yaml
+
+from conftest import REPO, snakemake
+from slurm_cluster import SlurmCluster, missing_programs
+
+SLURM_PROFILE = REPO / "profiles/slurm"
+LOCAL_PROFILE = REPO / "profiles/local"
+# What the test cluster needs on top of the real profile: it has no accounting database (sacct
+# answers nothing, so job states come from squeue); its jobs take seconds, so polls are quick; and
+# one thread a job lets two jobs share its two CPUs (each job is mostly two Snakemake start-ups).
+TEST_CLUSTER = ["--slurm-status-command", "squeue", "--slurm-no-account", "--slurm-init-seconds-before-status-checks",
+                "2", "--seconds-between-status-checks", "2", "--latency-wait", "5", "--max-threads", "1"]
+GPU_RULES = {"extract", "fit", "fit_global", "cross_user", "copy_task_train", "feedback_train"}
+
+
+def slurm_profile() -> dict:
+    return yaml.safe_load((SLURM_PROFILE / "config.v8+.yaml").read_text())
+
+
+def planned_jobs(dry_run: str) -> dict[str, int]:
+    """rule -> job count, from the 'Job stats' table of a dry run."""
+    table = dry_run.split("Job stats:")[1].split("total")[0]
+    return {rule: int(count) for rule, count in re.findall(r"^(\w+)\s+(\d+)$", table, re.MULTILINE)}
+
+
+def planned_resources(dry_run: str) -> dict[str, set[str]]:
+    """rule -> the `resources:` lines of its planned jobs."""
+    resources = {}
+    for rule, line in re.findall(r"^rule (\w+):\n(?:    (?!resources).*\n)*    resources: (.*)$", dry_run, re.MULTILINE):
+        resources.setdefault(rule, set()).add(line)
+    return resources
+
+
+def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
+    run = snakemake(tmp_path, "-n", "--profile", str(SLURM_PROFILE), config="config/cluster-example.yaml", timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    study = yaml.safe_load((REPO / "config/cluster-example.yaml").read_text())
+    fit, shards = study["fit"], study["extract"]["shards"]
+    points = len(fit["heads"]) * len(fit["alphas"]) * len(fit["ds"])
+    jobs = planned_jobs(run.stdout)
+    assert jobs["extract"] == shards and jobs["fit"] == points * shards and jobs["fit_global"] == points
+    assert jobs["cross_user"] == len(fit["cross_user"]) and jobs["personalization_table"] == 1
+    assert jobs["copy_task_train"] == len(study["copy_task"]["attentions"]) * len(study["copy_task"]["seeds"])
+    assert jobs["feedback_train"] == len(study["feedback"]["methods"]) * len(study["feedback"]["seeds"])
+    resources = planned_resources(run.stdout)
+    for rule, lines in resources.items():
+        assert all(("gpu=1" in line) == (rule in GPU_RULES) for line in lines), (rule, lines)
+    policy = slurm_profile()["set-resources"]
+    assert all(f"mem_mb={policy['extract']['mem_mb']}," in line for line in resources["extract"])
+    assert all(f"runtime={policy['fit_global']['runtime']}" in line for line in resources["fit_global"])
+
+
+def test_a_job_that_fails_once_is_retried_by_the_local_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("UPH_FAIL_ONCE", "gram_resilience")
+    table = "results/tables/gram_resilience.csv"
+    once = snakemake(tmp_path / "no-retry", "--profile", str(LOCAL_PROFILE), "--retries", "0", table)
+    assert once.returncode != 0
+    assert "UPH_FAIL_ONCE=gram_resilience: failing this first attempt on purpose" in once.stderr
+    assert not (tmp_path / "no-retry" / table).exists()
+    retried = snakemake(tmp_path / "retry", "--profile", str(LOCAL_PROFILE), table)
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert "failing this first attempt on purpose" in retried.stderr and "Trying to restart job" in retried.stderr
+    assert (tmp_path / "retry" / "results/logs/gram_resilience.log.failed-once").is_file()
+    assert (tmp_path / "retry" / table).is_file()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A one-node SLURM cluster declaring as much memory as the profile's largest request."""
+    if missing := missing_programs():
+        pytest.skip(f"SLURM is not installed here (no {', '.join(missing)}); .ci/run installs slurm-wlm and munge")
+    profile = slurm_profile()
+    largest = max(resources.get("mem_mb", 0) for resources in [profile["default-resources"],
+                                                               *profile["set-resources"].values()])
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), memory_mb=largest)
+    yield cluster
+    cluster.stop()
+
+
+def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(tiny_study, slurm, tmp_path,
+                                                                           monkeypatch):
+    assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
+    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
+    monkeypatch.setenv("UPH_FAIL_ONCE", "gram_resilience")
+    run = snakemake(tmp_path, "--profile", str(SLURM_PROFILE), *TEST_CLUSTER)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    # Every job went through sbatch: SLURM lists one job per job of the local run (its benchmark
+    # files), all COMPLETED, plus the injected failure of gram_resilience's first attempt.
+    listed = slurm.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout.splitlines()
+    states = [line.split("|") for line in listed]
+    assert [comment for state, comment in states if state != "COMPLETED"] == ["rule_gram_resilience"]
+    local_jobs = list((tiny_study.workdir / "results/benchmarks").rglob("*.tsv"))
+    assert sum(state == "COMPLETED" for state, _ in states) == len(local_jobs)
+    assert (tmp_path / "results/logs/gram_resilience.log.failed-once").is_file()
+
+    tables = sorted((tiny_study.workdir / "results/tables").glob("*.csv"))
+    assert len(tables) >= 5
+    for local in tables:
+        assert (tmp_path / "results/tables" / local.name).read_bytes() == local.read_bytes(), local.name
