@@ -15,6 +15,16 @@ include: "rules/feedback.smk"
 include: "rules/aggregate.smk"
 
 
+# Seconds-long jobs that read small tables: on a cluster they run beside Snakemake, not in the queue.
+localrules:
+    all,
+    personalization_table,
+    copy_task_table,
+    feedback_table,
+    aggregate,
+    provenance,
+
+
 rule all:
     input:
         all_targets(),
