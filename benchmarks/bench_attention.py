@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_attention.py [--threads 1] [--device cpu] [--lengths 64 128 256 512]
 
 Four kernels on the same q, k, r, v [batch, heads, T, D] (RoPE left out: it is the same for all):
-  triple          the project's triple-product attention (uph.attention.triple_product_attention)
+  triple          the project's triple-product attention (uph.attention.self_attention.triple_product_attention)
   triple_literal  seed 004's formulation: five materialized T×T terms, autograd through them
   standard_seed   seed 004's standard attention: materialized scores, tril mask, softmax
   sdpa            torch's scaled_dot_product_attention(is_causal=True), for reference
@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from uph.attention import triple_product_attention
+from uph.attention.self_attention import triple_product_attention
 
 
 def _causal_mask(T, device):

@@ -1,7 +1,7 @@
 """Extraction throughput: the project's extractor against the straightforward loop, side by side.
 
 Straightforward: `model(ids, output_hidden_states=True)` in float32, keeping hidden_states[-1]
-(it also pays the V×H lm_head and keeps every layer's states). Ours: `uph.extract.hidden_states`,
+(it also pays the V×H lm_head and keeps every layer's states). Ours: `uph.lm.extract.hidden_states`,
 the body only, in the compute dtype `extract.dtype: auto` picks on this machine (bfloat16 where
 the CPU computes it natively, else float32). Both see the same real windows of Shakespeare text,
 interleaved run by run so machine noise hits both alike. The ceiling is the matmul rate of that
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from uph.corpus import load_shakespeare_roles
+from uph.lm.corpus import load_shakespeare_roles
 from uph.device import resolve_dtype
-from uph.extract import Window, hidden_states
-from uph.models import load_model, load_tokenizer, materialize
+from uph.lm.extract import Window, hidden_states
+from uph.lm.models import load_model, load_tokenizer, materialize
 
 
 def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:

@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/bench_feedback.py [--steps 300] [--rounds 5]
 
 The network is the embedded default's (context 32, hidden [256, 256], batch 64, rank 32) on
 random text with the default's 81-character vocabulary, one thread. Each rule runs through
-uph.feedback_training.train (forward, hand-written backward, the true deltas for the alignment
+uph.feedback.training.train (forward, hand-written backward, the true deltas for the alignment
 measurement, the rule's deltas, Adam); the reference is autograd's backward with torch.optim.Adam.
 Every round runs each rule once, in a rotated order, so that load on a shared machine hits them
 alike; the median over rounds is reported. Also timed: a fresh interpreter importing torch,
@@ -22,9 +22,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from uph.char_lm import CharCorpus, CharMLP, sample_batch
-from uph.feedback import UpdateConfig
-from uph.feedback_training import METHODS, TrainConfig, train
+from uph.feedback.char_lm import CharCorpus, CharMLP, sample_batch
+from uph.feedback.subspace import UpdateConfig
+from uph.feedback.training import METHODS, TrainConfig, train
 
 VOCAB = 81
 

@@ -3,7 +3,7 @@
 Straightforward (seed 002 as written): every Adam step walks the tokens in chunks of 16,
 recomputes the base logits through the lm_head (a V×H product per token), adds
 gamma * alpha * C (theta ⊙ A h), and backpropagates CE + beta KL(p0 ‖ p) through autograd.
-Ours: `uph.fit` on the same cached hidden states: p0 once per user (`prepare`, timed with the
+Ours: `uph.lm.fit` on the same cached hidden states: p0 once per user (`prepare`, timed with the
 fit), then steps of two n×V×d products; solver "seed" (the same Adam) and "exact" (projected
 quasi-Newton to a certified optimum). The head is lm_head_update on the SVD basis (d = 64).
 
@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from uph.basis import top_singular_triplets
-from uph.corpus import load_shakespeare_roles
-from uph.fit import fit_theta, prepare
-from uph.heads import make_head
-from uph.models import final_hidden, lm_head, load_model, load_tokenizer, materialize
+from uph.lm.basis import top_singular_triplets
+from uph.lm.corpus import load_shakespeare_roles
+from uph.lm.fit import fit_theta, prepare
+from uph.lm.heads import make_head
+from uph.lm.models import final_hidden, lm_head, load_model, load_tokenizer, materialize
 
 CHUNK_SIZE = 16
 

@@ -1,7 +1,7 @@
 # Aggregate: the study's figures and one-page summary from the tables and curves alone (no model,
 # no cache, so `snakemake --forcerun aggregate` redraws them anywhere), then provenance.json.
-from uph.figures import FIGURES
-from uph.study import TABLES
+from uph.report.figures import FIGURES
+from uph.report.study import TABLES
 
 
 rule aggregate:

@@ -1,6 +1,6 @@
 # Copy task (seed 004): one training job per (attention, seed), the copy-task table over them,
 # and the Gram resilience table. Independent of the LM branch: no model, no corpus.
-from uph.attention import ATTENTIONS
+from uph.attention.self_attention import ATTENTIONS
 
 
 rule copy_task_train:

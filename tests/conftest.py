@@ -60,7 +60,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A function arch -> folder of a materialized tiny random model ('llama' or 'gpt2')."""
-    from uph.models import materialize
+    from uph.lm.models import materialize
 
     made = {}
 

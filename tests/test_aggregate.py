@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uph.figures import FIGURES, pixel_size
-from uph.provenance import config_seeds, git_state
-from uph.study import Study
-from uph.summary import cross_user_finding, feedback_finding, personalization_finding
+from uph.report.figures import FIGURES, pixel_size
+from uph.report.provenance import config_seeds, git_state
+from uph.report.study import Study
+from uph.report.summary import cross_user_finding, feedback_finding, personalization_finding
 
 from conftest import REPO, snakemake
 

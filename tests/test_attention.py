@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from uph.attention import (ATTENTIONS, OneLayerModel, _TripleProductProbs, rope, standard_attention,
+from uph.attention.self_attention import (ATTENTIONS, OneLayerModel, _TripleProductProbs, rope, standard_attention,
                            triple_product_attention, triple_scores)
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from uph.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error, sample_batch, windows
+from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error, sample_batch, windows
 from uph.errors import ConfigError
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import yaml
 
 from uph.config import validate
-from uph.copy_task import check_config, copied_targets, copy_batch, copy_metrics, gram_resilience, train
+from uph.attention.copy_task import check_config, copied_targets, copy_batch, copy_metrics, gram_resilience, train
 from uph.errors import ConfigError
 
 from conftest import REPO, SNAKEMAKE

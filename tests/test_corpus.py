@@ -3,9 +3,9 @@ import json
 import pandas as pd
 import pytest
 
-from uph.corpus import load_shakespeare_roles, parse_play, read_corpus_file, temporal_split, tokenize_users
+from uph.lm.corpus import load_shakespeare_roles, parse_play, read_corpus_file, temporal_split, tokenize_users
 from uph.errors import CorpusError
-from uph.models import byte_tokenizer
+from uph.lm.models import byte_tokenizer
 
 PLAY = """HAMLET, PRINCE OF DENMARK
 

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from tiny_lm import sample_text, tiny_llama, user_split
-from uph.evaluate import bootstrap_ci, cross_user, per_user, summarize, user_metrics
-from uph.fit import fit_theta, pool, prepare
-from uph.heads import make_head
+from uph.lm.evaluate import bootstrap_ci, cross_user, per_user, summarize, user_metrics
+from uph.lm.fit import fit_theta, pool, prepare
+from uph.lm.heads import make_head
 
 D = 8
 

@@ -3,11 +3,11 @@ import pandas as pd
 import pytest
 import torch
 
-from uph.cache import HiddenStateCache, cache_identity, shard_of, shard_writer
-from uph.corpus import temporal_split
+from uph.lm.cache import HiddenStateCache, cache_identity, shard_of, shard_writer
+from uph.lm.corpus import temporal_split
 from uph.errors import CacheError, ModelError
-from uph.extract import extract_users, user_windows
-from uph.models import lm_head, load_model, materialize, read_identity, read_lm_head
+from uph.lm.extract import extract_users, user_windows
+from uph.lm.models import lm_head, load_model, materialize, read_identity, read_lm_head
 
 
 def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):

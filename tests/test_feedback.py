@@ -9,13 +9,13 @@ import pytest
 import torch
 import yaml
 
-from uph.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error
+from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error
 from uph.config import validate
-from uph.corpus import load_shakespeare_roles
+from uph.lm.corpus import load_shakespeare_roles
 from uph.errors import ConfigError
-from uph.feedback import (FeedbackLayer, FeedbackSystem, UpdateConfig, qr_retraction, random_stiefel,
+from uph.feedback.subspace import (FeedbackLayer, FeedbackSystem, UpdateConfig, qr_retraction, random_stiefel,
                           tangent_projection)
-from uph.feedback_training import (METHODS, Adam, TrainConfig, evaluate, make_method, summarize, train,
+from uph.feedback.training import (METHODS, Adam, TrainConfig, evaluate, make_method, summarize, train,
                                    train_config)
 
 from conftest import REPO

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 from uph.errors import ConfigError, FitDivergedError
-from uph.fit import Objective, fit_theta, pool, prepare, projected_gradient_norm
-from uph.heads import HEADS, make_head
+from uph.lm.fit import Objective, fit_theta, pool, prepare, projected_gradient_norm
+from uph.lm.heads import HEADS, make_head
 
 D = 8
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tiny_lm import final_hidden, tiny_llama
 from uph.errors import ConfigError
-from uph.heads import HEADS, make_head
+from uph.lm.heads import HEADS, make_head
 
 D, ALPHA, GAMMA = 8, 0.3, 0.5
 

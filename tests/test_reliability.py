@@ -23,14 +23,14 @@ import pytest
 import torch
 import yaml
 
-from uph.cache import HiddenStateCache, cache_identity, shard_writer
-from uph.char_lm import char_corpus
+from uph.lm.cache import HiddenStateCache, cache_identity, shard_writer
+from uph.feedback.char_lm import char_corpus
 from uph.config import check_results_folder, job_params, validate
-from uph.copy_task import train as train_copy_task
+from uph.attention.copy_task import train as train_copy_task
 from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDivergedError
-from uph.feedback_training import train as train_feedback, train_config
-from uph.fit import fit_theta, prepare
-from uph.heads import make_head
+from uph.feedback.training import train as train_feedback, train_config
+from uph.lm.fit import fit_theta, prepare
+from uph.lm.heads import make_head
 from uph.io import write_json
 
 from conftest import REPO, snakemake, snakemake_command

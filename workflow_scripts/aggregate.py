@@ -1,9 +1,9 @@
 """Rule aggregate: every figure (PNG and PDF) and results/summary.md, from the tables and curves."""
-from uph.figures import FIGURES, render, save
+from uph.report.figures import FIGURES, render, save
 from uph.io import atomic_path
 from uph.logs import rule_logging
-from uph.study import TABLES, load_study
-from uph.summary import summary_markdown
+from uph.report.study import TABLES, load_study
+from uph.report.summary import summary_markdown
 
 with rule_logging(snakemake) as log:
     study = load_study(dict(zip(TABLES, snakemake.input.tables)), snakemake.input.copy_task_curves,

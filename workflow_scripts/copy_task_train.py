@@ -1,7 +1,7 @@
 """Rule copy_task_train: seed 004's one-layer model on the copy task, for one (attention, seed)."""
 import torch
 
-from uph.copy_task import train
+from uph.attention.copy_task import train
 from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging

@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from uph.corpus import tokenize_users
+from uph.lm.corpus import tokenize_users
 from uph.io import write_parquet
 from uph.logs import rule_logging
-from uph.models import load_tokenizer
+from uph.lm.models import load_tokenizer
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.corpus

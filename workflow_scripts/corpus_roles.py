@@ -1,5 +1,5 @@
 """Rule corpus_roles: all users' text (Shakespeare roles or a corpus file) as one parquet table."""
-from uph.corpus import load_shakespeare_roles, read_corpus_file
+from uph.lm.corpus import load_shakespeare_roles, read_corpus_file
 from uph.io import write_parquet
 from uph.logs import rule_logging
 

@@ -4,11 +4,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from uph.cache import configured_identity, shard_of, shard_writer
+from uph.lm.cache import configured_identity, shard_of, shard_writer
 from uph.device import resolve_device
-from uph.extract import extract_users
+from uph.lm.extract import extract_users
 from uph.logs import rule_logging
-from uph.models import load_model
+from uph.lm.models import load_model
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.extract

@@ -1,7 +1,7 @@
 """Rule feedback_table: one row per (method, seed) from the training curves."""
 import pandas as pd
 
-from uph.feedback_training import summarize
+from uph.feedback.training import summarize
 from uph.io import write_table
 from uph.logs import rule_logging
 

@@ -2,9 +2,9 @@
 import pandas as pd
 import torch
 
-from uph.char_lm import char_corpus
+from uph.feedback.char_lm import char_corpus
 from uph.device import resolve_device
-from uph.feedback_training import train, train_config
+from uph.feedback.training import train, train_config
 from uph.io import write_parquet
 from uph.logs import rule_logging
 

@@ -5,7 +5,7 @@ import torch
 
 from uph.io import write_parquet
 from uph.logs import rule_logging
-from uph.sweep import fit_users, load_point, point_label
+from uph.lm.sweep import fit_users, load_point, point_label
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -4,11 +4,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from uph.evaluate import cross_user
-from uph.fit import prepare
+from uph.lm.evaluate import cross_user
+from uph.lm.fit import prepare
 from uph.io import write_parquet
 from uph.logs import rule_logging
-from uph.sweep import load_point, point_label
+from uph.lm.sweep import load_point, point_label
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -4,10 +4,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from uph.fit import pool
+from uph.lm.fit import pool
 from uph.io import write_parquet
 from uph.logs import rule_logging
-from uph.sweep import fit_and_score, load_point, point_label, prepared
+from uph.lm.sweep import fit_and_score, load_point, point_label, prepared
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -5,7 +5,7 @@ import json
 
 import pandas as pd
 
-from uph.evaluate import summarize
+from uph.lm.evaluate import summarize
 from uph.io import write_table
 from uph.logs import rule_logging
 

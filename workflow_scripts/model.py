@@ -3,7 +3,7 @@ from pathlib import Path
 
 from uph.config import check_against_model
 from uph.logs import rule_logging
-from uph.models import materialize
+from uph.lm.models import materialize
 
 with rule_logging(snakemake) as log:
     spec = snakemake.params.model

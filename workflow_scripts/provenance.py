@@ -4,8 +4,8 @@ from pathlib import Path
 
 from uph.io import write_json
 from uph.logs import rule_logging
-from uph.models import read_identity
-from uph.provenance import provenance
+from uph.lm.models import read_identity
+from uph.report.provenance import provenance
 
 with rule_logging(snakemake) as log:
     record = provenance(snakemake.params.config, read_identity(Path(snakemake.input.model).parent),

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from uph.attention import OneLayerModel
+from uph.attention.self_attention import OneLayerModel
 from uph.errors import ConfigError, TrainingDivergedError
 
 EVAL_STREAM = 1_000_003  # eval sets come from generators seeded seed * EVAL_STREAM + length

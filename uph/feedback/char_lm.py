@@ -15,7 +15,7 @@ the gradient of that example's loss in z.
 
 Backward: delta_l stands for the gradient of one example's loss in the hidden layer's output
 h_l (post-activation). Backprop's deltas are g_L = e_L W_out, g_{l-1} = (g_l * tanh'(a_l)) W_l;
-other learning rules replace them (uph.feedback_training). From any deltas the parameter
+other learning rules replace them (uph.feedback.training). From any deltas the parameter
 gradients are the batch means of the local outer products with da_l = delta_l * (1 - h_l^2):
 dW_l = mean_n da_l h_{l-1}^T, db_l = mean_n da_l, and the output layer always uses its own
 local gradient dW_out = mean_n e_L h_L^T, db_out = mean_n e_L.

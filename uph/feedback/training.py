@@ -1,8 +1,8 @@
-"""Training the character MLP (uph.char_lm) four ways, which differ only in each hidden layer's delta:
+"""Training the character MLP (uph.feedback.char_lm) four ways, which differ only in each hidden layer's delta:
 
     backprop          delta_l = g_l, the true gradient at h_l (propagated back through the network)
     dfa               delta_l = e_L B_l^T, B_l (d_l x V) fixed Gaussian with variance 1/V (direct feedback alignment)
-    feedback_frozen   delta_l = alpha_l (e_L C^T) U_l^T with the random U_l and alpha_l frozen (uph.feedback)
+    feedback_frozen   delta_l = alpha_l (e_L C^T) U_l^T with the random U_l and alpha_l frozen (uph.feedback.subspace)
     feedback_learned  the same with U_l and alpha_l updated every step towards g_hat = g_l
 
 The output layer always learns from its own local gradient. Each step: forward, output error
@@ -26,9 +26,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from uph.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
+from uph.feedback.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
 from uph.errors import ConfigError, TrainingDivergedError
-from uph.feedback import FeedbackSystem, UpdateConfig
+from uph.feedback.subspace import FeedbackSystem, UpdateConfig
 
 METHODS = ("backprop", "dfa", "feedback_frozen", "feedback_learned")
 

@@ -4,7 +4,7 @@ Per user, on the held-out split: base NLL (theta = 0), personalized NLL, delta_n
 base_nll (negative = better) and kl = mean KL(p0 ‖ p_theta), all from the engine's `Objective`
 (beta = lam = 0). Controls: the cross-user matrix (theta of user u scored on the text of user v;
 a dominant diagonal means the gain is personal) and the `global` theta (fitted on
-`uph.fit.pool` of all users' train splits, then scored on every user like a personal one).
+`uph.lm.fit.pool` of all users' train splits, then scored on every user like a personal one).
 Per configuration: mean delta with a 95 % percentile-bootstrap interval over users (fixed RNG
 seed, so tables are reproducible), the share of users improved, and d parameters per user.
 """
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from uph.fit import Objective, Tokens
-from uph.heads import Head
+from uph.lm.fit import Objective, Tokens
+from uph.lm.heads import Head
 
 
 def _metrics(objective: Objective, theta: torch.Tensor) -> dict:

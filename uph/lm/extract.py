@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from uph.models import final_hidden
+from uph.lm.models import final_hidden
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Fitting theta: one engine for every head, minimizing seed 002's objective, with two solvers.
 
 For tokens t = 1..n with base logits z0_t = W h_t + b and head logits z_t = z0_t + P u_t, where
-u_t = theta ⊙ a_t (a_t = A h_t for conditional heads, a_t = 1 otherwise; see uph.heads):
+u_t = theta ⊙ a_t (a_t = A h_t for conditional heads, a_t = 1 otherwise; see uph.lm.heads):
 
     J(theta) = mean_t [CE(z_t, y_t) + beta KL(p0_t ‖ p_t)] + lam ‖theta‖²   over ‖theta‖ <= max_norm.
 
@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from uph.errors import ConfigError, FitDivergedError
-from uph.heads import Head
+from uph.lm.heads import Head
 
 CHUNK = 256          # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 VOCAB_BLOCK = 4096   # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB

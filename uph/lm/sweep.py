@@ -1,7 +1,7 @@
 """The personalization sweep on cached users: one sweep point (head, alpha, d) at a time.
 
 Each user's train and held-out tokens are prepared once per job (the only V×H products, see
-uph.fit), then every solver fits theta on the train split and is scored on the held-out split.
+uph.lm.fit), then every solver fits theta on the train split and is scored on the held-out split.
 A job reads only the fit keys its head reads (`head_settings`) and those of its solvers
 (`SOLVER_KEYS`), so changing one head's settings reruns only that head's jobs.
 """
@@ -13,13 +13,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from uph.basis import load_basis
-from uph.cache import HiddenStateCache, UserStates, configured_identity
+from uph.lm.basis import load_basis
+from uph.lm.cache import HiddenStateCache, UserStates, configured_identity
 from uph.device import resolve_device
-from uph.evaluate import user_metrics
-from uph.fit import Tokens, fit_theta, prepare
-from uph.heads import Head, make_head
-from uph.models import read_lm_head
+from uph.lm.evaluate import user_metrics
+from uph.lm.fit import Tokens, fit_theta, prepare
+from uph.lm.heads import Head, make_head
+from uph.lm.models import read_lm_head
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def point_label(head: str, alpha: float, d: int) -> dict:
 
 
 def head_settings(head: str, fit: dict) -> dict:
-    """The `fit` keys that building `head` reads, as uph.heads.make_head's keyword arguments: seed
+    """The `fit` keys that building `head` reads, as uph.lm.heads.make_head's keyword arguments: seed
     000's random bases read basis_seed, lm_head_update reads gamma and basis (and basis_seed when
     random), the SVD heads nothing beyond their sweep point."""
     update = fit["lm_head_update"]

@@ -1,4 +1,4 @@
-"""The study's figures, drawn from its tables and curves alone (`uph.study.Study`).
+"""The study's figures, drawn from its tables and curves alone (`uph.report.study.Study`).
 
 One function per figure family draws into a given matplotlib Figure; `render(name, study)` makes
 the Figure at its fixed paper size and `save` writes it as PNG (fixed dpi, so a figure is always
@@ -24,11 +24,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from uph.attention import ATTENTIONS
-from uph.feedback_training import METHODS
-from uph.heads import HEADS
+from uph.attention.self_attention import ATTENTIONS
+from uph.feedback.training import METHODS
+from uph.lm.heads import HEADS
 from uph.io import atomic_path
-from uph.study import Study, headline_solver, ordered
+from uph.report.study import Study, headline_solver, ordered
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 DPI = 200

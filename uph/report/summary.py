@@ -1,6 +1,6 @@
 """results/summary.md: one page that links every figure and table with one line of finding each.
 
-Every finding is computed from the study's tables and curves (`uph.study.Study`), never typed in:
+Every finding is computed from the study's tables and curves (`uph.report.study.Study`), never typed in:
 rerun the aggregate rule and the lines follow the numbers. NLL changes are quoted in 10^-3 nats per
 token, negative = better than the frozen model; the personalization lines quote the solver
 `headline_solver` picks, the copy-task and feedback lines means over seeds.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from uph.figures import FIGURES, MILLI
-from uph.study import TABLES, Study, headline_solver
+from uph.report.figures import FIGURES, MILLI
+from uph.report.study import TABLES, Study, headline_solver
 
 
 def _milli(value: float) -> str:

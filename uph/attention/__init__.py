@@ -1,0 +1,1 @@
+"""Standard against triple-product (Gram determinant) attention: the attention kinds and their tasks."""

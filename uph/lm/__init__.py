@@ -1,0 +1,1 @@
+"""User prior heads on a frozen causal LM: corpus, model, hidden-state cache, heads, fitting, evaluation."""

@@ -1,0 +1,1 @@
+"""The study's figures, summary and provenance, drawn from its tables alone."""
