@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 CORES  ?= all
 RESULTS := results
 
-.PHONY: setup reproduce test dry-run clean
+.PHONY: setup reproduce test lint dry-run clean
 # A failed recipe leaves no half-written target that would look up to date.
 .DELETE_ON_ERROR:
 
@@ -30,6 +30,13 @@ $(RESULTS)/report.html: $(RESULTS)/summary.md $(RESULTS)/provenance.json
 
 test: setup
 	$(BIN)/pytest -q
+
+# The gates the field's workflows run: ruff (lint, format), snakefmt, and snakemake --lint with the
+# notes that do not apply here filtered out (README: "Lint").
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/snakefmt --check Snakefile rules/
 
 dry-run: setup
 	$(BIN)/snakemake -n --configfile config.yaml

@@ -2,6 +2,8 @@
 # copy task and feedback run beside it; aggregate draws the figures, summary and provenance from
 # the tables. `snakemake --cores all` runs everything on config.yaml.
 configfile: f"{workflow.basedir}/config.yaml"  # the embedded default; --configfile overrides it
+
+
 report: "report/workflow.rst"  # front page of `snakemake --report`
 
 
@@ -26,6 +28,6 @@ localrules:
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True

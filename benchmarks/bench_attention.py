@@ -13,6 +13,7 @@ allocation and free events that torch.profiler(profile_memory=True) records on C
 torch.cuda.max_memory_allocated); and the bytes the forward keeps for backward (unique storages
 seen by torch.autograd.graph.saved_tensors_hooks).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,7 @@ def triple_literal(q, k, r, v):
     d_kk = (k * k).sum(dim=-1, keepdim=True).transpose(-2, -1)
     d_qk = q @ k.transpose(-2, -1)
     d_rk = r @ k.transpose(-2, -1)
-    gram_det = (d_qq * d_kk * d_rr + 2.0 * d_qk * d_rk * d_rq - d_qq * d_rk ** 2
-                - d_kk * d_rq ** 2 - d_rr * d_qk ** 2)
+    gram_det = d_qq * d_kk * d_rr + 2.0 * d_qk * d_rk * d_rq - d_qq * d_rk**2 - d_kk * d_rq**2 - d_rr * d_qk**2
     scores = -gram_det / q.shape[-1] ** 1.5
     scores = scores.masked_fill(_causal_mask(T, q.device) == 0, float("-inf"))
     return F.softmax(scores, dim=-1) @ v
@@ -59,8 +59,12 @@ def sdpa(q, k, r, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-KERNELS = {"triple": lambda q, k, r, v: triple_product_attention(q, k, r, v),
-           "triple_literal": triple_literal, "standard_seed": standard_seed, "sdpa": sdpa}
+KERNELS = {
+    "triple": lambda q, k, r, v: triple_product_attention(q, k, r, v),
+    "triple_literal": triple_literal,
+    "standard_seed": standard_seed,
+    "sdpa": sdpa,
+}
 
 
 def forward_backward(kernel, inputs, weights):
@@ -88,8 +92,7 @@ def peak_bytes(kernel, inputs, weights) -> int:
         return torch.cuda.max_memory_allocated() - base
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         forward_backward(kernel, inputs, weights)
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                    if e.name() == "[memory]")
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     live = peak = 0
     for _, nbytes in events:
         live += nbytes
@@ -123,32 +126,44 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    print(f"# torch {torch.__version__}, {device}, {torch.get_num_threads()} thread(s), "
-          f"batch {args.batch} x heads {args.heads} x T x D {args.head_dim}, float32; "
-          f"ratios are to standard_seed at the same T")
-    print(f"{'T':>4} {'kernel':<15} {'ms':>9} {'x time':>7} {'peak MiB':>9} {'x peak':>7} {'saved MiB':>9} {'x saved':>7}")
+    print(
+        f"# torch {torch.__version__}, {device}, {torch.get_num_threads()} thread(s), "
+        f"batch {args.batch} x heads {args.heads} x T x D {args.head_dim}, float32; "
+        f"ratios are to standard_seed at the same T"
+    )
+    print(
+        f"{'T':>4} {'kernel':<15} {'ms':>9} {'x time':>7} {'peak MiB':>9} {'x peak':>7} {'saved MiB':>9} {'x saved':>7}"
+    )
     for T in args.lengths:
         generator = torch.Generator(device=device).manual_seed(T)
-        inputs = [torch.randn(args.batch, args.heads, T, args.head_dim, device=device, generator=generator)
-                  .requires_grad_() for _ in range(4)]
+        inputs = [
+            torch.randn(args.batch, args.heads, T, args.head_dim, device=device, generator=generator).requires_grad_()
+            for _ in range(4)
+        ]
         weights = torch.randn(args.batch, args.heads, T, args.head_dim, device=device, generator=generator)
-        for kernel in KERNELS.values():                       # warm up
+        for kernel in KERNELS.values():  # warm up
             forward_backward(kernel, inputs, weights)
         times = {name: [] for name in KERNELS}
         start = time.perf_counter()
         while time.perf_counter() - start < args.budget or len(times["triple"]) < 3:
             for name, kernel in KERNELS.items():
                 times[name].append(seconds(kernel, inputs, weights))
-        rows = {name: (statistics.median(times[name]), peak_bytes(kernel, inputs, weights),
-                       saved_bytes(kernel, inputs)) for name, kernel in KERNELS.items()}
+        rows = {
+            name: (statistics.median(times[name]), peak_bytes(kernel, inputs, weights), saved_bytes(kernel, inputs))
+            for name, kernel in KERNELS.items()
+        }
         base = rows["standard_seed"]
         for name, (t, peak, saved) in rows.items():
-            print(f"{T:>4} {name:<15} {t * 1e3:>9.2f} {t / base[0]:>7.2f} {peak / 2**20:>9.1f} "
-                  f"{peak / base[1]:>7.2f} {saved / 2**20:>9.1f} {saved / base[2]:>7.2f}")
+            print(
+                f"{T:>4} {name:<15} {t * 1e3:>9.2f} {t / base[0]:>7.2f} {peak / 2**20:>9.1f} "
+                f"{peak / base[1]:>7.2f} {saved / 2**20:>9.1f} {saved / base[2]:>7.2f}"
+            )
         t_triple, t_literal = rows["triple"][0], rows["triple_literal"][0]
-        print(f"{T:>4} triple vs literal: {t_literal / t_triple:.2f}x faster, "
-              f"{rows['triple_literal'][1] / rows['triple'][1]:.2f}x less peak memory "
-              f"({len(times['triple'])} repeats)")
+        print(
+            f"{T:>4} triple vs literal: {t_literal / t_triple:.2f}x faster, "
+            f"{rows['triple_literal'][1] / rows['triple'][1]:.2f}x less peak memory "
+            f"({len(times['triple'])} repeats)"
+        )
 
 
 if __name__ == "__main__":

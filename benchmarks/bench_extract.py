@@ -9,6 +9,7 @@ dtype, measured in this run, divided by the model's FLOPs per token.
 
     .venv/bin/python benchmarks/bench_extract.py [--model-dir results/model] [--context 256] [--dtype auto]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from uph.lm.corpus import load_shakespeare_roles
 from uph.device import resolve_dtype
+from uph.lm.corpus import load_shakespeare_roles
 from uph.lm.extract import Window, hidden_states
 from uph.lm.models import load_model, load_tokenizer, materialize
 
@@ -66,8 +67,10 @@ def main() -> None:
     tokenizer = load_tokenizer(model_dir)
     text = load_shakespeare_roles(["hamlet"]).set_index("user_id").loc["hamlet/Hamlet", "text"]
     tokens = np.array(tokenizer(text, add_special_tokens=False)["input_ids"])
-    windows = [Window("hamlet/Hamlet", "train", tokens[s:s + args.context], s + 1)
-               for s in range(0, args.windows * args.context, args.context)]
+    windows = [
+        Window("hamlet/Hamlet", "train", tokens[s : s + args.context], s + 1)
+        for s in range(0, args.windows * args.context, args.context)
+    ]
     n_tokens = sum(len(w.inputs) for w in windows)
     ids = torch.from_numpy(np.stack([w.inputs for w in windows]))
 
@@ -77,8 +80,12 @@ def main() -> None:
 
     @torch.inference_mode()
     def straightforward():
-        return torch.cat([reference(ids[i:i + args.batch_size], output_hidden_states=True).hidden_states[-1]
-                          for i in range(0, len(ids), args.batch_size)])
+        return torch.cat(
+            [
+                reference(ids[i : i + args.batch_size], output_hidden_states=True).hidden_states[-1]
+                for i in range(0, len(ids), args.batch_size)
+            ]
+        )
 
     def project():
         return hidden_states(ours, windows, args.batch_size, torch.device("cpu"))
@@ -96,12 +103,18 @@ def main() -> None:
     bf16, fp32 = matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
     ceiling = (bf16 if dtype == torch.bfloat16 else fp32) * 1e9 / flops_per_token(ours, args.context)
 
-    print(f"tokens per run: {n_tokens} ({args.windows} windows of {args.context}), batch {args.batch_size}, "
-          f"threads {torch.get_num_threads()}")
-    print(f"matmul 2048^3: float32 {fp32:.0f} GFLOP/s, bfloat16 {bf16:.0f} GFLOP/s ({bf16 / fp32:.2f}x); "
-          f"native bfloat16: {torch.ops.mkldnn._is_mkldnn_bf16_supported()}")
-    print(f"model: {flops_per_token(ours, args.context) / 1e9:.3f} GFLOP/token -> "
-          f"{str(dtype).removeprefix('torch.')} ceiling {ceiling:.0f} tok/s (uph computes in that dtype)")
+    print(
+        f"tokens per run: {n_tokens} ({args.windows} windows of {args.context}), batch {args.batch_size}, "
+        f"threads {torch.get_num_threads()}"
+    )
+    print(
+        f"matmul 2048^3: float32 {fp32:.0f} GFLOP/s, bfloat16 {bf16:.0f} GFLOP/s ({bf16 / fp32:.2f}x); "
+        f"native bfloat16: {torch.ops.mkldnn._is_mkldnn_bf16_supported()}"
+    )
+    print(
+        f"model: {flops_per_token(ours, args.context) / 1e9:.3f} GFLOP/token -> "
+        f"{str(dtype).removeprefix('torch.')} ceiling {ceiling:.0f} tok/s (uph computes in that dtype)"
+    )
     print(f"{'method':<18}{'tok/s':>10}{'ratio':>8}{'of ceiling':>12}")
     for name in ("straightforward", "uph"):
         print(f"{name:<18}{rate[name]:>10.0f}{rate[name] / rate['straightforward']:>8.2f}{rate[name] / ceiling:>12.0%}")

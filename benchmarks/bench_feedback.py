@@ -11,6 +11,7 @@ alike; the median over rounds is reported. Also timed: a fresh interpreter impor
 with and without constructing torch.optim.Adam (which imports torch._dynamo), the cost our
 hand-written Adam saves every training job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,7 +68,7 @@ def main() -> None:
     seconds = {name: [] for name in ("autograd + torch Adam", *METHODS)}
     names = list(seconds)
     for round_ in range(args.rounds):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:  # a new order every round
+        for name in names[round_ % len(names) :] + names[: round_ % len(names)]:  # a new order every round
             start = time.perf_counter()
             if name in METHODS:
                 train(corpus, name, 0, config)

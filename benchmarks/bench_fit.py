@@ -18,6 +18,7 @@ so the wall-time ratio grows with the cores the machine leaves us (the table sho
 
 (passive: OpenMP threads that spin-wait on a shared, busy machine slow every small operation.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,7 +47,7 @@ def real_user(model_dir: Path, n_tokens: int, context: int = 256):
     model, tokenizer = load_model(model_dir), load_tokenizer(model_dir)
     text = load_shakespeare_roles(["hamlet"]).set_index("user_id").loc["hamlet/Hamlet", "text"]
     windows = -(-n_tokens // context)
-    tokens = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:windows * context + 1])
+    tokens = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][: windows * context + 1])
     inputs = tokens[:-1].reshape(windows, context)
     hidden = torch.cat([final_hidden(model, batch) for batch in inputs.split(4)])
     return hidden.reshape(-1, hidden.shape[-1]), tokens[1:], *lm_head(model)
@@ -70,7 +71,7 @@ def straightforward_fit(hidden, targets, W, b, update, d, lr, steps, beta, lam, 
     for _ in range(steps):
         optimizer.zero_grad()
         for start in range(0, n, CHUNK_SIZE):
-            h, y = hidden[start:start + CHUNK_SIZE].float(), targets[start:start + CHUNK_SIZE]
+            h, y = hidden[start : start + CHUNK_SIZE].float(), targets[start : start + CHUNK_SIZE]
             base = F.linear(h, W, b)
             logits = base + gamma * update.logit_delta(h, theta)
             ce = F.cross_entropy(logits, y, reduction="sum")
@@ -90,7 +91,7 @@ def straightforward_fit(hidden, targets, W, b, update, d, lr, steps, beta, lam, 
 def straightforward_objective(theta, hidden, targets, W, b, update, beta, lam, gamma) -> float:
     total = torch.zeros((), dtype=torch.float64)
     for start in range(0, hidden.shape[0], 256):
-        h, y = hidden[start:start + 256].float(), targets[start:start + 256]
+        h, y = hidden[start : start + 256].float(), targets[start : start + 256]
         base = F.linear(h, W, b)
         logits = base + gamma * update.logit_delta(h, theta.float())
         kl = F.kl_div(F.log_softmax(logits, dim=-1), F.softmax(base, dim=-1), reduction="sum")
@@ -116,13 +117,12 @@ def main() -> None:
     parser.add_argument("--model-dir", default="results/model")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    beta, lam, gamma, max_norm, lr, steps = 0.05, 1e-4, 0.5, 5.0, 0.05, 30   # seed 002 defaults
+    beta, lam, gamma, max_norm, lr, steps = 0.05, 1e-4, 0.5, 5.0, 0.05, 30  # seed 002 defaults
 
     hidden, targets, W, b = real_user(Path(args.model_dir), args.tokens)
     n, (V, H) = len(targets), W.shape
     U, S, Vh = top_singular_triplets(W, args.d)
-    head = make_head("lm_head_update", W, svd=(U, S, Vh), d=args.d, alpha=args.alpha, gamma=gamma, basis="svd",
-                     bias=b)
+    head = make_head("lm_head_update", W, svd=(U, S, Vh), d=args.d, alpha=args.alpha, gamma=gamma, basis="svd", bias=b)
     update = SeedHeadUpdate(U * S, Vh, args.alpha)
 
     start, cpu = time.perf_counter(), time.process_time()
@@ -133,8 +133,9 @@ def main() -> None:
         start, cpu = time.perf_counter(), time.process_time()
         tokens = prepare(hidden, targets, W, b)
         prepared = time.perf_counter() - start
-        theta, result = fit_theta(tokens, head, solver=solver, beta=beta, lam=lam, max_norm=max_norm, lr=lr,
-                                  steps=steps)
+        theta, result = fit_theta(
+            tokens, head, solver=solver, beta=beta, lam=lam, max_norm=max_norm, lr=lr, steps=steps
+        )
         return theta, result, prepared, time.perf_counter() - start, time.process_time() - cpu, tokens.base_nll
 
     runs = {}
@@ -146,26 +147,38 @@ def main() -> None:
         return straightforward_objective(theta, hidden, targets, W, b, update, beta, lam, gamma)
 
     j_ref = objective(theta_ref)
-    print(f"Hamlet through SmolLM2-135M: {n} tokens, V={V} H={H}, base NLL {runs['seed'][5]:.4f}; head "
-          f"lm_head_update (svd), d={args.d}, alpha={args.alpha}; threads {torch.get_num_threads()}; "
-          f"uph: median of {args.repeats} runs")
-    print(f"{'method':<24}{'wall s':>8}{'speed-up':>10}{'CPU s':>8}{'speed-up':>10}{'objective':>13}"
-          f"{'- straightf.':>14}{'certificate':>13}")
-    print(f"{'straightforward (seed)':<24}{seconds_ref:>8.1f}{1:>10.1f}{cpu_ref:>8.1f}{1:>10.1f}{j_ref:>13.6f}"
-          f"{0:>14.1e}{'':>13}")
-    for solver, (theta, result, prepared, seconds, cpu, _) in runs.items():
+    print(
+        f"Hamlet through SmolLM2-135M: {n} tokens, V={V} H={H}, base NLL {runs['seed'][5]:.4f}; head "
+        f"lm_head_update (svd), d={args.d}, alpha={args.alpha}; threads {torch.get_num_threads()}; "
+        f"uph: median of {args.repeats} runs"
+    )
+    print(
+        f"{'method':<24}{'wall s':>8}{'speed-up':>10}{'CPU s':>8}{'speed-up':>10}{'objective':>13}"
+        f"{'- straightf.':>14}{'certificate':>13}"
+    )
+    print(
+        f"{'straightforward (seed)':<24}{seconds_ref:>8.1f}{1:>10.1f}{cpu_ref:>8.1f}{1:>10.1f}{j_ref:>13.6f}"
+        f"{0:>14.1e}{'':>13}"
+    )
+    for solver, (theta, result, _prepared, seconds, cpu, _) in runs.items():
         j = objective(theta)
-        print(f"{'uph ' + solver:<24}{seconds:>8.1f}{seconds_ref / seconds:>10.1f}{cpu:>8.1f}{cpu_ref / cpu:>10.1f}"
-              f"{j:>13.6f}{j - j_ref:>14.1e}{result.certificate:>13.1e}")
+        print(
+            f"{'uph ' + solver:<24}{seconds:>8.1f}{seconds_ref / seconds:>10.1f}{cpu:>8.1f}{cpu_ref / cpu:>10.1f}"
+            f"{j:>13.6f}{j - j_ref:>14.1e}{result.certificate:>13.1e}"
+        )
     seed, exact = runs["seed"], runs["exact"]
-    evaluation = 4 * n * V * args.d / 1e9        # two [n, d]x[d, V]-sized products per evaluation
-    per_eval = seed[1].seconds / seed[1].evaluations   # the pass at theta = 0 serves the first evaluation
-    print(f"uph: prepare (p0 once, {2 * n * V * H / 1e9:.0f} GFLOP) {seed[2]:.1f} s; seed fit {seed[1].seconds:.1f} s "
-          f"({seed[1].evaluations} evaluations of {evaluation:.1f} GFLOP, {evaluation / per_eval:.0f} GFLOP/s with the "
-          f"exp); exact fit {exact[1].seconds:.1f} s ({exact[1].evaluations} evaluations); |theta_seed - "
-          f"theta_straightforward| = {float((seed[0].float() - theta_ref).norm()):.1e}")
-    print(f"matmul 1024^3 here: float32 {matmul_gflops(torch.float32):.0f} GFLOP/s, bfloat16 "
-          f"{matmul_gflops(torch.bfloat16):.1f} GFLOP/s")
+    evaluation = 4 * n * V * args.d / 1e9  # two [n, d]x[d, V]-sized products per evaluation
+    per_eval = seed[1].seconds / seed[1].evaluations  # the pass at theta = 0 serves the first evaluation
+    print(
+        f"uph: prepare (p0 once, {2 * n * V * H / 1e9:.0f} GFLOP) {seed[2]:.1f} s; seed fit {seed[1].seconds:.1f} s "
+        f"({seed[1].evaluations} evaluations of {evaluation:.1f} GFLOP, {evaluation / per_eval:.0f} GFLOP/s with the "
+        f"exp); exact fit {exact[1].seconds:.1f} s ({exact[1].evaluations} evaluations); |theta_seed - "
+        f"theta_straightforward| = {float((seed[0].float() - theta_ref).norm()):.1e}"
+    )
+    print(
+        f"matmul 1024^3 here: float32 {matmul_gflops(torch.float32):.0f} GFLOP/s, bfloat16 "
+        f"{matmul_gflops(torch.bfloat16):.1f} GFLOP/s"
+    )
 
 
 if __name__ == "__main__":

@@ -10,16 +10,18 @@ rule aggregate:
         copy_task_curves=rules.copy_task_table.input.curves,
         feedback_curves=rules.feedback_table.input,
     output:
-        png=[report(results("figures", f"{name}.png"), caption=f"../report/figures/{name}.rst",
-                    category=spec.category) for name, spec in FIGURES.items()],
+        png=[
+            report(results("figures", f"{name}.png"), caption=f"../report/figures/{name}.rst", category=spec.category)
+            for name, spec in FIGURES.items()
+        ],
         pdf=[results("figures", f"{name}.pdf") for name in FIGURES],
         summary=report(results("summary.md"), caption="../report/summary.rst", category="Summary"),
-    params:
-        copy_task_vocab=COPY_TASK["vocab"],
     log:
         results("logs", "aggregate.log"),
     benchmark:
         results("benchmarks", "aggregate.tsv")
+    params:
+        copy_task_vocab=COPY_TASK["vocab"],
     script:
         "../workflow_scripts/aggregate.py"
 
@@ -30,13 +32,13 @@ rule provenance:
         summary=rules.aggregate.output.summary,  # last: every other job's benchmark file is written
     output:
         report(results("provenance.json"), caption="../report/provenance.rst", category="Provenance"),
-    params:
-        config=config,
-        repo=workflow.basedir,
-        benchmarks=lambda wildcards: benchmark_patterns(),
     log:
         results("logs", "provenance.log"),
     benchmark:
         results("benchmarks", "provenance.tsv")
+    params:
+        config=config,
+        repo=workflow.basedir,
+        benchmarks=lambda wildcards: benchmark_patterns(),
     script:
         "../workflow_scripts/provenance.py"

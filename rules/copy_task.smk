@@ -7,19 +7,19 @@ rule copy_task_train:
     output:
         curves=f"{COPY_TASK_JOB}/curves.parquet",
         evaluation=f"{COPY_TASK_JOB}/eval.parquet",
-    params:
-        copy_task=job_settings(COPY_TASK, "attentions", "seeds"),
-        device=config["device"],
+    log:
+        results("logs", "copy_task_train", "attention~{attention}-seed~{seed}.log"),
+    benchmark:
+        results("benchmarks", "copy_task_train-attention~{attention}-seed~{seed}.tsv")
     wildcard_constraints:
         attention="|".join(ATTENTIONS),
         seed=r"\d+",
     threads: 1
     resources:
         gpu=gpus(),
-    log:
-        results("logs", "copy_task_train", "attention~{attention}-seed~{seed}.log"),
-    benchmark:
-        results("benchmarks", "copy_task_train-attention~{attention}-seed~{seed}.tsv")
+    params:
+        copy_task=job_settings(COPY_TASK, "attentions", "seeds"),
+        device=config["device"],
     script:
         "../workflow_scripts/copy_task_train.py"
 
@@ -42,8 +42,9 @@ rule copy_task_table:
 
 rule gram_resilience:
     output:
-        csv=report(results("tables", "gram_resilience.csv"), caption="../report/gram_resilience.rst",
-                   category="Copy task"),
+        csv=report(
+            results("tables", "gram_resilience.csv"), caption="../report/gram_resilience.rst", category="Copy task"
+        ),
         md=results("tables", "gram_resilience.md"),
         tex=results("tables", "gram_resilience.tex"),
     log:

@@ -6,13 +6,13 @@ rule corpus_roles:
         corpus_file(),
     output:
         results("corpus", "roles.parquet"),
-    params:
-        source=config["corpus"]["source"],
-        plays=config["corpus"]["plays"],
     log:
         results("logs", "corpus_roles.log"),
     benchmark:
         results("benchmarks", "corpus_roles.tsv")
+    params:
+        source=config["corpus"]["source"],
+        plays=config["corpus"]["plays"],
     script:
         "../workflow_scripts/corpus_roles.py"
 
@@ -23,12 +23,12 @@ rule corpus:
         model=results("model", "identity.json"),
     output:
         users=results("corpus", "users.parquet"),
-    params:
-        corpus=job_params(config["corpus"], ("min_tokens", "max_users", "max_tokens", "train_fraction")),
-        gap=config["extract"]["context"],
     log:
         results("logs", "corpus.log"),
     benchmark:
         results("benchmarks", "corpus.tsv")
+    params:
+        corpus=job_params(config["corpus"], ("min_tokens", "max_users", "max_tokens", "train_fraction")),
+        gap=config["extract"]["context"],
     script:
         "../workflow_scripts/corpus.py"

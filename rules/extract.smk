@@ -7,17 +7,17 @@ rule extract:
         model=rules.model.output.identity,
     output:
         results("cache", "shard-{shard}.parquet"),
-    params:
-        extract=job_params(config["extract"]),
-        device=config["device"],
-    threads: workflow.cores
-    resources:
-        mem_mb=8000,
-        gpu=gpus(),
     log:
         results("logs", "extract-{shard}.log"),
     benchmark:
         results("benchmarks", "extract-{shard}.tsv")
+    threads: workflow.cores
+    resources:
+        mem_mb=8000,
+        gpu=gpus(),
+    params:
+        extract=job_params(config["extract"]),
+        device=config["device"],
     script:
         "../workflow_scripts/extract.py"
 
@@ -27,11 +27,11 @@ rule svd_basis:
         model=rules.model.output.identity,
     output:
         results("basis", "svd.safetensors"),
-    params:
-        rank=max(config["fit"]["ds"]),
     log:
         results("logs", "svd_basis.log"),
     benchmark:
         results("benchmarks", "svd_basis.tsv")
+    params:
+        rank=max(config["fit"]["ds"]),
     script:
         "../workflow_scripts/svd_basis.py"

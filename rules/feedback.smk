@@ -7,27 +7,26 @@ rule feedback_train:
         roles=rules.corpus_roles.output[0],
     output:
         results("feedback", "method~{method}", "seed~{seed}", "curves.parquet"),
-    wildcard_constraints:
-        method="|".join(config["feedback"]["methods"]),
-        seed=r"\d+",
-    params:
-        feedback=job_settings(config["feedback"], "methods", "seeds"),
-        device=config["device"],
-    threads: 1
-    resources:
-        gpu=gpus(),
     log:
         results("logs", "feedback_train-method~{method}-seed~{seed}.log"),
     benchmark:
         results("benchmarks", "feedback_train-method~{method}-seed~{seed}.tsv")
+    wildcard_constraints:
+        method="|".join(config["feedback"]["methods"]),
+        seed=r"\d+",
+    threads: 1
+    resources:
+        gpu=gpus(),
+    params:
+        feedback=job_settings(config["feedback"], "methods", "seeds"),
+        device=config["device"],
     script:
         "../workflow_scripts/feedback_train.py"
 
 
 rule feedback_table:
     input:
-        expand(rules.feedback_train.output[0], method=config["feedback"]["methods"],
-               seed=config["feedback"]["seeds"]),
+        expand(rules.feedback_train.output[0], method=config["feedback"]["methods"], seed=config["feedback"]["seeds"]),
     output:
         csv=report(results("tables", "feedback.csv"), caption="../report/feedback.rst", category="Feedback"),
         md=results("tables", "feedback.md"),

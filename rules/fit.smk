@@ -14,19 +14,19 @@ rule fit:
         basis=rules.svd_basis.output[0],
     output:
         f"{SWEEP}/shard-{{shard}}.parquet",
+    log:
+        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.log"),
+    benchmark:
+        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.tsv")
+    threads: 1
+    resources:
+        mem_mb=6000,
+        gpu=gpus(),
     params:
         fit=FIT_SOLVERS,
         head=head_params,
         cache=CACHE_IDENTITY,
         device=config["device"],
-    threads: 1
-    resources:
-        mem_mb=6000,
-        gpu=gpus(),
-    log:
-        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.log"),
-    benchmark:
-        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.tsv")
     script:
         "../workflow_scripts/fit.py"
 
@@ -38,19 +38,19 @@ rule fit_global:
         basis=rules.svd_basis.output[0],
     output:
         f"{SWEEP}/global.parquet",
+    log:
+        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-global.log"),
+    benchmark:
+        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-global.tsv")
+    threads: 1
+    resources:
+        mem_mb=12000,
+        gpu=gpus(),
     params:
         fit=FIT_SOLVERS,
         head=head_params,
         cache=CACHE_IDENTITY,
         device=config["device"],
-    threads: 1
-    resources:
-        mem_mb=12000,
-        gpu=gpus(),
-    log:
-        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-global.log"),
-    benchmark:
-        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-global.tsv")
     script:
         "../workflow_scripts/fit_global.py"
 
@@ -63,18 +63,18 @@ rule cross_user:
         basis=rules.svd_basis.output[0],
     output:
         f"{SWEEP}/cross_user.parquet",
+    log:
+        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-cross_user.log"),
+    benchmark:
+        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-cross_user.tsv")
+    threads: 1
+    resources:
+        gpu=gpus(),
     params:
         solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
         head=head_params,
         cache=CACHE_IDENTITY,
         device=config["device"],
-    threads: 1
-    resources:
-        gpu=gpus(),
-    log:
-        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-cross_user.log"),
-    benchmark:
-        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-cross_user.tsv")
     script:
         "../workflow_scripts/fit_cross_user.py"
 
@@ -86,15 +86,19 @@ rule personalization_table:
         cross_user=cross_user_paths(),
         model=rules.model.output.identity,
     output:
-        personalization=report(results("tables", "personalization.csv"), caption="../report/personalization.rst",
-                               category="User prior heads"),
-        cross_user=report(results("tables", "cross_user.csv"), caption="../report/cross_user.rst",
-                          category="User prior heads"),
-    params:
-        bootstrap=FIT["bootstrap"],
+        personalization=report(
+            results("tables", "personalization.csv"),
+            caption="../report/personalization.rst",
+            category="User prior heads",
+        ),
+        cross_user=report(
+            results("tables", "cross_user.csv"), caption="../report/cross_user.rst", category="User prior heads"
+        ),
     log:
         results("logs", "personalization_table.log"),
     benchmark:
         results("benchmarks", "personalization_table.tsv")
+    params:
+        bootstrap=FIT["bootstrap"],
     script:
         "../workflow_scripts/fit_tables.py"

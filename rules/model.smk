@@ -6,11 +6,11 @@ rule model:
         model_folder_files(),
     output:
         identity=results("model", "identity.json"),
-    params:
-        model=job_params(config["model"]),
     log:
         results("logs", "model.log"),
     benchmark:
         results("benchmarks", "model.tsv")
+    params:
+        model=job_params(config["model"]),
     script:
         "../workflow_scripts/model.py"

@@ -1,4 +1,5 @@
 """Shared fixtures: tiny real models (random weights, real architectures) materialized on disk."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,21 +13,36 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
-LM_TARGETS = ["results/corpus/users.parquet", "results/cache/shard-0.parquet",
-              "results/cache/shard-1.parquet", "results/basis/svd.safetensors"]
+LM_TARGETS = [
+    "results/corpus/users.parquet",
+    "results/cache/shard-0.parquet",
+    "results/cache/shard-1.parquet",
+    "results/basis/svd.safetensors",
+]
 
 
 def snakemake_command(workdir, *args, config="config/test.yaml") -> list[str]:
     """The snakemake command line on this repository's Snakefile in `workdir` (config: relative to
     the repository, or an absolute path)."""
-    return [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(workdir),
-            "--configfile", str(REPO / config), "--cores", "2", *args]
+    return [
+        SNAKEMAKE,
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(workdir),
+        "--configfile",
+        str(REPO / config),
+        "--cores",
+        "2",
+        *args,
+    ]
 
 
 def snakemake(workdir, *args, config="config/test.yaml", timeout=600):
     """Run `snakemake_command` to its end."""
-    return subprocess.run(snakemake_command(workdir, *args, config=config), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        snakemake_command(workdir, *args, config=config), capture_output=True, text=True, timeout=timeout
+    )
 
 
 @dataclass

@@ -16,6 +16,7 @@ The node declares `memory_mb` with `config_overrides`, so that the profile's mem
 checked by sbatch and the scheduler as on a real cluster; memory is not a consumable resource
 here (CR_Core), and the jobs of the tiny config use little of it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -99,8 +100,16 @@ class SlurmCluster:
         try:
             RUN_CONF.unlink(missing_ok=True)
             RUN_CONF.symlink_to(self.folder)
-            self._start("munged", "--foreground", "--force", f"--key-file={key}", f"--socket={munge}/socket",
-                        f"--pid-file={munge}/pid", f"--log-file={munge}/log", f"--seed-file={munge}/seed")
+            self._start(
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={munge}/socket",
+                f"--pid-file={munge}/pid",
+                f"--log-file={munge}/log",
+                f"--seed-file={munge}/seed",
+            )
             self._wait(lambda: (munge / "socket").exists(), "munged's socket")
             self._start("slurmctld", "-D", "-f", str(self.conf))
             self._wait(lambda: self.run("sinfo").returncode == 0, "slurmctld to answer")
@@ -116,16 +125,23 @@ class SlurmCluster:
 
     def _start(self, name: str, *args: str) -> None:
         with open(self.folder / f"{name}.out", "w") as out:
-            self.daemons[name] = subprocess.Popen([shutil.which(name, path=SBIN), *args], env=self.env, stdout=out,
-                                                  stderr=subprocess.STDOUT, start_new_session=True)
+            self.daemons[name] = subprocess.Popen(
+                [shutil.which(name, path=SBIN), *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def _wait(self, ready, what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
             dead = [name for name, daemon in self.daemons.items() if daemon.poll() is not None]
             if dead or time.monotonic() > deadline:
-                logs = {p.name: p.read_text()[-1500:] for p in sorted(self.folder.glob("*.log")) + sorted(
-                    self.folder.glob("*.out"))}
+                logs = {
+                    p.name: p.read_text()[-1500:]
+                    for p in sorted(self.folder.glob("*.log")) + sorted(self.folder.glob("*.out"))
+                }
                 raise RuntimeError(f"SLURM test cluster: gave up waiting for {what} (exited: {dead}): {logs}")
             time.sleep(0.2)
 

@@ -1,5 +1,6 @@
 """The aggregate stage: figures, summary, provenance and report of the tiny study, reruns from the
 tables alone, determinism of two clean runs, and the summary's findings on hand-made tables."""
+
 from __future__ import annotations
 
 import json
@@ -9,14 +10,12 @@ import shutil
 import matplotlib.image
 import numpy as np
 import pandas as pd
-import pytest
+from conftest import REPO, snakemake
 
 from uph.report.figures import FIGURES, pixel_size
 from uph.report.provenance import config_seeds, git_state
 from uph.report.study import Study
 from uph.report.summary import cross_user_finding, feedback_finding, personalization_finding
-
-from conftest import REPO, snakemake
 
 OUTPUTS = ["results/tables", "results/figures", "results/summary.md"]
 
@@ -90,11 +89,21 @@ def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_
     shutil.rmtree(workdir / "results/cache")
     shutil.rmtree(workdir / "results/figures")
     (workdir / "results/summary.md").unlink()
-    run = snakemake(workdir, "--forcerun", "aggregate", "--allowed-rules", "aggregate", "provenance",
-                    "--", "results/summary.md", "results/provenance.json")
+    run = snakemake(
+        workdir,
+        "--forcerun",
+        "aggregate",
+        "--allowed-rules",
+        "aggregate",
+        "provenance",
+        "--",
+        "results/summary.md",
+        "results/provenance.json",
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert files_under(workdir, ["results/figures", "results/summary.md"]) == \
-        files_under(tiny_study.workdir, ["results/figures", "results/summary.md"])
+    assert files_under(workdir, ["results/figures", "results/summary.md"]) == files_under(
+        tiny_study.workdir, ["results/figures", "results/summary.md"]
+    )
     report = snakemake(workdir, "--report", str(tmp_path / "report.html"))
     assert report.returncode == 0, report.stderr[-3000:]
     assert "ERROR" not in report.stderr  # captions are valid reStructuredText
@@ -104,19 +113,45 @@ def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_
 
 # --- findings on hand-made tables -----------------------------------------------------------------
 
+
 def study(**frames) -> Study:
-    empty = dict.fromkeys(["personalization", "cross_user", "copy_task", "gram_resilience", "feedback",
-                           "copy_task_curves", "feedback_curves"])
+    empty = dict.fromkeys(
+        [
+            "personalization",
+            "cross_user",
+            "copy_task",
+            "gram_resilience",
+            "feedback",
+            "copy_task_curves",
+            "feedback_curves",
+        ]
+    )
     return Study(**{**empty, **frames}, copy_task_vocab=8)
 
 
 def personalization_table(delta_a, delta_b, global_a):
     rows = []
-    for head, control, delta in (("cvh", "personal", delta_a), ("uncond", "personal", delta_b),
-                                 ("cvh", "global", global_a), ("uncond", "global", 0.0)):
-        rows.append({"model": "m", "head": head, "alpha": 1.0, "d": 8, "solver": "exact", "control": control,
-                     "n_users": 4, "delta_nll": delta, "delta_nll_ci_low": delta - 0.002,
-                     "delta_nll_ci_high": delta + 0.002, "frac_users_improved": 0.75})
+    for head, control, delta in (
+        ("cvh", "personal", delta_a),
+        ("uncond", "personal", delta_b),
+        ("cvh", "global", global_a),
+        ("uncond", "global", 0.0),
+    ):
+        rows.append(
+            {
+                "model": "m",
+                "head": head,
+                "alpha": 1.0,
+                "d": 8,
+                "solver": "exact",
+                "control": control,
+                "n_users": 4,
+                "delta_nll": delta,
+                "delta_nll_ci_low": delta - 0.002,
+                "delta_nll_ci_high": delta + 0.002,
+                "frac_users_improved": 0.75,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -132,17 +167,36 @@ def test_personalization_finding_follows_the_numbers():
 
 def test_cross_user_finding_counts_texts_where_the_own_theta_is_best():
     def matrix(own, other):
-        return pd.DataFrame([{"head": "svd_cvh", "alpha": 1.0, "d": 8, "solver": "exact", "theta_user": u,
-                              "text_user": v, "delta_nll": own if u == v else other}
-                             for u in ("a", "b", "c") for v in ("a", "b", "c")])
+        return pd.DataFrame(
+            [
+                {
+                    "head": "svd_cvh",
+                    "alpha": 1.0,
+                    "d": 8,
+                    "solver": "exact",
+                    "theta_user": u,
+                    "text_user": v,
+                    "delta_nll": own if u == v else other,
+                }
+                for u in ("a", "b", "c")
+                for v in ("a", "b", "c")
+            ]
+        )
+
     assert "the own θ is the best on 3 of 3" in cross_user_finding(study(cross_user=matrix(-0.02, -0.01)))
     line = cross_user_finding(study(cross_user=matrix(-0.01, -0.02)))
     assert "the own θ is the best on 0 of 3" in line and "own θ Δ NLL -10.00 vs other users' θ -20.00" in line
 
 
 def test_feedback_finding_orders_methods_by_loss():
-    table = pd.DataFrame({"method": ["backprop", "dfa", "feedback_learned"] * 2, "seed": [0] * 3 + [1] * 3,
-                          "final_loss": [2.0, 2.5, 2.2, 2.0, 2.5, 2.3], "mean_alignment": [1.0, 0.3, 0.7] * 2})
+    table = pd.DataFrame(
+        {
+            "method": ["backprop", "dfa", "feedback_learned"] * 2,
+            "seed": [0] * 3 + [1] * 3,
+            "final_loss": [2.0, 2.5, 2.2, 2.0, 2.5, 2.3],
+            "mean_alignment": [1.0, 0.3, 0.7] * 2,
+        }
+    )
     line = feedback_finding(study(feedback=table, feedback_curves=pd.DataFrame({"step": [100, 300]})))
     assert "after 300 steps: backprop 2.000 < feedback_learned 2.250 < dfa 2.500" in line
     assert "feedback_learned 0.70, dfa 0.30" in line

@@ -1,4 +1,5 @@
 """RoPE, standard and triple-product attention against explicit computations."""
+
 from __future__ import annotations
 
 import math
@@ -6,19 +7,26 @@ import math
 import pytest
 import torch
 
-from uph.attention.self_attention import (ATTENTIONS, OneLayerModel, _TripleProductProbs, rope, standard_attention,
-                           triple_product_attention, triple_scores)
-
+from uph.attention.self_attention import (
+    ATTENTIONS,
+    OneLayerModel,
+    _TripleProductProbs,
+    rope,
+    standard_attention,
+    triple_product_attention,
+    triple_scores,
+)
 
 
 def literal_gram_scores(q, k, r):
     """-det of the 3x3 Gram matrix of (q_i, k_j, r_i), per (i, j), scaled by D^-1.5, causal."""
     T, D = q.shape[-2:]
     grid = q.shape[:-2] + (T, T, D)
-    vectors = torch.stack((q[..., :, None, :].expand(grid), k[..., None, :, :].expand(grid),
-                           r[..., :, None, :].expand(grid)), dim=-2)
+    vectors = torch.stack(
+        (q[..., :, None, :].expand(grid), k[..., None, :, :].expand(grid), r[..., :, None, :].expand(grid)), dim=-2
+    )
     det = torch.linalg.det(vectors @ vectors.transpose(-1, -2))
-    return (-det * D ** -1.5).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    return (-det * D**-1.5).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
 
 
 def random_qkr(*shape, dtype=torch.float64, seed=0):
@@ -37,11 +45,11 @@ def test_rope_is_seed_004s_rotation_of_interleaved_pairs():
 
 @pytest.mark.parametrize("score", ["dot", "triple"])
 def test_rope_scores_depend_only_on_relative_position(score):
-    q, k, r = (v.expand(12, 8) for v in random_qkr(1, 8))   # the same content at every position
+    q, k, r = (v.expand(12, 8) for v in random_qkr(1, 8))  # the same content at every position
     q, k, r = rope(q), rope(k), rope(r)
     scores = q @ k.T if score == "dot" else triple_scores(q, k, r)
     for offset in range(12):
-        diagonal = torch.diagonal(scores, offset=-offset)       # all (i, i - offset)
+        diagonal = torch.diagonal(scores, offset=-offset)  # all (i, i - offset)
         torch.testing.assert_close(diagonal, diagonal[:1].expand_as(diagonal), rtol=1e-6, atol=1e-6)
     assert torch.diagonal(scores, offset=-1)[0] != torch.diagonal(scores, offset=-2)[0]
 
@@ -115,7 +123,7 @@ def test_model_gradients_are_finite(attention):
     torch.manual_seed(0)
     model = OneLayerModel(vocab=11, d_model=32, n_head=4, attention=attention)
     with torch.no_grad():
-        model.embed.weight.mul_(3.0)   # large activations: the degree-6 score spans a wide range
+        model.embed.weight.mul_(3.0)  # large activations: the degree-6 score spans a wide range
     tokens = torch.randint(0, 11, (4, 64))
     loss = torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     loss.backward()

@@ -1,12 +1,13 @@
 """The character MLP: data windows, and its hand-written backward against torch.autograd."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error, sample_batch, windows
 from uph.errors import ConfigError
+from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error, sample_batch, windows
 
 
 def small_model(hidden=(7, 6, 5), vocab=11, context=4, seed=0):
@@ -94,7 +95,7 @@ def test_gradients_from_arbitrary_deltas_are_local_outer_products():
     deltas = [torch.randn(h.shape, generator=g, dtype=torch.float64) for h in hs]
     grads = model.gradients(x, hs, e, deltas)
     n = len(y)
-    da = [d * (1 - h ** 2) for d, h in zip(deltas, hs)]
+    da = [d * (1 - h**2) for d, h in zip(deltas, hs)]
     # E[t, v] collects da_1 of the examples whose t-th character is v
     t, v = 2, int(x[0, 2])
     torch.testing.assert_close(grads[0][t, v], da[0][x[:, t] == v].sum(0) / n)

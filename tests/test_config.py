@@ -2,11 +2,10 @@ import copy
 
 import pytest
 import yaml
+from conftest import REPO
 
 from uph.config import validate
 from uph.errors import ConfigError
-
-from conftest import REPO
 
 
 @pytest.fixture(params=["config.yaml", "config/test.yaml"])
@@ -19,25 +18,43 @@ def test_shipped_configs_are_valid_and_get_defaults(config):
     assert config["fit"]["steps"] == 30 and config["fit"]["lr"] == 0.05  # seed 002 defaults
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c.update(modle={}), "config key 'modle' is not known"),
-    (lambda c: c["extract"].update(shard=2), "config key 'extract.shard' is not known"),
-    (lambda c: c["extract"].update(shards=0), "config key 'extract.shards': 0 is less than the minimum of 1"),
-    (lambda c: c["extract"].update(dtype="float8"), "config key 'extract.dtype': 'float8' is not one of"),
-    (lambda c: c["corpus"].update(min_tokens="many"), "config key 'corpus.min_tokens': 'many' is not of type 'integer'"),
-    (lambda c: c.update(device="tpu"), "config key 'device': 'tpu' is not one of"),
-    (lambda c: c["model"].pop("source"), "config key 'model': 'source' is a required property"),
-    (lambda c: c["corpus"].update(min_tokens=300), "config key 'corpus.min_tokens': 300 leaves"),
-    (lambda c: c["corpus"].update(source="/no/users.parquet"), "config key 'corpus.source': corpus file '/no/users.parquet' does not exist"),
-    (lambda c: c["corpus"].update(source="users.csv"), "config key 'corpus.source': 'users.csv' is neither"),
-    (lambda c: c["model"].update(source="/no/model"), "config key 'model.source': model folder '/no/model' does not exist"),
-    (lambda c: c["fit"].update(heads=["cvh", "vera"]), "config key 'fit.heads[1]': 'vera' is not one of"),
-    (lambda c: c["fit"].update(alphas=[-0.1]), "config key 'fit.alphas[0]': -0.1 is less than or equal to the minimum of 0"),
-    (lambda c: c["fit"].update(alphas="0.1"), "config key 'fit.alphas': '0.1' is not of type 'array'"),
-    (lambda c: c["fit"].update(ds=[]), "config key 'fit.ds': [] should be non-empty"),
-    (lambda c: c["fit"].update(steps=-3), "config key 'fit.steps': -3 is less than the minimum of 1"),
-    (lambda c: c["fit"].update(cross_user=[{"head": "cvh", "alpha": 7.0, "d": 8}]), "config key 'fit.cross_user[0]': cvh alpha=7.0 d=8 is not a point"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.update(modle={}), "config key 'modle' is not known"),
+        (lambda c: c["extract"].update(shard=2), "config key 'extract.shard' is not known"),
+        (lambda c: c["extract"].update(shards=0), "config key 'extract.shards': 0 is less than the minimum of 1"),
+        (lambda c: c["extract"].update(dtype="float8"), "config key 'extract.dtype': 'float8' is not one of"),
+        (
+            lambda c: c["corpus"].update(min_tokens="many"),
+            "config key 'corpus.min_tokens': 'many' is not of type 'integer'",
+        ),
+        (lambda c: c.update(device="tpu"), "config key 'device': 'tpu' is not one of"),
+        (lambda c: c["model"].pop("source"), "config key 'model': 'source' is a required property"),
+        (lambda c: c["corpus"].update(min_tokens=300), "config key 'corpus.min_tokens': 300 leaves"),
+        (
+            lambda c: c["corpus"].update(source="/no/users.parquet"),
+            "config key 'corpus.source': corpus file '/no/users.parquet' does not exist",
+        ),
+        (lambda c: c["corpus"].update(source="users.csv"), "config key 'corpus.source': 'users.csv' is neither"),
+        (
+            lambda c: c["model"].update(source="/no/model"),
+            "config key 'model.source': model folder '/no/model' does not exist",
+        ),
+        (lambda c: c["fit"].update(heads=["cvh", "vera"]), "config key 'fit.heads[1]': 'vera' is not one of"),
+        (
+            lambda c: c["fit"].update(alphas=[-0.1]),
+            "config key 'fit.alphas[0]': -0.1 is less than or equal to the minimum of 0",
+        ),
+        (lambda c: c["fit"].update(alphas="0.1"), "config key 'fit.alphas': '0.1' is not of type 'array'"),
+        (lambda c: c["fit"].update(ds=[]), "config key 'fit.ds': [] should be non-empty"),
+        (lambda c: c["fit"].update(steps=-3), "config key 'fit.steps': -3 is less than the minimum of 1"),
+        (
+            lambda c: c["fit"].update(cross_user=[{"head": "cvh", "alpha": 7.0, "d": 8}]),
+            "config key 'fit.cross_user[0]': cvh alpha=7.0 d=8 is not a point",
+        ),
+    ],
+)
 def test_bad_values_name_the_key(config, edit, message):
     config = copy.deepcopy(config)
     edit(config)
@@ -52,5 +69,7 @@ def test_d_above_the_hidden_size_is_refused(config):
 
     validate(config)
     config["fit"]["ds"] = [8, 65]
-    with pytest.raises(ConfigError, match="config key 'fit.ds': d=65 is larger than the basis rank, the hidden size 64"):
+    with pytest.raises(
+        ConfigError, match="config key 'fit.ds': d=65 is larger than the basis rank, the hidden size 64"
+    ):
         check_against_model(config, {"name": "tiny", "hidden_size": 64})

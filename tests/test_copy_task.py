@@ -1,4 +1,5 @@
 """Copy task data, metrics, training, the resilience table, config checks, and the Snakemake stage."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,21 +9,38 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-
-from uph.config import validate
-from uph.attention.copy_task import check_config, copied_targets, copy_batch, copy_metrics, gram_resilience, train
-from uph.errors import ConfigError
-
 from conftest import REPO, SNAKEMAKE
 
+from uph.attention.copy_task import check_config, copied_targets, copy_batch, copy_metrics, gram_resilience, train
+from uph.config import validate
+from uph.errors import ConfigError
+
 # The table printed at the end of seed 004: (magnitude, Dot(Q,K), Gram(Q,K,R)), reference row first.
-SEED_TABLE = [(1.0, 0.7071, -0.0), (1.0, 0.1, -1.0), (5.0, 0.1, -25.0), (10.0, 0.1, -100.0),
-              (50.0, 0.1, -2500.0), (100.0, 0.1, -10000.0)]
+SEED_TABLE = [
+    (1.0, 0.7071, -0.0),
+    (1.0, 0.1, -1.0),
+    (5.0, 0.1, -25.0),
+    (10.0, 0.1, -100.0),
+    (50.0, 0.1, -2500.0),
+    (100.0, 0.1, -10000.0),
+]
 
-TINY = {"attentions": ["standard"], "seeds": [0], "vocab": 8, "train_len": 8, "eval_lens": [16], "d_model": 16,
-        "n_head": 2, "steps": 150, "batch_size": 32, "lr": 0.005, "weight_decay": 0.01, "log_every": 50,
-        "eval_size": 64, "dtype": "float32"}
-
+TINY = {
+    "attentions": ["standard"],
+    "seeds": [0],
+    "vocab": 8,
+    "train_len": 8,
+    "eval_lens": [16],
+    "d_model": 16,
+    "n_head": 2,
+    "steps": 150,
+    "batch_size": 32,
+    "lr": 0.005,
+    "weight_decay": 0.01,
+    "log_every": 50,
+    "eval_size": 64,
+    "dtype": "float32",
+}
 
 
 def test_copy_batch_repeats_its_first_half_and_targets_are_the_next_tokens():
@@ -38,7 +56,7 @@ def test_copied_targets_are_exactly_those_seen_half_a_sequence_earlier():
     copied = copied_targets(10)
     assert copied.tolist() == [False] * 4 + [True] * 5
     for t in range(9):
-        source = t + 1 - 5                                   # input position holding the copied token
+        source = t + 1 - 5  # input position holding the copied token
         assert copied[t] == (source >= 0)
         if copied[t]:
             assert torch.equal(targets[:, t], inputs[:, source])
@@ -49,9 +67,9 @@ def test_copy_metrics_recover_planted_errors():
     logits = F.one_hot(targets, 6).float() * 5
     perfect = copy_metrics(logits, targets)
     assert perfect["token_acc"] == 1.0 and perfect["seq_acc"] == 1.0
-    logits[1, 2] = logits[1, 2].roll(1)                      # a wrong guess on an unpredictable target
+    logits[1, 2] = logits[1, 2].roll(1)  # a wrong guess on an unpredictable target
     assert copy_metrics(logits, targets)["token_acc"] == 1.0
-    logits[2, 7] = logits[2, 7].roll(1)                      # a wrong guess on a copied target
+    logits[2, 7] = logits[2, 7].roll(1)  # a wrong guess on a copied target
     metrics = copy_metrics(logits, targets)
     assert metrics["token_acc"] == pytest.approx(1 - 1 / 20) and metrics["seq_acc"] == pytest.approx(3 / 4)
     expected = F.cross_entropy(logits[:, 4:].reshape(-1, 6), targets[:, 4:].reshape(-1))
@@ -85,18 +103,24 @@ def test_triple_attentions_train_under_bfloat16_autocast(attention):
 
 def test_head_width_must_be_even_and_divide_the_model_width():
     for d_model, n_head in ((24, 8), (26, 4)):
-        with pytest.raises(ConfigError, match=f"config key 'copy_task.d_model': {d_model} must split into "
-                                              f"copy_task.n_head={n_head} heads of even width"):
+        with pytest.raises(
+            ConfigError,
+            match=f"config key 'copy_task.d_model': {d_model} must split into "
+            f"copy_task.n_head={n_head} heads of even width",
+        ):
             check_config({**TINY, "d_model": d_model, "n_head": n_head})
     check_config({**TINY, "d_model": 24, "n_head": 4})
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"attentions": ["cosine"]}, "config key 'copy_task.attentions[0]': 'cosine' is not one of"),
-    ({"train_len": 9}, "config key 'copy_task.train_len': 9 is not a multiple of 2"),
-    ({"steps": 0}, "config key 'copy_task.steps': 0 is less than the minimum of 1"),
-    ({"lenght": 8}, "config key 'copy_task.lenght' is not known"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"attentions": ["cosine"]}, "config key 'copy_task.attentions[0]': 'cosine' is not one of"),
+        ({"train_len": 9}, "config key 'copy_task.train_len': 9 is not a multiple of 2"),
+        ({"steps": 0}, "config key 'copy_task.steps': 0 is less than the minimum of 1"),
+        ({"lenght": 8}, "config key 'copy_task.lenght' is not known"),
+    ],
+)
 def test_schema_errors_name_the_key(change, message):
     config = yaml.safe_load((REPO / "config/test.yaml").read_text())
     config["copy_task"].update(change)
@@ -113,9 +137,25 @@ def test_schema_defaults_are_the_embedded_default():
 
 def test_snakemake_runs_the_copy_task_stage_on_the_test_config(tmp_path):
     targets = [f"{tmp_path}/results/tables/{name}.csv" for name in ("copy_task", "gram_resilience")]
-    run = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                          "--configfile", str(REPO / "config/test.yaml"), "--config", f"results={tmp_path}/results",
-                          "--cores", "2", *targets], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            SNAKEMAKE,
+            "-s",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp_path),
+            "--configfile",
+            str(REPO / "config/test.yaml"),
+            "--config",
+            f"results={tmp_path}/results",
+            "--cores",
+            "2",
+            *targets,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     cfg = yaml.safe_load((REPO / "config/test.yaml").read_text())["copy_task"]
     table = pd.read_csv(targets[0])

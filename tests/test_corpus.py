@@ -3,8 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from uph.lm.corpus import load_shakespeare_roles, parse_play, read_corpus_file, temporal_split, tokenize_users
 from uph.errors import CorpusError
+from uph.lm.corpus import load_shakespeare_roles, parse_play, read_corpus_file, temporal_split, tokenize_users
 from uph.lm.models import byte_tokenizer
 
 PLAY = """HAMLET, PRINCE OF DENMARK
@@ -49,7 +49,9 @@ def test_parse_play_attributes_roles_and_drops_stage_directions():
 
 def test_real_play_roles():
     roles = load_shakespeare_roles(["hamlet", "lear"]).set_index("user_id")
-    assert {"hamlet/Hamlet", "hamlet/Horatio", "lear/Lear", "lear/Edmund", "lear/Cor", "lear/Cornwall"} <= set(roles.index)
+    assert {"hamlet/Hamlet", "hamlet/Horatio", "lear/Lear", "lear/Edmund", "lear/Cor", "lear/Cornwall"} <= set(
+        roles.index
+    )
     hamlet = roles.loc["hamlet/Hamlet", "text"]
     assert hamlet.startswith("A little more than kin, and less than kind!")
     assert "To be, or not to be" in hamlet and "[" not in hamlet
@@ -82,8 +84,11 @@ def test_tokenize_users_filters_and_keeps_largest():
 
 
 def test_corpus_files(tmp_path):
-    rows = [{"user_id": "u1", "text": "second", "order": 2}, {"user_id": "u1", "text": "first", "order": 1},
-            {"user_id": "u2", "text": "only"}]
+    rows = [
+        {"user_id": "u1", "text": "second", "order": 2},
+        {"user_id": "u1", "text": "first", "order": 1},
+        {"user_id": "u2", "text": "only"},
+    ]
     jsonl = tmp_path / "c.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in rows))
     df = read_corpus_file(jsonl).set_index("user_id")

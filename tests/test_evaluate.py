@@ -1,5 +1,6 @@
 """Held-out evaluation: per-user metrics against explicit computations, the cross-user matrix and
 the global control on planted users, and the per-configuration summary with its bootstrap."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,8 +8,8 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-
 from tiny_lm import sample_text, tiny_llama, user_split
+
 from uph.lm.evaluate import bootstrap_ci, cross_user, per_user, summarize, user_metrics
 from uph.lm.fit import fit_theta, pool, prepare
 from uph.lm.heads import make_head
@@ -26,7 +27,7 @@ def planted(tmp_path_factory):
     for i, user in enumerate(["romeo", "juliet"]):
         direction = torch.randn(D, dtype=W.dtype, generator=torch.Generator().manual_seed(i))
         stars[user] = 3.0 * F.normalize(direction, dim=0)
-        ids = sample_text(model, lambda h: head.logits(h, stars[user]), batch=15, length=81, seed=10 + i)
+        ids = sample_text(model, lambda h, star=stars[user]: head.logits(h, star), batch=15, length=81, seed=10 + i)
         (h_train, y_train), (h_test, y_test) = user_split(model, ids)
         trains[user], tests[user] = prepare(h_train, y_train, W), (h_test, y_test)
     return head, W, trains, tests, stars
@@ -68,8 +69,14 @@ def test_cross_user_matrix_is_diagonal_and_beats_the_global_theta(planted):
 
 
 def test_summary_bootstrap_and_shares():
-    users = pd.DataFrame({"user": list("abcde"), "base_nll": [3.0, 3.1, 2.9, 3.2, 3.0],
-                          "delta_nll": [-0.3, -0.1, 0.05, -0.2, -0.15], "kl": [0.1, 0.2, 0.1, 0.3, 0.2]})
+    users = pd.DataFrame(
+        {
+            "user": list("abcde"),
+            "base_nll": [3.0, 3.1, 2.9, 3.2, 3.0],
+            "delta_nll": [-0.3, -0.1, 0.05, -0.2, -0.15],
+            "kl": [0.1, 0.2, 0.1, 0.3, 0.2],
+        }
+    )
     users["nll"] = users["base_nll"] + users["delta_nll"]
     row = summarize(users, d=64, n_boot=2000, seed=0)
     rng = np.random.default_rng(0)
@@ -80,5 +87,5 @@ def test_summary_bootstrap_and_shares():
     assert row["delta_nll_ci_low"] < row["delta_nll"] < row["delta_nll_ci_high"]
     assert row["frac_users_improved"] == 0.8 and row["params_per_user"] == 64 and row["n_users"] == 5
     assert row["nll"] == pytest.approx(row["base_nll"] + row["delta_nll"])
-    assert summarize(users, d=64, n_boot=2000, seed=0) == row          # fixed seed: reproducible
+    assert summarize(users, d=64, n_boot=2000, seed=0) == row  # fixed seed: reproducible
     assert bootstrap_ci([-0.2]) == (-0.2, -0.2)

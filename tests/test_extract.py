@@ -3,9 +3,9 @@ import pandas as pd
 import pytest
 import torch
 
+from uph.errors import CacheError, ModelError
 from uph.lm.cache import HiddenStateCache, cache_identity, shard_of, shard_writer
 from uph.lm.corpus import temporal_split
-from uph.errors import CacheError, ModelError
 from uph.lm.extract import extract_users, user_windows
 from uph.lm.models import lm_head, load_model, materialize, read_identity, read_lm_head
 
@@ -15,8 +15,15 @@ def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):
     rows = []
     for u in range(n_users):
         split = temporal_split(n_tokens + 10 * u, 0.8, gap=context)
-        rows.append((f"user{u}", split.n_tokens, split.train_end, split.test_start,
-                     rng.integers(0, vocab, split.n_tokens).tolist()))
+        rows.append(
+            (
+                f"user{u}",
+                split.n_tokens,
+                split.train_end,
+                split.test_start,
+                rng.integers(0, vocab, split.n_tokens).tolist(),
+            )
+        )
     return pd.DataFrame(rows, columns=["user_id", "n_tokens", "train_end", "test_start", "tokens"])
 
 
@@ -50,12 +57,15 @@ def test_cached_hidden_times_lm_head_reproduces_model_logits(tiny_model_dir, tmp
     for row in users.itertuples():
         tokens = torch.tensor(row.tokens)
         states = cached[row.user_id]
-        for split, lo, hi, hidden, targets in (("train", 0, row.train_end, states.train_hidden, states.train_targets),
-                                               ("test", row.test_start, row.n_tokens, states.test_hidden, states.test_targets)):
-            assert torch.equal(targets, tokens[lo + 1:hi])
+        for split, lo, hi, hidden, targets in (
+            ("train", 0, row.train_end, states.train_hidden, states.train_targets),
+            ("test", row.test_start, row.n_tokens, states.test_hidden, states.test_targets),
+        ):
+            assert torch.equal(targets, tokens[lo + 1 : hi])
             # the model's own logits, window by window, with the full LM head
-            logits = torch.cat([model(tokens[s:min(s + context, hi - 1)][None]).logits[0]
-                                for s in range(lo, hi - 1, context)])
+            logits = torch.cat(
+                [model(tokens[s : min(s + context, hi - 1)][None]).logits[0] for s in range(lo, hi - 1, context)]
+            )
             ours = hidden @ W.T + (b if b is not None else 0)
             rel = (ours - logits).norm() / logits.norm()
             assert rel < 1e-4, f"{arch} {split}: relative error {rel:.2e}"

@@ -1,4 +1,5 @@
 """Seed 003's feedback system, the four training methods, and the feedback stage of the workflow."""
+
 from __future__ import annotations
 
 import subprocess
@@ -8,18 +9,21 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-
-from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error
-from uph.config import validate
-from uph.lm.corpus import load_shakespeare_roles
-from uph.errors import ConfigError
-from uph.feedback.subspace import (FeedbackLayer, FeedbackSystem, UpdateConfig, qr_retraction, random_stiefel,
-                          tangent_projection)
-from uph.feedback.training import (METHODS, Adam, TrainConfig, evaluate, make_method, summarize, train,
-                                   train_config)
-
 from conftest import REPO
 
+from uph.config import validate
+from uph.errors import ConfigError
+from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error
+from uph.feedback.subspace import (
+    FeedbackLayer,
+    FeedbackSystem,
+    UpdateConfig,
+    qr_retraction,
+    random_stiefel,
+    tangent_projection,
+)
+from uph.feedback.training import METHODS, Adam, TrainConfig, evaluate, make_method, summarize, train, train_config
+from uph.lm.corpus import load_shakespeare_roles
 
 
 def gen(seed=0):
@@ -86,7 +90,7 @@ def test_one_update_matches_the_seed_formulas_step_by_step():
     assert diagnostics["tangent_norm"] == pytest.approx(norm.item(), rel=1e-5)
     assert diagnostics["alpha_star"] == pytest.approx(alpha_star, rel=1e-5)
     assert layer.alpha.item() == pytest.approx(0.99 * alpha + 0.01 * alpha_star, rel=1e-6)
-    rho = (G * U_new).sum() / (torch.linalg.norm(G) * 3 ** 0.5 + 1e-8)
+    rho = (G * U_new).sum() / (torch.linalg.norm(G) * 3**0.5 + 1e-8)
     assert diagnostics["rho"] == pytest.approx(rho.item(), rel=1e-5)
 
 
@@ -107,8 +111,11 @@ def test_U_stays_orthonormal_after_1000_updates():
     layer, g = FeedbackLayer(64, 16, gen()), gen(1)
     for _ in range(1000):
         c = torch.randn(8, 16, generator=g)
-        layer.update(torch.randn(8, 64, generator=g) + c @ torch.randn(16, 64, generator=g), c,
-                     UpdateConfig(eta_B=5.0, alpha_max=100.0))
+        layer.update(
+            torch.randn(8, 64, generator=g) + c @ torch.randn(16, 64, generator=g),
+            c,
+            UpdateConfig(eta_B=5.0, alpha_max=100.0),
+        )
     assert (layer.U.T @ layer.U - torch.eye(16)).abs().max() < 1e-5
 
 
@@ -166,8 +173,17 @@ def hamlet():
 
 
 def test_training_curves_are_finite_and_share_the_initial_network_and_batches(hamlet):
-    config = TrainConfig(context=8, hidden=(32, 32), steps=40, batch_size=32, lr=3e-3, log_every=20,
-                         eval_windows=256, rank=8, update=UpdateConfig(eta_B=1.0))
+    config = TrainConfig(
+        context=8,
+        hidden=(32, 32),
+        steps=40,
+        batch_size=32,
+        lr=3e-3,
+        log_every=20,
+        eval_windows=256,
+        rank=8,
+        update=UpdateConfig(eta_B=1.0),
+    )
     curves = {method: train(hamlet, method, 3, config) for method in METHODS}
     initial = CharMLP(len(hamlet.vocab), 8, [32, 32], gen(3))
     initial_loss, _ = evaluate(initial, *evenly_spaced_windows(hamlet.test, 8, 256))
@@ -180,17 +196,29 @@ def test_training_curves_are_finite_and_share_the_initial_network_and_batches(ha
     assert "alpha_l1" in curves["feedback_learned"] and "alpha_l1" not in curves["dfa"]
     assert curves["feedback_frozen"]["alpha_l2"].to_numpy() == pytest.approx(0.1)
     # same seed: same network and batches, so the first step's training loss is shared
-    first = [train(hamlet, method, 3, TrainConfig(context=8, hidden=(32, 32), steps=1, log_every=1,
-                                                  eval_windows=8, rank=8))["train_loss"].item()
-             for method in METHODS]
+    first = [
+        train(hamlet, method, 3, TrainConfig(context=8, hidden=(32, 32), steps=1, log_every=1, eval_windows=8, rank=8))[
+            "train_loss"
+        ].item()
+        for method in METHODS
+    ]
     assert first == pytest.approx([first[0]] * 4)
 
 
 def test_summarize_takes_the_last_row_and_averages_alignment_over_layers_and_run():
-    curves = pd.DataFrame({"method": ["dfa"] * 2 + ["backprop"] * 2, "seed": [1, 1, 0, 0], "step": [10, 20, 10, 20],
-                           "seconds": [1.0, 2.0, 1.0, 2.0], "train_loss": [3.0, 2.5, 3.0, 2.0],
-                           "test_loss": [3.1, 2.6, 3.0, 2.1], "test_acc": [0.1, 0.2, 0.1, 0.3],
-                           "alignment_l1": [0.1, 0.3, 1.0, 1.0], "alignment_l2": [0.2, 0.6, 1.0, 1.0]})
+    curves = pd.DataFrame(
+        {
+            "method": ["dfa"] * 2 + ["backprop"] * 2,
+            "seed": [1, 1, 0, 0],
+            "step": [10, 20, 10, 20],
+            "seconds": [1.0, 2.0, 1.0, 2.0],
+            "train_loss": [3.0, 2.5, 3.0, 2.0],
+            "test_loss": [3.1, 2.6, 3.0, 2.1],
+            "test_acc": [0.1, 0.2, 0.1, 0.3],
+            "alignment_l1": [0.1, 0.3, 1.0, 1.0],
+            "alignment_l2": [0.2, 0.6, 1.0, 1.0],
+        }
+    )
     table = summarize(curves)
     assert table["method"].tolist() == ["backprop", "dfa"]
     dfa = table.iloc[1]
@@ -210,9 +238,20 @@ def test_config_errors_name_the_key():
 
 def test_feedback_stage_runs_through_snakemake(tmp_path):
     results = tmp_path / "results"
-    command = [str(REPO / ".venv" / "bin" / "snakemake"), "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-               "--configfile", str(REPO / "config" / "test.yaml"), "--config", f"results={results}",
-               "--cores", "2", str(results / "tables" / "feedback.csv")]
+    command = [
+        str(REPO / ".venv" / "bin" / "snakemake"),
+        "-s",
+        str(REPO / "Snakefile"),
+        "--directory",
+        str(tmp_path),
+        "--configfile",
+        str(REPO / "config" / "test.yaml"),
+        "--config",
+        f"results={results}",
+        "--cores",
+        "2",
+        str(results / "tables" / "feedback.csv"),
+    ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(results / "tables" / "feedback.csv")

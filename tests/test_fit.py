@@ -1,13 +1,14 @@
 """The theta-fitting engine: objective and gradient parity with autograd on the seed's own
 computation, the seed solver against seed 002 written out, the exact solver's certificate, a
 planted user recovered, NaN handling, pooled tokens."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
+
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.fit import Objective, fit_theta, pool, prepare, projected_gradient_norm
 from uph.lm.heads import HEADS, make_head
@@ -60,7 +61,8 @@ def test_curvature_is_the_hessian_diagonal_at_zero(lm, name):
     h, y, W, b, svd = lm
     head = make_head(name, W, svd=svd, d=D, alpha=0.5, bias=b)
     hessian = torch.autograd.functional.hessian(
-        lambda theta: seed_objective(head, h, y, W, b, theta, beta=0.05, lam=1e-3)[0], torch.zeros(D, dtype=W.dtype))
+        lambda theta: seed_objective(head, h, y, W, b, theta, beta=0.05, lam=1e-3)[0], torch.zeros(D, dtype=W.dtype)
+    )
     curvature = Objective(prepare(h, y, W, b, chunk=64), head, beta=0.05, lam=1e-3).curvature()
     torch.testing.assert_close(curvature, hessian.diagonal(), rtol=1e-9, atol=1e-12)
 
@@ -91,7 +93,7 @@ def test_float32_engine_survives_logit_changes_beyond_exp_range(lm):
     head64 = make_head("cvh", W, d=D, alpha=300.0, bias=b)
     head32 = make_head("cvh", W.float(), d=D, alpha=300.0, bias=b.float())
     theta = 5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), dim=0)
-    assert head64.correction(h, theta).abs().max() > 200          # exp(200) overflows float32
+    assert head64.correction(h, theta).abs().max() > 200  # exp(200) overflows float32
     exact = Objective(prepare(h, y, W, b), head64)(theta)
     fast = Objective(prepare(h.float(), y, W.float(), b.float()), head32)(theta.float())
     assert fast.objective == pytest.approx(exact.objective, rel=1e-5)
@@ -105,7 +107,7 @@ def seed_002_written_out(h, y, W, b, head, d, lr=0.05, steps=30, beta=0.05, lam=
     for _ in range(steps):
         optimizer.zero_grad()
         for start in range(0, len(y), 16):
-            hc, yc = h[start:start + 16], y[start:start + 16]
+            hc, yc = h[start : start + 16], y[start : start + 16]
             base = F.linear(hc, W, b)
             logits = base + head.correction(hc, theta)
             kl = F.kl_div(F.log_softmax(logits, dim=-1), F.softmax(base.detach(), dim=-1), reduction="sum")
@@ -149,10 +151,13 @@ def test_exact_solver_certifies_an_optimum_no_worse_than_seed(lm, name, max_norm
 
 def test_projected_gradient_norm_drops_only_the_blocked_part():
     theta, radius = torch.tensor([3.0, 4.0], dtype=torch.float64), 5.0
-    grad = lambda *g: torch.tensor(g, dtype=torch.float64)
+
+    def grad(*g):
+        return torch.tensor(g, dtype=torch.float64)
+
     assert projected_gradient_norm(theta, grad(-0.6, -0.8), radius) == pytest.approx(0)  # pushes out: blocked
-    assert projected_gradient_norm(theta, grad(0.6, 0.8), radius) == pytest.approx(1)    # pulls in
-    assert projected_gradient_norm(theta, grad(-4.0, 3.0), radius) == pytest.approx(5)   # along the sphere
+    assert projected_gradient_norm(theta, grad(0.6, 0.8), radius) == pytest.approx(1)  # pulls in
+    assert projected_gradient_norm(theta, grad(-4.0, 3.0), radius) == pytest.approx(5)  # along the sphere
     assert projected_gradient_norm(theta / 2, grad(-0.6, -0.8), radius) == pytest.approx(1)  # inside
 
 
@@ -165,7 +170,7 @@ def test_planted_user_is_recovered(model):
     theta, result = fit_theta(prepare(h_train, y_train, W), head, solver="exact", tol=1e-7)
     held_out = Objective(prepare(h_test, y_test, W), head, beta=0.0, lam=0.0)
     base, fitted, truth = held_out.tokens.base_nll, held_out(theta).ce, held_out(planted).ce
-    assert truth < base - 0.1                       # the planted signal is there to find
+    assert truth < base - 0.1  # the planted signal is there to find
     assert fitted < base - 0.1 and abs(fitted - truth) < 0.02
     assert result.certificate <= 1e-7
 
@@ -176,10 +181,18 @@ def test_nan_stops_the_fit_naming_user_and_configuration(lm):
     broken = h.clone()
     broken[7, 3] = float("nan")
     for solver in ("seed", "exact"):
-        with pytest.raises(FitDivergedError, match=r"user 'hamlet/Hamlet' \(head=cvh alpha=0.5 d=8, solver "
-                                                   f"{solver}\\) diverged at iteration 0"):
-            fit_theta(prepare(broken, y, W, b), head, solver=solver, user="hamlet/Hamlet",
-                      config={"head": "cvh", "alpha": 0.5, "d": 8})
+        with pytest.raises(
+            FitDivergedError,
+            match=r"user 'hamlet/Hamlet' \(head=cvh alpha=0.5 d=8, solver "
+            f"{solver}\\) diverged at iteration 0",
+        ):
+            fit_theta(
+                prepare(broken, y, W, b),
+                head,
+                solver=solver,
+                user="hamlet/Hamlet",
+                config={"head": "cvh", "alpha": 0.5, "d": 8},
+            )
     exploding = make_head("cvh", W, d=D, alpha=float("inf"), bias=b)
     with pytest.raises(FitDivergedError, match="user 'u1'"):
         fit_theta(prepare(h, y, W, b), exploding, user="u1", config="cvh/inf")
@@ -194,7 +207,8 @@ def test_pooled_users_fit_one_global_theta(lm):
     pooled, together = pool(users), prepare(h, y, W, b, chunk=64)
     assert pooled.n == together.n == len(y)
     theta = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    assert Objective(pooled, head)(theta).objective == pytest.approx(Objective(together, head)(theta).objective,
-                                                                     rel=1e-13)
+    assert Objective(pooled, head)(theta).objective == pytest.approx(
+        Objective(together, head)(theta).objective, rel=1e-13
+    )
     _, result = fit_theta(pooled, head, solver="exact")
     assert result.certificate <= 1e-5

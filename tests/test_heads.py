@@ -1,12 +1,13 @@
 """Heads: seed semantics (bases, scalings, generators) and the rank-d logit correction the fitting
 engine uses, which must equal applying the head to h and then the lm_head."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-
 from tiny_lm import final_hidden, tiny_llama
+
 from uph.errors import ConfigError
 from uph.lm.heads import HEADS, make_head
 

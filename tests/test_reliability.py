@@ -6,6 +6,7 @@ reruns exactly the jobs that depend on it.
 Every workflow test works on a copy of the shared `tiny_study` (or dry-runs one), which is also the
 uninterrupted reference the resumed runs must equal byte for byte.
 """
+
 import contextlib
 import json
 import logging
@@ -22,23 +23,36 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-
-from uph.lm.cache import HiddenStateCache, cache_identity, shard_writer
-from uph.feedback.char_lm import char_corpus
-from uph.config import check_results_folder, job_params, validate
-from uph.attention.copy_task import train as train_copy_task
-from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDivergedError
-from uph.feedback.training import train as train_feedback, train_config
-from uph.lm.fit import fit_theta, prepare
-from uph.lm.heads import make_head
-from uph.io import write_json
-
 from conftest import REPO, snakemake, snakemake_command
 
+from uph.attention.copy_task import train as train_copy_task
+from uph.config import check_results_folder, job_params, validate
+from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDivergedError
+from uph.feedback.char_lm import char_corpus
+from uph.feedback.training import train as train_feedback
+from uph.feedback.training import train_config
+from uph.io import write_json
+from uph.lm.cache import HiddenStateCache, cache_identity, shard_writer
+from uph.lm.fit import fit_theta, prepare
+from uph.lm.heads import make_head
+
 LM_TABLES = ["results/tables/personalization.csv", "results/tables/cross_user.csv"]
-STAGE_RULES = {"corpus_roles", "corpus", "model", "extract", "svd_basis", "fit", "fit_global", "cross_user",
-               "personalization_table", "copy_task_train", "copy_task_table", "gram_resilience",
-               "feedback_train", "feedback_table"}  # the stages under test; not the aggregate rules after every table
+STAGE_RULES = {
+    "corpus_roles",
+    "corpus",
+    "model",
+    "extract",
+    "svd_basis",
+    "fit",
+    "fit_global",
+    "cross_user",
+    "personalization_table",
+    "copy_task_train",
+    "copy_task_table",
+    "gram_resilience",
+    "feedback_train",
+    "feedback_table",
+}  # the stages under test; not the aggregate rules after every table
 
 
 def copy_study(tiny_study, tmp_path):
@@ -64,10 +78,13 @@ def remove(workdir, *patterns):
 
 def results_files(workdir) -> dict:
     """relative path -> (size, mtime) of every result: not logs, benchmarks or temporary files."""
-    return {str(path.relative_to(workdir)): (path.stat().st_size, path.stat().st_mtime_ns)
-            for path in (workdir / "results").rglob("*")
-            if path.is_file() and not path.name.startswith(".")
-            and path.relative_to(workdir).parts[1] not in ("logs", "benchmarks")}
+    return {
+        str(path.relative_to(workdir)): (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in (workdir / "results").rglob("*")
+        if path.is_file()
+        and not path.name.startswith(".")
+        and path.relative_to(workdir).parts[1] not in ("logs", "benchmarks")
+    }
 
 
 def planned_jobs(run) -> dict:
@@ -100,6 +117,7 @@ def assert_tables_equal_the_reference(workdir, tiny_study):
 # Kill: SIGKILL mid-stage, then `--unlock` (Snakemake keeps its lock after a kill, and says so) and
 # `--rerun-incomplete`.
 
+
 def kill_when(workdir, ready, *args, timeout=300) -> subprocess.CompletedProcess:
     """Run the LM tables' DAG in `workdir`; SIGKILL snakemake and its jobs once `ready(output so far)`."""
     log_path = workdir.parent / "killed-run.log"
@@ -124,9 +142,15 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     """Each resume runs exactly the unfinished jobs and keeps every output finished before a kill;
     the last one's tables equal the uninterrupted run's."""
     workdir = copy_study(tiny_study, tmp_path)
-    remove(workdir, "results/cache/shard-1.parquet", "results/fit/*/*/*/shard-1.parquet",
-           "results/fit/*/*/*/global.parquet", "results/fit/*/*/*/cross_user.parquet", "results/tables/personalization.*",
-           "results/tables/cross_user.*")
+    remove(
+        workdir,
+        "results/cache/shard-1.parquet",
+        "results/fit/*/*/*/shard-1.parquet",
+        "results/fit/*/*/*/global.parquet",
+        "results/fit/*/*/*/cross_user.parquet",
+        "results/tables/personalization.*",
+        "results/tables/cross_user.*",
+    )
     cache = workdir / "results/cache"
     kill_when(workdir, lambda output: any(cache.glob(".tmp-shard-1.parquet.*")))  # shard 1 half written
     assert not (cache / "shard-1.parquet").exists()
@@ -134,16 +158,25 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
 
     unlock(workdir)  # a fit done, more running:
     resumed = kill_when(workdir, lambda output: "(Rule: fit)" in output, "--rerun-incomplete")
-    assert planned_jobs(resumed) == {"extract": 1, "fit": 5, "fit_global": 5, "cross_user": 1,
-                                     "personalization_table": 1}
+    assert planned_jobs(resumed) == {
+        "extract": 1,
+        "fit": 5,
+        "fit_global": 5,
+        "cross_user": 1,
+        "personalization_table": 1,
+    }
     finished = {rule: resumed.stdout.count(f"(Rule: {rule})") for rule in ("extract", "fit", "fit_global")}
     written = {path: stamp for path, stamp in results_files(workdir).items() if path not in kept}
 
     unlock(workdir)
     rerun = snakemake(workdir, "--rerun-incomplete", *LM_TABLES)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    unfinished = {"fit": 5 - finished["fit"], "fit_global": 5 - finished["fit_global"], "cross_user": 1,
-                  "personalization_table": 1}
+    unfinished = {
+        "fit": 5 - finished["fit"],
+        "fit_global": 5 - finished["fit_global"],
+        "cross_user": 1,
+        "personalization_table": 1,
+    }
     assert planned_jobs(rerun) == {rule: count for rule, count in unfinished.items() if count}
     after = results_files(workdir)
     assert all(after[path] == stamp for path, stamp in kept.items())
@@ -154,6 +187,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
 
 
 # Corruption: a damaged shard is refused by the first job that reads it, naming the file and the fix.
+
 
 def truncate(shard):
     os.truncate(shard, shard.stat().st_size // 2)
@@ -168,8 +202,10 @@ def rewrite_for_another_model(shard):
 
 def test_damaged_shards_stop_the_fits_that_read_them(tiny_study, tmp_path):
     workdir = copy_study(tiny_study, tmp_path)
-    damages = {"shard-0": (rewrite_for_another_model, "was built for something else: weights_sha256="),
-               "shard-1": (truncate, "is damaged or truncated (")}
+    damages = {
+        "shard-0": (rewrite_for_another_model, "was built for something else: weights_sha256="),
+        "shard-1": (truncate, "is damaged or truncated ("),
+    }
     fits = []
     for shard, (damage, _) in damages.items():
         path = workdir / f"results/cache/{shard}.parquet"
@@ -177,7 +213,7 @@ def test_damaged_shards_stop_the_fits_that_read_them(tiny_study, tmp_path):
         damage(path)
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # damage at rest: the file looks up to date
         fits.append(f"results/fit/head~cvh/alpha~1.0/d~8/{shard}.parquet")
-        (workdir / fits[-1]).unlink()                            # so a job reads the shard again
+        (workdir / fits[-1]).unlink()  # so a job reads the shard again
     run = snakemake(workdir, *fits)  # two jobs, started together
     assert run.returncode != 0
     errors = sorted(line.split(" fit ERROR ")[1] for line in run.stderr.splitlines() if " fit ERROR " in line)
@@ -198,10 +234,14 @@ def _write_shard(path, identity, hidden):
         write("u1", "train", range(len(hidden)), [1] * len(hidden), hidden)
 
 
-@pytest.mark.parametrize("identity, problem", [
-    (_identity(schema_version=0), "was built for something else: schema_version=0 (expected 1)"),
-    (None, "has no readable uph metadata: not a hidden-state cache of this suite"),
-], ids=["older-schema", "hand-rewritten"])
+@pytest.mark.parametrize(
+    "identity, problem",
+    [
+        (_identity(schema_version=0), "was built for something else: schema_version=0 (expected 1)"),
+        (None, "has no readable uph metadata: not a hidden-state cache of this suite"),
+    ],
+    ids=["older-schema", "hand-rewritten"],
+)
 def test_shards_of_another_schema_or_without_metadata_are_refused(tmp_path, identity, problem):
     path = tmp_path / "shard-0.parquet"
     if identity is None:  # rewritten through pandas: the values look fine, the identity is gone
@@ -211,8 +251,9 @@ def test_shards_of_another_schema_or_without_metadata_are_refused(tmp_path, iden
         _write_shard(path, identity, torch.ones(3, 4))
     with pytest.raises(CacheError) as error:
         HiddenStateCache([path], expect=_identity())
-    assert str(error.value) == (f"cache file '{path}' {problem}; delete it and run snakemake again "
-                                "(the extract job rebuilds it)")
+    assert str(error.value) == (
+        f"cache file '{path}' {problem}; delete it and run snakemake again (the extract job rebuilds it)"
+    )
 
 
 def test_non_finite_hidden_states_are_refused_naming_the_user_and_the_dtype_key(tmp_path):
@@ -220,8 +261,11 @@ def test_non_finite_hidden_states_are_refused_naming_the_user_and_the_dtype_key(
     hidden[1, 2] = float("inf")
     identity = _identity(dtype="bfloat16")
     _write_shard(tmp_path / "s.parquet", identity, hidden)
-    with pytest.raises(CacheError, match=r"^cache file '.*s.parquet' holds NaN or inf hidden states of user 'u1'; "
-                                         r"bfloat16 overflowed: set config key 'extract.dtype' to float32$"):
+    with pytest.raises(
+        CacheError,
+        match=r"^cache file '.*s.parquet' holds NaN or inf hidden states of user 'u1'; "
+        r"bfloat16 overflowed: set config key 'extract.dtype' to float32$",
+    ):
         HiddenStateCache([tmp_path / "s.parquet"], expect=identity).load()
 
 
@@ -236,6 +280,7 @@ def test_a_killed_writer_leaves_a_temporary_file_that_the_next_write_removes(tmp
 
 # Bad config: one line naming the key or file, before any job; nothing earlier is touched.
 
+
 def model_folder_without_weights(config, tmp):
     (tmp / "model").mkdir()
     (tmp / "model" / "config.json").write_text("{}")
@@ -243,31 +288,42 @@ def model_folder_without_weights(config, tmp):
 
 
 BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: the test's folder)
-    "unknown-head": (lambda c, tmp: c["fit"].update(heads=["cvh", "vera"]),
-                     "config key 'fit.heads[1]': 'vera' is not one of ['cvh', 'uncond', 'svd_cvh', 'svd_uncond', "
-                     "'lm_head_update']"),
-    "alpha-as-string": (lambda c, tmp: c["fit"].update(alphas=["0.1"]),
-                        "config key 'fit.alphas[0]': '0.1' is not of type 'number'"),
-    "d-above-basis-rank": (lambda c, tmp: c["fit"].update(ds=[8, 65]),
-                           "config key 'fit.ds': d=65 is larger than the basis rank, the hidden size 64 of model "
-                           "'tiny-llama'"),
+    "unknown-head": (
+        lambda c, tmp: c["fit"].update(heads=["cvh", "vera"]),
+        "config key 'fit.heads[1]': 'vera' is not one of ['cvh', 'uncond', 'svd_cvh', 'svd_uncond', 'lm_head_update']",
+    ),
+    "alpha-as-string": (
+        lambda c, tmp: c["fit"].update(alphas=["0.1"]),
+        "config key 'fit.alphas[0]': '0.1' is not of type 'number'",
+    ),
+    "d-above-basis-rank": (
+        lambda c, tmp: c["fit"].update(ds=[8, 65]),
+        "config key 'fit.ds': d=65 is larger than the basis rank, the hidden size 64 of model 'tiny-llama'",
+    ),
     "empty-sweep": (lambda c, tmp: c["fit"].update(alphas=[]), "config key 'fit.alphas': [] should be non-empty"),
-    "negative-steps": (lambda c, tmp: c["fit"].update(steps=-30),
-                       "config key 'fit.steps': -30 is less than the minimum of 1"),
-    "unknown-attention": (lambda c, tmp: c["copy_task"].update(attentions=["standard", "linear"]),
-                          "config key 'copy_task.attentions[1]': 'linear' is not one of ['standard', 'triple', "
-                          "'triple_normed']"),
-    "missing-corpus-file": (lambda c, tmp: c["corpus"].update(source=f"{tmp}/users.jsonl"),
-                            "config key 'corpus.source': corpus file '{tmp}/users.jsonl' does not exist"),
-    "model-folder-without-weights": (model_folder_without_weights,
-                                     "config key 'model.source': model folder '{tmp}/model' holds no weights "
-                                     "(*.safetensors or *.bin)"),
+    "negative-steps": (
+        lambda c, tmp: c["fit"].update(steps=-30),
+        "config key 'fit.steps': -30 is less than the minimum of 1",
+    ),
+    "unknown-attention": (
+        lambda c, tmp: c["copy_task"].update(attentions=["standard", "linear"]),
+        "config key 'copy_task.attentions[1]': 'linear' is not one of ['standard', 'triple', 'triple_normed']",
+    ),
+    "missing-corpus-file": (
+        lambda c, tmp: c["corpus"].update(source=f"{tmp}/users.jsonl"),
+        "config key 'corpus.source': corpus file '{tmp}/users.jsonl' does not exist",
+    ),
+    "model-folder-without-weights": (
+        model_folder_without_weights,
+        "config key 'model.source': model folder '{tmp}/model' holds no weights (*.safetensors or *.bin)",
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def bad_config_runs(tiny_study, tmp_path_factory):
     """case -> (its folder, its run on a copy of the study, the copy's results before and after)."""
+
     def run_on_a_copy(case):
         tmp = tmp_path_factory.mktemp(case)
         workdir = copy_study(tiny_study, tmp)
@@ -309,21 +365,27 @@ def test_unwritable_results_folder_stops_at_dag_build(tmp_path):
         config = config_file(tmp_path, lambda c: c.update(results=f"{tmp_path}/shared/results"))
         run = snakemake(tmp_path, config=config)
     assert run.returncode != 0
-    assert (f"config key 'results': folder '{tmp_path}/shared/results' cannot be created: '{tmp_path}/shared' "
-            "is not writable") in run.stderr.splitlines()
+    assert (
+        f"config key 'results': folder '{tmp_path}/shared/results' cannot be created: '{tmp_path}/shared' "
+        "is not writable"
+    ) in run.stderr.splitlines()
     with pytest.raises(ConfigError, match=r"^config key 'results': folder '.*/config.yaml' is not a folder$"):
         check_results_folder(tmp_path / "config.yaml")
 
 
 BAD_CORPORA = {  # the corpus file's bytes, the line naming the file and the row or user
-    "no-user-id-column": (b'{"author": "a", "text": "hello"}\n',
-                          "corpus file '{path}' has no 'user_id' column (columns: author, text)"),
-    "not-utf-8": ('{"user_id": "a", "text": "fianc\xe9"}\n'.encode("latin-1"),
-                  "corpus file '{path}' is not UTF-8 text (line 1, byte 31 of the line); re-encode it as UTF-8"),
-    "user-without-text": (b'{"user_id": "a", "text": "hello"}\n{"user_id": "b", "text": " \\n "}\n'
-                          b'{"user_id": "b", "text": null}\n',
-                          "corpus file '{path}': user 'b' has no text (every row is empty or blank); remove the user "
-                          "or fill in its text"),
+    "no-user-id-column": (
+        b'{"author": "a", "text": "hello"}\n',
+        "corpus file '{path}' has no 'user_id' column (columns: author, text)",
+    ),
+    "not-utf-8": (
+        '{"user_id": "a", "text": "fianc\xe9"}\n'.encode("latin-1"),
+        "corpus file '{path}' is not UTF-8 text (line 1, byte 31 of the line); re-encode it as UTF-8",
+    ),
+    "user-without-text": (
+        b'{"user_id": "a", "text": "hello"}\n{"user_id": "b", "text": " \\n "}\n{"user_id": "b", "text": null}\n',
+        "corpus file '{path}': user 'b' has no text (every row is empty or blank); remove the user or fill in its text",
+    ),
 }
 
 
@@ -347,10 +409,16 @@ def test_bad_corpus_file_stops_its_first_job_with_one_line(tiny_study, tmp_path,
 
 # Numerics: what the schema allows cannot overflow; beyond it, a NaN ends the job with one line.
 
+
 def test_the_schema_caps_the_scales_and_learning_rates_that_overflow():
     config = yaml.safe_load((REPO / "config/test.yaml").read_text())
     for section, key, value, line in [
-        ("fit", "alphas", [1e12], "config key 'fit.alphas[0]': 1000000000000.0 is greater than the maximum of 1000000.0"),
+        (
+            "fit",
+            "alphas",
+            [1e12],
+            "config key 'fit.alphas[0]': 1000000000000.0 is greater than the maximum of 1000000.0",
+        ),
         ("copy_task", "lr", 1e3, "config key 'copy_task.lr': 1000.0 is greater than the maximum of 1"),
         ("feedback", "lr", 10, "config key 'feedback.lr': 10 is greater than the maximum of 1"),
     ]:
@@ -370,15 +438,22 @@ def test_fits_at_the_extremes_stay_finite_and_a_nan_names_the_user_the_point_and
     tokens, W = _tokens()
     _, result = fit_theta(tokens, make_head("cvh", W, d=4, alpha=1.0), solver="seed", lr=1e6, max_norm=5.0)
     assert result.theta_norm <= 5.0 + 1e-6 and torch.isfinite(torch.tensor(result.objective))  # huge lr: bounced
-    for solver in ("seed", "exact"):                                                           # largest alpha
+    for solver in ("seed", "exact"):  # largest alpha
         _, result = fit_theta(tokens, make_head("uncond", W, d=4, alpha=1e6), solver=solver)
         assert torch.isfinite(torch.tensor([result.objective, result.certificate])).all()
-    with pytest.raises(FitDivergedError) as error:                                             # beyond the cap
-        fit_theta(tokens, make_head("cvh", W, d=4, alpha=1e20), solver="exact", user="hamlet/Hamlet",
-                  config={"head": "cvh", "alpha": 1e20, "d": 4})
-    assert str(error.value) == ("fit of user 'hamlet/Hamlet' (head=cvh alpha=1e+20 d=4, solver exact) diverged at "
-                                "iteration 1: objective nan, |theta| nan; lower config key 'fit.alphas' or "
-                                "'fit.max_norm'")
+    with pytest.raises(FitDivergedError) as error:  # beyond the cap
+        fit_theta(
+            tokens,
+            make_head("cvh", W, d=4, alpha=1e20),
+            solver="exact",
+            user="hamlet/Hamlet",
+            config={"head": "cvh", "alpha": 1e20, "d": 4},
+        )
+    assert str(error.value) == (
+        "fit of user 'hamlet/Hamlet' (head=cvh alpha=1e+20 d=4, solver exact) diverged at "
+        "iteration 1: objective nan, |theta| nan; lower config key 'fit.alphas' or "
+        "'fit.max_norm'"
+    )
 
 
 def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
@@ -386,12 +461,17 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
     config = validate(yaml.safe_load((REPO / "config/test.yaml").read_text()))
     with pytest.raises(TrainingDivergedError) as error:
         train_copy_task({**config["copy_task"], "lr": 1e3}, "triple", 0, torch.device("cpu"), logging.getLogger())
-    assert str(error.value) == ("copy task with triple attention, seed 0: the training loss is nan by step 10; "
-                                "lower config key 'copy_task.lr' (1000.0)")
+    assert str(error.value) == (
+        "copy task with triple attention, seed 0: the training loss is nan by step 10; "
+        "lower config key 'copy_task.lr' (1000.0)"
+    )
     settings = train_config({**config["feedback"], "lr": 1e37})
     corpus = char_corpus("to be, or not to be, that is the question. " * 40, 0.1, settings.context)
-    with pytest.raises(TrainingDivergedError, match=r"^feedback training with dfa, seed 0: the training loss is "
-                                                    r"(nan|inf) at step \d+; lower config key 'feedback.lr' \(1e\+37\)$"):
+    with pytest.raises(
+        TrainingDivergedError,
+        match=r"^feedback training with dfa, seed 0: the training loss is "
+        r"(nan|inf) at step \d+; lower config key 'feedback.lr' \(1e\+37\)$",
+    ):
         train_feedback(corpus, "dfa", 0, settings)
 
 
@@ -399,15 +479,24 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 
 LM_STAGES_AFTER_CORPUS = {"extract": 2, "fit": 10, "fit_global": 5, "cross_user": 1, "personalization_table": 1}
 CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
-    "model": (lambda c: c["model"].update(source="tiny:gpt2"),
-              {"model": 1, "corpus": 1, "svd_basis": 1, **LM_STAGES_AFTER_CORPUS}),
+    "model": (
+        lambda c: c["model"].update(source="tiny:gpt2"),
+        {"model": 1, "corpus": 1, "svd_basis": 1, **LM_STAGES_AFTER_CORPUS},
+    ),
     "corpus-min-tokens": (lambda c: c["corpus"].update(min_tokens=3100), {"corpus": 1, **LM_STAGES_AFTER_CORPUS}),
-    "corpus-plays": (lambda c: c["corpus"].update(plays=["hamlet"]),  # the feedback model reads the plays too
-                     {"corpus_roles": 1, "corpus": 1, "feedback_train": 4, "feedback_table": 1, **LM_STAGES_AFTER_CORPUS}),
+    "corpus-plays": (
+        lambda c: c["corpus"].update(plays=["hamlet"]),  # the feedback model reads the plays too
+        {"corpus_roles": 1, "corpus": 1, "feedback_train": 4, "feedback_table": 1, **LM_STAGES_AFTER_CORPUS},
+    ),
     "extract-dtype": (lambda c: c["extract"].update(dtype="bfloat16"), LM_STAGES_AFTER_CORPUS),
-    "one-more-alpha": (lambda c: c["fit"]["alphas"].append(0.5), {"fit": 10, "fit_global": 5, "personalization_table": 1}),
-    "lm-head-update-gamma": (lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}),
-                             {"fit": 2, "fit_global": 1, "personalization_table": 1}),
+    "one-more-alpha": (
+        lambda c: c["fit"]["alphas"].append(0.5),
+        {"fit": 10, "fit_global": 5, "personalization_table": 1},
+    ),
+    "lm-head-update-gamma": (
+        lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}),
+        {"fit": 2, "fit_global": 1, "personalization_table": 1},
+    ),
     "one-more-copy-seed": (lambda c: c["copy_task"]["seeds"].append(1), {"copy_task_train": 2, "copy_task_table": 1}),
 }
 
@@ -415,6 +504,7 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
 @pytest.fixture(scope="module")
 def dry_runs(tiny_study, tmp_path_factory):
     """change -> a dry run after it, on a copy of the study (a dry run writes Snakemake's own caches)."""
+
     def dry_run_on_a_copy(change):
         tmp = tmp_path_factory.mktemp(change)
         return snakemake(copy_study(tiny_study, tmp), "-n", config=config_file(tmp, CONFIG_CHANGES[change][0]))

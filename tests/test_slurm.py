@@ -1,11 +1,11 @@
 """Cluster execution: the SLURM profile plans the cluster example, runs the tiny study through sbatch
 on a one-node SLURM cluster on localhost (tests/slurm_cluster.py) with the local run's tables, and
 the profiles retry a job that fails once (UPH_FAIL_ONCE, see uph.logs)."""
+
 import re
 
 import pytest
 import yaml
-
 from conftest import REPO, snakemake
 from slurm_cluster import SlurmCluster, missing_programs
 
@@ -14,8 +14,19 @@ LOCAL_PROFILE = REPO / "profiles/local"
 # What the test cluster needs on top of the real profile: it has no accounting database (sacct
 # answers nothing, so job states come from squeue); its jobs take seconds, so polls are quick; and
 # one thread a job lets two jobs share its two CPUs (each job is mostly two Snakemake start-ups).
-TEST_CLUSTER = ["--slurm-status-command", "squeue", "--slurm-no-account", "--slurm-init-seconds-before-status-checks",
-                "2", "--seconds-between-status-checks", "2", "--latency-wait", "5", "--max-threads", "1"]
+TEST_CLUSTER = [
+    "--slurm-status-command",
+    "squeue",
+    "--slurm-no-account",
+    "--slurm-init-seconds-before-status-checks",
+    "2",
+    "--seconds-between-status-checks",
+    "2",
+    "--latency-wait",
+    "5",
+    "--max-threads",
+    "1",
+]
 GPU_RULES = {"extract", "fit", "fit_global", "cross_user", "copy_task_train", "feedback_train"}
 
 
@@ -32,7 +43,9 @@ def planned_jobs(dry_run: str) -> dict[str, int]:
 def planned_resources(dry_run: str) -> dict[str, set[str]]:
     """rule -> the `resources:` lines of its planned jobs."""
     resources = {}
-    for rule, line in re.findall(r"^rule (\w+):\n(?:    (?!resources).*\n)*    resources: (.*)$", dry_run, re.MULTILINE):
+    for rule, line in re.findall(
+        r"^rule (\w+):\n(?:    (?!resources).*\n)*    resources: (.*)$", dry_run, re.MULTILINE
+    ):
         resources.setdefault(rule, set()).add(line)
     return resources
 
@@ -76,15 +89,15 @@ def slurm(tmp_path_factory):
     if missing := missing_programs():
         pytest.skip(f"SLURM is not installed here (no {', '.join(missing)}); .ci/run installs slurm-wlm and munge")
     profile = slurm_profile()
-    largest = max(resources.get("mem_mb", 0) for resources in [profile["default-resources"],
-                                                               *profile["set-resources"].values()])
+    largest = max(
+        resources.get("mem_mb", 0) for resources in [profile["default-resources"], *profile["set-resources"].values()]
+    )
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), memory_mb=largest)
     yield cluster
     cluster.stop()
 
 
-def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(tiny_study, slurm, tmp_path,
-                                                                           monkeypatch):
+def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(tiny_study, slurm, tmp_path, monkeypatch):
     assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
     monkeypatch.setenv("UPH_FAIL_ONCE", "gram_resilience")
@@ -98,8 +111,9 @@ def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(ti
     states = [line.split("|") for line in listed]
     assert [comment for state, comment in states if state != "COMPLETED"] == ["rule_gram_resilience"]
     local_rules = {"personalization_table", "copy_task_table", "feedback_table", "aggregate", "provenance"}
-    cluster_jobs = [path for path in (tiny_study.workdir / "results/benchmarks").rglob("*.tsv")
-                    if path.stem not in local_rules]
+    cluster_jobs = [
+        path for path in (tiny_study.workdir / "results/benchmarks").rglob("*.tsv") if path.stem not in local_rules
+    ]
     assert sum(state == "COMPLETED" for state, _ in states) == len(cluster_jobs)
     assert (tmp_path / "results/logs/gram_resilience.log.failed-once").is_file()
 

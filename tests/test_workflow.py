@@ -1,9 +1,9 @@
 """The Snakemake DAG on the tiny config, through the snakemake command line."""
+
 import subprocess
 import time
 
 import pandas as pd
-
 from conftest import REPO, SNAKEMAKE, snakemake
 
 
@@ -54,8 +54,12 @@ def test_dry_run_of_the_default_config_lists_the_stages(tmp_path):
 def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "config/test.yaml").read_text().replace("shards: 2", "shards: -1"))
-    run = subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path),
-                          "--configfile", str(bad), "-n"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(bad), "-n"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode != 0
     assert "config key 'extract.shards': -1 is less than the minimum of 1" in run.stdout + run.stderr
     assert not (tmp_path / "results").exists()

@@ -1,5 +1,6 @@
 """A tiny real Llama (random weights, saved and loaded back through transformers) for the theta
 tests: its final hidden states, lm_head, and text sampled from it with a planted theta*."""
+
 from __future__ import annotations
 
 import torch
@@ -10,9 +11,17 @@ VOCAB, HIDDEN = 97, 32
 
 def tiny_llama(folder, dtype: torch.dtype = torch.float64):
     """Random weights; initializer_range 0.15 gives logits of a trained model's spread (std ~1)."""
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, initializer_range=0.15)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return AutoModelForCausalLM.from_pretrained(folder).to(dtype).eval()
@@ -39,6 +48,8 @@ def user_split(model, ids: torch.Tensor, train_fraction: float = 0.8):
     """(hidden, targets) of the train and test positions: the first rows of sequences train."""
     hidden, targets = final_hidden(model, ids[:, :-1]), ids[:, 1:]
     cut = int(len(ids) * train_fraction)
-    flat = lambda x: x.reshape(-1, *x.shape[2:])
-    return (flat(hidden[:cut]), flat(targets[:cut])), (flat(hidden[cut:]), flat(targets[cut:]))
 
+    def flat(x):
+        return x.reshape(-1, *x.shape[2:])
+
+    return (flat(hidden[:cut]), flat(targets[:cut])), (flat(hidden[cut:]), flat(targets[cut:]))

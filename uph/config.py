@@ -5,6 +5,7 @@ naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the
 (`ModelError` for a local model folder without weights). `check_results_folder` and
 `check_against_model` need the file system; `job_params` is what a rule passes to one job.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,8 +61,9 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
     registry = _load_schemas(Path(schema_dir))
     root = registry.contents(ROOT_SCHEMA)
     Validator = _with_defaults(jsonschema.Draft202012Validator, registry)
-    errors = sorted(Validator(root, registry=registry).iter_errors(config),
-                    key=lambda e: (len(e.path), key_path(e.path)))
+    errors = sorted(
+        Validator(root, registry=registry).iter_errors(config), key=lambda e: (len(e.path), key_path(e.path))
+    )
     if errors:
         error = jsonschema.exceptions.best_match(errors)
         where = key_path(error.absolute_path)
@@ -80,8 +82,13 @@ def check_results_folder(results: str | Path) -> None:
     process can write to; otherwise every job would fail, and a long one only at its end."""
     path = Path(results).absolute()
     existing = next(folder for folder in (path, *path.parents) if folder.exists())
-    problem = ("is not a folder" if not existing.is_dir()
-               else "is not writable" if not os.access(existing, os.W_OK | os.X_OK) else None)
+    problem = (
+        "is not a folder"
+        if not existing.is_dir()
+        else "is not writable"
+        if not os.access(existing, os.W_OK | os.X_OK)
+        else None
+    )
     if problem and existing == path:
         raise ConfigError(f"config key 'results': folder '{results}' {problem}")
     if problem:
@@ -94,6 +101,7 @@ def job_params(section: dict, keys=None) -> dict:
     Snakemake reruns a job when the repr of its params changes, so a job gets exactly the settings
     its outputs depend on: not the lists of sweep points or seeds (its wildcards pick one), so adding
     one reruns nothing old, and never the YAML's key order."""
+
     def canonical(value):
         return {key: canonical(value[key]) for key in sorted(value)} if isinstance(value, dict) else value
 
@@ -105,8 +113,10 @@ def check_against_model(config: dict, model_identity: dict) -> None:
     hidden = model_identity["hidden_size"]
     too_big = [d for d in config["fit"]["ds"] if d > hidden]
     if too_big:
-        raise ConfigError(f"config key 'fit.ds': d={too_big[0]} is larger than the basis rank, the hidden size "
-                          f"{hidden} of model '{model_identity['name']}'")
+        raise ConfigError(
+            f"config key 'fit.ds': d={too_big[0]} is larger than the basis rank, the hidden size "
+            f"{hidden} of model '{model_identity['name']}'"
+        )
 
 
 def _check_across_keys(config: dict) -> None:
@@ -114,7 +124,9 @@ def _check_across_keys(config: dict) -> None:
     source = config["corpus"]["source"]
     if source != "shakespeare":
         if Path(source).suffix not in (".parquet", ".jsonl"):
-            raise ConfigError(f"config key 'corpus.source': '{source}' is neither 'shakespeare' nor a .parquet or .jsonl file")
+            raise ConfigError(
+                f"config key 'corpus.source': '{source}' is neither 'shakespeare' nor a .parquet or .jsonl file"
+            )
         if not Path(source).is_file():
             raise ConfigError(f"config key 'corpus.source': corpus file '{source}' does not exist")
     model = config["model"]["source"]
@@ -122,12 +134,18 @@ def _check_across_keys(config: dict) -> None:
         if not Path(model).expanduser().exists():
             raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
         check_model_folder(Path(model).expanduser(), config["model"]["gguf_file"])
-    points = {(h, float(a), d) for h in config["fit"]["heads"] for a in config["fit"]["alphas"] for d in config["fit"]["ds"]}
+    points = {
+        (h, float(a), d) for h in config["fit"]["heads"] for a in config["fit"]["alphas"] for d in config["fit"]["ds"]
+    }
     for i, point in enumerate(config["fit"]["cross_user"]):
         if (point["head"], float(point["alpha"]), point["d"]) not in points:
-            raise ConfigError(f"config key 'fit.cross_user[{i}]': {point['head']} alpha={point['alpha']} "
-                              f"d={point['d']} is not a point of the sweep (fit.heads x fit.alphas x fit.ds)")
-    if point_solver := [p["solver"] for p in config["fit"]["cross_user"] if p["solver"] not in config["fit"]["solvers"]]:
+            raise ConfigError(
+                f"config key 'fit.cross_user[{i}]': {point['head']} alpha={point['alpha']} "
+                f"d={point['d']} is not a point of the sweep (fit.heads x fit.alphas x fit.ds)"
+            )
+    if point_solver := [
+        p["solver"] for p in config["fit"]["cross_user"] if p["solver"] not in config["fit"]["solvers"]
+    ]:
         raise ConfigError(f"config key 'fit.cross_user': solver '{point_solver[0]}' is not in fit.solvers")
     corpus, context = config["corpus"], config["extract"]["context"]
     held_out = int(corpus["min_tokens"] * (1 - corpus["train_fraction"]))
@@ -135,4 +153,5 @@ def _check_across_keys(config: dict) -> None:
         raise ConfigError(
             f"config key 'corpus.min_tokens': {corpus['min_tokens']} leaves {held_out} held-out tokens, "
             f"fewer than the train/test gap of extract.context={context} plus 2; raise it to at least "
-            f"{int((context + 2) / (1 - corpus['train_fraction'])) + 1}")
+            f"{int((context + 2) / (1 - corpus['train_fraction'])) + 1}"
+        )

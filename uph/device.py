@@ -1,4 +1,5 @@
 """Device and compute-dtype selection shared by every stage."""
+
 from __future__ import annotations
 
 import torch

@@ -3,6 +3,7 @@
 A job killed midway leaves at most a `.tmp-*` file behind, never a truncated output that a rerun
 could mistake for a finished one; the next write of the same output deletes what it left.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ def atomic_path(path: str | Path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for left_behind in path.parent.glob(f".tmp-{glob.escape(path.name)}.{'?' * 8}"):  # mkstemp's names, of a
-        left_behind.unlink(missing_ok=True)                                         # killed writer of `path`
+        left_behind.unlink(missing_ok=True)  # killed writer of `path`
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
     os.close(fd)
     try:

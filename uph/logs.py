@@ -4,6 +4,7 @@ Fault injection for testing retries: with the environment variable UPH_FAIL_ONCE
 first attempt of each job of that rule exits 1 before any work and leaves `<its log>.failed-once`
 behind; the next attempt (Snakemake's --retries, locally or on the cluster) finds the marker and runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,13 @@ def rule_logging(snakemake):
     handlers = [logging.StreamHandler(sys.stderr)]
     if snakemake.log:
         handlers.append(logging.FileHandler(snakemake.log[0], mode="w"))
-    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
-                        format=f"%(asctime)s {name} %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO,
+        handlers=handlers,
+        force=True,
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
     log = logging.getLogger(f"uph.{name}")
     fail_once(snakemake, log)
     start = time.perf_counter()

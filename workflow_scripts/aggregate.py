@@ -1,13 +1,18 @@
 """Rule aggregate: every figure (PNG and PDF) and results/summary.md, from the tables and curves."""
-from uph.report.figures import FIGURES, render, save
+
 from uph.io import atomic_path
 from uph.logs import rule_logging
+from uph.report.figures import FIGURES, render, save
 from uph.report.study import TABLES, load_study
 from uph.report.summary import summary_markdown
 
 with rule_logging(snakemake) as log:
-    study = load_study(dict(zip(TABLES, snakemake.input.tables)), snakemake.input.copy_task_curves,
-                       snakemake.input.feedback_curves, snakemake.params.copy_task_vocab)
+    study = load_study(
+        dict(zip(TABLES, snakemake.input.tables)),
+        snakemake.input.copy_task_curves,
+        snakemake.input.feedback_curves,
+        snakemake.params.copy_task_vocab,
+    )
     for name, png, pdf in zip(FIGURES, snakemake.output.png, snakemake.output.pdf):
         save(render(name, study), png, pdf)
         log.info("figure %s: %s, %s", name, png, pdf)

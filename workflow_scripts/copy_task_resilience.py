@@ -1,4 +1,5 @@
 """Rule gram_resilience: seed 004's resilience table, dot product vs Gram determinant."""
+
 from uph.attention.copy_task import gram_resilience
 from uph.io import write_table
 from uph.logs import rule_logging

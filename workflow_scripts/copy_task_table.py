@@ -1,4 +1,5 @@
 """Rule copy_task_table: every (attention, seed) job's final evaluation as one table."""
+
 import pandas as pd
 
 from uph.io import write_table
@@ -13,6 +14,9 @@ with rule_logging(snakemake) as log:
     log.info("token and sequence accuracy on the copied half over seeds:\n%s", summary.to_string())
     curves = pd.concat(map(pd.read_parquet, snakemake.input.curves), ignore_index=True)
     trend = curves.groupby(["attention", "seed"])["loss"].agg(best="min", final="last")
-    log.info("copy loss at train_len along training, best and final (a final far above the best means "
-             "training lost ground):\n%s", trend.to_string())
+    log.info(
+        "copy loss at train_len along training, best and final (a final far above the best means "
+        "training lost ground):\n%s",
+        trend.to_string(),
+    )
     write_table(table, snakemake.output.csv)

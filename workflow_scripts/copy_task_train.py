@@ -1,4 +1,5 @@
 """Rule copy_task_train: seed 004's one-layer model on the copy task, for one (attention, seed)."""
+
 import torch
 
 from uph.attention.copy_task import train
@@ -8,10 +9,20 @@ from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
-    curves, evaluation = train(snakemake.params.copy_task, snakemake.wildcards.attention, int(snakemake.wildcards.seed),
-                               resolve_device(snakemake.params.device), log)
+    curves, evaluation = train(
+        snakemake.params.copy_task,
+        snakemake.wildcards.attention,
+        int(snakemake.wildcards.seed),
+        resolve_device(snakemake.params.device),
+        log,
+    )
     for row in evaluation.itertuples():
-        log.info("eval length %d: copy loss %.4f, token acc %.4f, sequence acc %.4f",
-                 row.eval_len, row.final_loss, row.token_acc, row.seq_acc)
+        log.info(
+            "eval length %d: copy loss %.4f, token acc %.4f, sequence acc %.4f",
+            row.eval_len,
+            row.final_loss,
+            row.token_acc,
+            row.seq_acc,
+        )
     write_parquet(curves, snakemake.output.curves)
     write_parquet(evaluation, snakemake.output.evaluation)

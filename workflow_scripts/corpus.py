@@ -1,20 +1,33 @@
 """Rule corpus: tokenize every user, keep the largest `max_users` with >= `min_tokens`, split in time."""
+
 from pathlib import Path
 
 import pandas as pd
 
-from uph.lm.corpus import tokenize_users
 from uph.io import write_parquet
-from uph.logs import rule_logging
+from uph.lm.corpus import tokenize_users
 from uph.lm.models import load_tokenizer
+from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.corpus
     roles = pd.read_parquet(snakemake.input.roles)
     tokenizer = load_tokenizer(Path(snakemake.input.model).parent)
-    users = tokenize_users(roles, tokenizer, cfg["min_tokens"], cfg["max_users"],
-                           cfg["train_fraction"], gap=snakemake.params.gap,
-                           max_tokens=cfg["max_tokens"])
-    log.info("kept %d of %d users (%d to %d tokens each, %d used in all)", len(users), len(roles),
-             users["n_tokens_total"].min(), users["n_tokens_total"].max(), users["n_tokens"].sum())
+    users = tokenize_users(
+        roles,
+        tokenizer,
+        cfg["min_tokens"],
+        cfg["max_users"],
+        cfg["train_fraction"],
+        gap=snakemake.params.gap,
+        max_tokens=cfg["max_tokens"],
+    )
+    log.info(
+        "kept %d of %d users (%d to %d tokens each, %d used in all)",
+        len(users),
+        len(roles),
+        users["n_tokens_total"].min(),
+        users["n_tokens_total"].max(),
+        users["n_tokens"].sum(),
+    )
     write_parquet(users, snakemake.output.users)

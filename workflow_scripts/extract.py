@@ -1,14 +1,15 @@
 """Rule extract: cache the final hidden states of the users of one shard."""
+
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from uph.lm.cache import configured_identity, shard_of, shard_writer
 from uph.device import resolve_device
+from uph.lm.cache import configured_identity, shard_of, shard_writer
 from uph.lm.extract import extract_users
-from uph.logs import rule_logging
 from uph.lm.models import load_model
+from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.extract

@@ -1,4 +1,5 @@
 """Rule feedback_table: one row per (method, seed) from the training curves."""
+
 import pandas as pd
 
 from uph.feedback.training import summarize

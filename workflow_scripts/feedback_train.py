@@ -1,9 +1,10 @@
 """Rule feedback_train: train the character MLP with one method and seed; write its curves."""
+
 import pandas as pd
 import torch
 
-from uph.feedback.char_lm import char_corpus
 from uph.device import resolve_device
+from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import train, train_config
 from uph.io import write_parquet
 from uph.logs import rule_logging
@@ -15,8 +16,14 @@ with rule_logging(snakemake) as log:
     text = "\n".join(pd.read_parquet(snakemake.input.roles)["text"])
     corpus = char_corpus(text, section["test_fraction"], config.context)
     method, seed = snakemake.wildcards.method, int(snakemake.wildcards.seed)
-    log.info("%s, seed %d: %d train and %d held-out characters, vocabulary of %d", method, seed,
-             len(corpus.train), len(corpus.test), len(corpus.vocab))
+    log.info(
+        "%s, seed %d: %d train and %d held-out characters, vocabulary of %d",
+        method,
+        seed,
+        len(corpus.train),
+        len(corpus.test),
+        len(corpus.vocab),
+    )
     curves = train(corpus, method, seed, config, resolve_device(snakemake.params.device))
     last = curves.iloc[-1]
     log.info("after %d steps: held-out loss %.4f, accuracy %.4f", last["step"], last["test_loss"], last["test_acc"])

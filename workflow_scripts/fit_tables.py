@@ -1,12 +1,13 @@
 """Rule personalization_table: the sweep's summary per (head, alpha, d, solver, control) and the
 cross-user matrix, as CSV with Markdown and LaTeX beside them. No timings: the tables are deterministic
 (wall time per job is in results/benchmarks and provenance.json)."""
+
 import json
 
 import pandas as pd
 
-from uph.lm.evaluate import summarize
 from uph.io import write_table
+from uph.lm.evaluate import summarize
 from uph.logs import rule_logging
 
 KEYS = ["head", "alpha", "d", "solver"]
@@ -18,11 +19,19 @@ with rule_logging(snakemake) as log:
     rows = []
     for (control, *key), users in pd.concat([personal, controls]).groupby(["control", *KEYS], sort=True):
         point = dict(zip(KEYS, key))
-        rows.append({"model": model, **point, "control": control,
-                     **summarize(users, d=point["d"], n_boot=snakemake.params.bootstrap),
-                     "fit_objective": users["fit_objective"].mean(),
-                     "fit_certificate_max": users["fit_certificate"].max()})
-    table = pd.DataFrame(rows).sort_values(["control", "head", "alpha", "d", "solver"], ascending=[False, True, True, True, True])
+        rows.append(
+            {
+                "model": model,
+                **point,
+                "control": control,
+                **summarize(users, d=point["d"], n_boot=snakemake.params.bootstrap),
+                "fit_objective": users["fit_objective"].mean(),
+                "fit_certificate_max": users["fit_certificate"].max(),
+            }
+        )
+    table = pd.DataFrame(rows).sort_values(
+        ["control", "head", "alpha", "d", "solver"], ascending=[False, True, True, True, True]
+    )
     write_table(table, snakemake.output.personalization)
     log.info("personalization: %d rows", len(table))
 

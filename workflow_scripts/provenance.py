@@ -1,14 +1,20 @@
 """Rule provenance: results/provenance.json (config, commit, versions, model identity, seeds, host,
 device, wall time per rule). Its own benchmark file is left out: it is written after this job."""
+
 from pathlib import Path
 
 from uph.io import write_json
-from uph.logs import rule_logging
 from uph.lm.models import read_identity
+from uph.logs import rule_logging
 from uph.report.provenance import provenance
 
 with rule_logging(snakemake) as log:
-    record = provenance(snakemake.params.config, read_identity(Path(snakemake.input.model).parent),
-                        snakemake.params.repo, snakemake.params.benchmarks, exclude_rule=snakemake.rule)
+    record = provenance(
+        snakemake.params.config,
+        read_identity(Path(snakemake.input.model).parent),
+        snakemake.params.repo,
+        snakemake.params.benchmarks,
+        exclude_rule=snakemake.rule,
+    )
     write_json(record, snakemake.output[0])
     log.info("commit %s, %d rules timed", record["git"]["commit"], len(record["wall_seconds_per_rule"]))

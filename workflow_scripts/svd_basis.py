@@ -1,9 +1,10 @@
 """Rule svd_basis: the top singular triplets of the model's lm_head weight."""
+
 from pathlib import Path
 
 from uph.lm.basis import save_basis, top_singular_triplets
-from uph.logs import rule_logging
 from uph.lm.models import read_identity, read_lm_head
+from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     model_dir = Path(snakemake.input.model).parent

@@ -7,6 +7,7 @@ minimizes the mean next-token cross-entropy over all targets (as seed 004's batc
 evaluation scores the copied targets only: their mean cross-entropy, token accuracy, and
 sequence accuracy (every copied target of a sequence right).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,16 +41,20 @@ def copy_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float
     copied = copied_targets(targets.shape[1] + 1).to(targets.device)
     logits, targets = logits[:, copied].float(), targets[:, copied]
     right = logits.argmax(-1) == targets
-    return {"loss": F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item(),
-            "token_acc": right.float().mean().item(),
-            "seq_acc": right.all(dim=1).float().mean().item()}
+    return {
+        "loss": F.cross_entropy(logits.flatten(0, 1), targets.flatten()).item(),
+        "token_acc": right.float().mean().item(),
+        "seq_acc": right.all(dim=1).float().mean().item(),
+    }
 
 
 def check_config(cfg: dict) -> None:
     """What the copy_task schema cannot express: relations between its keys."""
     if cfg["d_model"] % cfg["n_head"] or (cfg["d_model"] // cfg["n_head"]) % 2:
-        raise ConfigError(f"config key 'copy_task.d_model': {cfg['d_model']} must split into "
-                          f"copy_task.n_head={cfg['n_head']} heads of even width (RoPE turns pairs)")
+        raise ConfigError(
+            f"config key 'copy_task.d_model': {cfg['d_model']} must split into "
+            f"copy_task.n_head={cfg['n_head']} heads of even width (RoPE turns pairs)"
+        )
 
 
 def eval_lengths(cfg: dict) -> list[int]:
@@ -57,8 +62,9 @@ def eval_lengths(cfg: dict) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int,
-             autocast: dict) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int, autocast: dict
+) -> dict[str, float]:
     """copy_metrics over a fixed eval set, in chunks of batch_size sequences."""
     model.eval()
     with torch.autocast(**autocast):
@@ -67,8 +73,9 @@ def evaluate(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
     return copy_metrics(logits, targets)
 
 
-def train(cfg: dict, attention: str, seed: int, device: torch.device,
-          log: logging.Logger | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+def train(
+    cfg: dict, attention: str, seed: int, device: torch.device, log: logging.Logger | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train seed 004's one-layer model on the copy task with AdamW.
 
     Returns the learning curves (one row per logged step: mean training loss since the last row,
@@ -82,17 +89,27 @@ def train(cfg: dict, attention: str, seed: int, device: torch.device,
     torch.manual_seed(seed)
     model = OneLayerModel(cfg["vocab"], cfg["d_model"], cfg["n_head"], attention).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    autocast = {"device_type": device.type, "dtype": getattr(torch, cfg["dtype"]),
-                "enabled": cfg["dtype"] != "float32"}
+    autocast = {"device_type": device.type, "dtype": getattr(torch, cfg["dtype"]), "enabled": cfg["dtype"] != "float32"}
     batches = torch.Generator().manual_seed(seed)
-    eval_sets = {length: [t.to(device) for t in copy_batch(
-        cfg["eval_size"], length, cfg["vocab"], torch.Generator().manual_seed(seed * EVAL_STREAM + length))]
-        for length in eval_lengths(cfg)}
+    eval_sets = {
+        length: [
+            t.to(device)
+            for t in copy_batch(
+                cfg["eval_size"], length, cfg["vocab"], torch.Generator().manual_seed(seed * EVAL_STREAM + length)
+            )
+        ]
+        for length in eval_lengths(cfg)
+    }
     L, every = cfg["train_len"], cfg["log_every"]
 
     def curve_row(step: int, train_loss: float) -> dict:
-        return {"attention": attention, "seed": seed, "step": step, "train_loss": train_loss,
-                **evaluate(model, *eval_sets[L], cfg["batch_size"], autocast)}
+        return {
+            "attention": attention,
+            "seed": seed,
+            "step": step,
+            "train_loss": train_loss,
+            **evaluate(model, *eval_sets[L], cfg["batch_size"], autocast),
+        }
 
     rows, running, start = [curve_row(0, float("nan"))], [], time.perf_counter()
     for step in range(1, cfg["steps"] + 1):
@@ -109,17 +126,34 @@ def train(cfg: dict, attention: str, seed: int, device: torch.device,
             if not math.isfinite(train_loss):
                 raise TrainingDivergedError(
                     f"copy task with {attention} attention, seed {seed}: the training loss is {train_loss} by step "
-                    f"{step}; lower config key 'copy_task.lr' ({cfg['lr']})")
+                    f"{step}; lower config key 'copy_task.lr' ({cfg['lr']})"
+                )
             rows.append(curve_row(step, train_loss))
             running = []
-            log.info("%s seed %d step %d: train loss %.4f, copy loss %.4f, token acc %.4f",
-                     attention, seed, step, rows[-1]["train_loss"], rows[-1]["loss"], rows[-1]["token_acc"])
+            log.info(
+                "%s seed %d step %d: train loss %.4f, copy loss %.4f, token acc %.4f",
+                attention,
+                seed,
+                step,
+                rows[-1]["train_loss"],
+                rows[-1]["loss"],
+                rows[-1]["token_acc"],
+            )
     log.info("%s seed %d: %d steps in %.1f s", attention, seed, cfg["steps"], time.perf_counter() - start)
     final = []
     for length, eval_set in eval_sets.items():
         metrics = evaluate(model, *eval_set, cfg["batch_size"], autocast)
-        final.append({"attention": attention, "seed": seed, "train_len": L, "eval_len": length,
-                      "final_loss": metrics["loss"], "token_acc": metrics["token_acc"], "seq_acc": metrics["seq_acc"]})
+        final.append(
+            {
+                "attention": attention,
+                "seed": seed,
+                "train_len": L,
+                "eval_len": length,
+                "final_loss": metrics["loss"],
+                "token_acc": metrics["token_acc"],
+                "seq_acc": metrics["seq_acc"],
+            }
+        )
     return pd.DataFrame(rows), pd.DataFrame(final)
 
 
@@ -137,6 +171,12 @@ def gram_resilience() -> pd.DataFrame:
     for result, magnitude, k in rows:
         vectors = torch.stack((q, k, r))
         gram = -torch.linalg.det(vectors @ vectors.T)
-        table.append({"magnitude": magnitude, "dot": round(torch.dot(q, k).item(), 4),
-                      "gram": round(gram.item(), 4), "result": result})
+        table.append(
+            {
+                "magnitude": magnitude,
+                "dot": round(torch.dot(q, k).item(), 4),
+                "gram": round(gram.item(), 4),
+                "result": result,
+            }
+        )
     return pd.DataFrame(table)

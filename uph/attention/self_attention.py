@@ -30,6 +30,7 @@ M2 = (H⊙rk) k, and the row sums Σ_j H qk² = q·M1, Σ_j H rk² = r·M2, Σ_j
 kind, not in the seed: the same score on q, k, r rescaled to norm sqrt(D), which bounds it to
 [-D^1.5, 0]; the seed's degree-6 score otherwise grows with the sixth power of the activations.
 """
+
 from __future__ import annotations
 
 import torch
@@ -73,14 +74,14 @@ def triple_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.Te
         q, k, r = q.to(dtype), k.to(dtype), r.to(dtype)
         T, scale = q.shape[-2], q.shape[-1] ** -1.5
         qq, rr, qr, kk, delta = _dots(q, k, r)
-        delta = delta.clamp_min(0)                            # a Gram determinant; rounding can dip below 0
-        rr = rr.clamp_min(torch.finfo(dtype).tiny)            # r = 0 gives w = 0, δ = 0: score 0
+        delta = delta.clamp_min(0)  # a Gram determinant; rounding can dip below 0
+        rr = rr.clamp_min(torch.finfo(dtype).tiny)  # r = 0 gives w = 0, δ = 0: score 0
         u = (rr[..., None] * q - qr[..., None] * r) * (scale / rr).sqrt()[..., None]
         v = r * (scale * delta / rr).sqrt()[..., None]
         kt = k.transpose(-2, -1)
-        scores = (u @ kt).square_()                           # D^-1.5 (w·k)² / rr
+        scores = (u @ kt).square_()  # D^-1.5 (w·k)² / rr
         vk = v @ kt
-        scores.addcmul_(vk, vk)                               # + D^-1.5 δ (r·k)² / rr
+        scores.addcmul_(vk, vk)  # + D^-1.5 δ (r·k)² / rr
         del vk
         _flat(scores).baddbmm_(_flat(delta[..., None]), _flat(kk[..., None, :]), alpha=-scale)
         return scores.masked_fill_(_future(T, q.device), float("-inf"))
@@ -104,11 +105,11 @@ class _TripleProductProbs(torch.autograd.Function):
             H = torch.ops.aten._softmax_backward_data(grad_probs.to(probs.dtype), probs, -1, probs.dtype)
             qq, rr, qr, kk, delta = _dots(q, k, r)
             h = (H @ kk[..., None]).squeeze(-1)
-            h_delta = (delta[..., None, :] @ H).squeeze(-2)   # Σ_i H_ij δ_i
+            h_delta = (delta[..., None, :] @ H).squeeze(-2)  # Σ_i H_ij δ_i
             w = rr[..., None] * q - qr[..., None] * r
             z = qq[..., None] * r - qr[..., None] * q
             kt = k.transpose(-2, -1)
-            Hqk = (q @ kt).mul_(H)                            # one T×T product alive at a time
+            Hqk = (q @ kt).mul_(H)  # one T×T product alive at a time
             M1, grad_k = Hqk @ k, h_delta[..., None] * k - Hqk.transpose(-2, -1) @ w
             del Hqk
             Hrk = (r @ kt).mul_(H)

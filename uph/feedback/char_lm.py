@@ -20,6 +20,7 @@ gradients are the batch means of the local outer products with da_l = delta_l * 
 dW_l = mean_n da_l h_{l-1}^T, db_l = mean_n da_l, and the output layer always uses its own
 local gradient dW_out = mean_n e_L h_L^T, db_out = mean_n e_L.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from uph.errors import ConfigError
 @dataclass(frozen=True)
 class CharCorpus:
     """A text as character ids: the train head and the held-out tail."""
+
     vocab: str
     train: torch.Tensor
     test: torch.Tensor
@@ -45,8 +47,10 @@ def char_corpus(text: str, test_fraction: float, context: int) -> CharCorpus:
     split = int(len(ids) * (1 - test_fraction))
     for part, tokens in (("train", ids[:split]), ("held-out", ids[split:])):
         if len(tokens) <= context:
-            raise ConfigError(f"config key 'feedback.test_fraction': the {part} text has {len(tokens)} "
-                              f"characters, not more than feedback.context={context}")
+            raise ConfigError(
+                f"config key 'feedback.test_fraction': the {part} text has {len(tokens)} "
+                f"characters, not more than feedback.context={context}"
+            )
     return CharCorpus(vocab, ids[:split], ids[split:])
 
 
@@ -56,8 +60,9 @@ def windows(tokens: torch.Tensor, starts: torch.Tensor, context: int) -> tuple[t
     return x, tokens[starts + context]
 
 
-def sample_batch(tokens: torch.Tensor, context: int, batch_size: int,
-                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batch(
+    tokens: torch.Tensor, context: int, batch_size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     starts = torch.randint(len(tokens) - context, (batch_size,), generator=generator)
     return windows(tokens, starts, context)
 
@@ -80,8 +85,9 @@ class CharMLP:
 
     def __init__(self, vocab_size: int, context: int, hidden: list[int], generator: torch.Generator):
         """Weights Gaussian with variance 1 / fan-in (the window's T one-hots count as fan-in T), biases 0."""
+
         def gaussian(*shape, fan_in):
-            return torch.randn(*shape, generator=generator) / fan_in ** 0.5
+            return torch.randn(*shape, generator=generator) / fan_in**0.5
 
         self.params = [gaussian(context, vocab_size, hidden[0], fan_in=context), torch.zeros(hidden[0])]
         for d_in, d_out in zip(hidden, hidden[1:]):
@@ -117,14 +123,18 @@ class CharMLP:
             deltas.append(g)
         return deltas[::-1]
 
-    def gradients(self, x: torch.Tensor, hs: list[torch.Tensor], e: torch.Tensor,
-                  deltas: list[torch.Tensor]) -> list[torch.Tensor]:
+    def gradients(
+        self, x: torch.Tensor, hs: list[torch.Tensor], e: torch.Tensor, deltas: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
         """Parameter gradients (ordered as `params`) of the batch-mean loss, given each hidden layer's delta."""
         n, context = x.shape
         da = [delta * (1 - h * h) for delta, h in zip(deltas, hs)]
         dE = torch.zeros_like(self.params[0])
-        dE.index_put_((torch.arange(context, device=x.device).expand(n, context), x),
-                      da[0][:, None, :].expand(n, context, -1) / n, accumulate=True)
+        dE.index_put_(
+            (torch.arange(context, device=x.device).expand(n, context), x),
+            da[0][:, None, :].expand(n, context, -1) / n,
+            accumulate=True,
+        )
         grads = [dE, da[0].mean(0)]
         for da_l, h_below in zip(da[1:], hs):
             grads += [da_l.T @ h_below / n, da_l.mean(0)]

@@ -26,6 +26,7 @@ for comparison with the learned mode; the seed returns only alpha there. Random 
 then each U_l) come from an explicit generator. r may not exceed any d_l (St(d, r) is empty
 then); the seed does not check.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from uph.errors import ConfigError
 @dataclass(frozen=True)
 class UpdateConfig:
     """Step sizes and bounds of `FeedbackLayer.update`; the defaults are the seed's."""
+
     eta_B: float = 3e-5
     tau: float = 0.99
     beta_alpha: float = 0.01
@@ -82,8 +84,9 @@ class FeedbackLayer:
         return self.alpha * (c @ self.U.T)
 
     @torch.no_grad()
-    def update(self, g_hat: torch.Tensor, c: torch.Tensor, config: UpdateConfig = UpdateConfig(),
-               frozen: bool = False) -> dict[str, float]:
+    def update(
+        self, g_hat: torch.Tensor, c: torch.Tensor, config: UpdateConfig = UpdateConfig(), frozen: bool = False
+    ) -> dict[str, float]:
         """One step of the module docstring's update from g_hat (N, d) and c (N, r); returns
         the diagnostics alpha_star, alpha, rho and tangent_norm (|Delta|_F before clipping)."""
         n, r = c.shape
@@ -100,21 +103,28 @@ class FeedbackLayer:
         alpha_star = (alignment / (mean_c2 + config.eps)).clamp(config.alpha_min, config.alpha_max)
         if not frozen:
             self.alpha.mul_(1.0 - config.beta_alpha).add_(alpha_star, alpha=config.beta_alpha)
-        rho = alignment / (torch.linalg.norm(G) * r ** 0.5 + config.eps)
-        return {"alpha_star": alpha_star.item(), "alpha": self.alpha.item(), "rho": rho.item(),
-                "tangent_norm": tangent_norm.item()}
+        rho = alignment / (torch.linalg.norm(G) * r**0.5 + config.eps)
+        return {
+            "alpha_star": alpha_star.item(),
+            "alpha": self.alpha.item(),
+            "rho": rho.item(),
+            "tangent_norm": tangent_norm.item(),
+        }
 
 
 class FeedbackSystem:
     """The compressor C (r x V, C C^T = I_r, r = min(rank, V)) shared by one FeedbackLayer per hidden layer."""
 
-    def __init__(self, vocab_size: int, layer_dims: list[int], rank: int = 128,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self, vocab_size: int, layer_dims: list[int], rank: int = 128, generator: torch.Generator | None = None
+    ):
         self.rank = min(rank, vocab_size)
         if self.rank > min(layer_dims):
-            raise ConfigError(f"config key 'feedback.rank': {self.rank} (clipped to the vocabulary of "
-                              f"{vocab_size}) exceeds the narrowest hidden layer, {min(layer_dims)}; "
-                              f"U_l in St(d_l, r) needs r <= d_l")
+            raise ConfigError(
+                f"config key 'feedback.rank': {self.rank} (clipped to the vocabulary of "
+                f"{vocab_size}) exceeds the narrowest hidden layer, {min(layer_dims)}; "
+                f"U_l in St(d_l, r) needs r <= d_l"
+            )
         self.C = random_stiefel(vocab_size, self.rank, generator).T.contiguous()
         self.layers = [FeedbackLayer(d, self.rank, generator) for d in layer_dims]
 
@@ -130,6 +140,7 @@ class FeedbackSystem:
     def compute_deltas(self, c: torch.Tensor) -> list[torch.Tensor]:
         return [layer.compute_delta(c) for layer in self.layers]
 
-    def update_all(self, g_hats: list[torch.Tensor], c: torch.Tensor, config: UpdateConfig = UpdateConfig(),
-                   frozen: bool = False) -> list[dict[str, float]]:
+    def update_all(
+        self, g_hats: list[torch.Tensor], c: torch.Tensor, config: UpdateConfig = UpdateConfig(), frozen: bool = False
+    ) -> list[dict[str, float]]:
         return [layer.update(g_hat, c, config, frozen) for layer, g_hat in zip(self.layers, g_hats)]

@@ -15,6 +15,7 @@ training loss and accuracy, the per-layer alignment (the batch mean of the per-e
 between delta_l and g_l) and, for the factored methods, alpha_l, alpha_star_l, rho_l and
 tangent_norm_l; plus the held-out loss and accuracy on fixed evenly spaced windows of the tail.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from uph.feedback.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
 from uph.errors import ConfigError, TrainingDivergedError
+from uph.feedback.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
 from uph.feedback.subspace import FeedbackSystem, UpdateConfig
 
 METHODS = ("backprop", "dfa", "feedback_frozen", "feedback_learned")
@@ -38,8 +39,9 @@ class Adam:
     p <- p - lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). Written out because constructing
     torch.optim.Adam imports torch._dynamo, seconds of every short job."""
 
-    def __init__(self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
+    def __init__(
+        self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+    ):
         self.params, self.lr, self.betas, self.eps, self.t = params, lr, betas, eps, 0
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
@@ -50,8 +52,8 @@ class Adam:
         for p, g, m, v in zip(self.params, grads, self.m, self.v):
             m.mul_(b1).add_(g, alpha=1 - b1)
             v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denominator = (v / (1 - b2 ** self.t)).sqrt_().add_(self.eps)
-            p.addcdiv_(m, denominator, value=-self.lr / (1 - b1 ** self.t))
+            denominator = (v / (1 - b2**self.t)).sqrt_().add_(self.eps)
+            p.addcdiv_(m, denominator, value=-self.lr / (1 - b1**self.t))
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class Backprop:
 
 class DirectFeedback:
     def __init__(self, vocab_size: int, dims: list[int], generator: torch.Generator):
-        self.B = [torch.randn(d, vocab_size, generator=generator) / vocab_size ** 0.5 for d in dims]
+        self.B = [torch.randn(d, vocab_size, generator=generator) / vocab_size**0.5 for d in dims]
 
     def to(self, device: torch.device) -> DirectFeedback:
         self.B = [B.to(device) for B in self.B]
@@ -88,8 +90,15 @@ class DirectFeedback:
 
 
 class FactoredFeedback:
-    def __init__(self, vocab_size: int, dims: list[int], rank: int, update: UpdateConfig, frozen: bool,
-                 generator: torch.Generator):
+    def __init__(
+        self,
+        vocab_size: int,
+        dims: list[int],
+        rank: int,
+        update: UpdateConfig,
+        frozen: bool,
+        generator: torch.Generator,
+    ):
         self.system = FeedbackSystem(vocab_size, dims, rank, generator)
         self.update, self.frozen = update, frozen
 
@@ -101,8 +110,9 @@ class FactoredFeedback:
         c = self.system.compress_error(e)
         deltas = self.system.compute_deltas(c)
         diagnostics = self.system.update_all(true, c, self.update, self.frozen)
-        return deltas, {f"{name}_l{l}": value for l, layer in enumerate(diagnostics, 1)
-                        for name, value in layer.items()}
+        return deltas, {
+            f"{name}_l{l}": value for l, layer in enumerate(diagnostics, 1) for name, value in layer.items()
+        }
 
 
 def make_method(method: str, vocab_size: int, config: TrainConfig, generator: torch.Generator):
@@ -121,20 +131,20 @@ def evaluate(model: CharMLP, x: torch.Tensor, y: torch.Tensor, chunk: int = 1024
     """Mean cross-entropy and accuracy of next-character prediction on windows x, y."""
     loss = correct = 0.0
     for start in range(0, len(y), chunk):
-        _, z = model.forward(x[start:start + chunk])
-        loss += F.cross_entropy(z, y[start:start + chunk], reduction="sum").item()
-        correct += (z.argmax(-1) == y[start:start + chunk]).sum().item()
+        _, z = model.forward(x[start : start + chunk])
+        loss += F.cross_entropy(z, y[start : start + chunk], reduction="sum").item()
+        correct += (z.argmax(-1) == y[start : start + chunk]).sum().item()
     return loss / len(y), correct / len(y)
 
 
 @torch.no_grad()
-def train(corpus: CharCorpus, method: str, seed: int, config: TrainConfig,
-          device: torch.device = torch.device("cpu")) -> pd.DataFrame:
+def train(
+    corpus: CharCorpus, method: str, seed: int, config: TrainConfig, device: torch.device | str = "cpu"
+) -> pd.DataFrame:
     """Train one network with one method; returns its curves (one row per log step). A NaN or inf
     training loss raises TrainingDivergedError: no table holds a diverged run."""
     vocab_size = len(corpus.vocab)
-    model = CharMLP(vocab_size, config.context, list(config.hidden),
-                    torch.Generator().manual_seed(seed)).to(device)
+    model = CharMLP(vocab_size, config.context, list(config.hidden), torch.Generator().manual_seed(seed)).to(device)
     rule = make_method(method, vocab_size, config, torch.Generator().manual_seed(seed + 1_000_000)).to(device)
     batches = torch.Generator().manual_seed(seed + 2_000_000)
     optimizer = Adam(model.params, lr=config.lr)
@@ -150,8 +160,10 @@ def train(corpus: CharCorpus, method: str, seed: int, config: TrainConfig,
 
         loss = F.cross_entropy(z, y).item()
         if not math.isfinite(loss):
-            raise TrainingDivergedError(f"feedback training with {method}, seed {seed}: the training loss is {loss} "
-                                        f"at step {step}; lower config key 'feedback.lr' ({config.lr})")
+            raise TrainingDivergedError(
+                f"feedback training with {method}, seed {seed}: the training loss is {loss} "
+                f"at step {step}; lower config key 'feedback.lr' ({config.lr})"
+            )
         sums["train_loss"] += loss
         sums["train_acc"] += (z.argmax(-1) == y).float().mean().item()
         for l, (delta, g) in enumerate(zip(deltas, true), 1):
@@ -161,9 +173,17 @@ def train(corpus: CharCorpus, method: str, seed: int, config: TrainConfig,
         since += 1
         if step % config.log_every == 0 or step == config.steps:
             test_loss, test_acc = evaluate(model, x_test, y_test)
-            rows.append({"method": method, "seed": seed, "step": step, "seconds": time.perf_counter() - start,
-                         **{name: total / since for name, total in sums.items()},
-                         "test_loss": test_loss, "test_acc": test_acc})
+            rows.append(
+                {
+                    "method": method,
+                    "seed": seed,
+                    "step": step,
+                    "seconds": time.perf_counter() - start,
+                    **{name: total / since for name, total in sums.items()},
+                    "test_loss": test_loss,
+                    "test_acc": test_acc,
+                }
+            )
             sums, since = defaultdict(float), 0
     return pd.DataFrame(rows)
 
@@ -176,20 +196,32 @@ def summarize(curves: pd.DataFrame) -> pd.DataFrame:
         run = run.sort_values("step")
         alignment = run.filter(regex=r"^alignment_l\d+$").dropna(axis=1, how="all").mean(axis=1)
         last = run.iloc[-1]
-        rows.append({"method": method, "seed": seed, "final_loss": last["test_loss"], "final_acc": last["test_acc"],
-                     "mean_alignment": alignment.mean(), "final_alignment": alignment.iloc[-1],
-                     "final_train_loss": last["train_loss"], "steps": int(last["step"])})
+        rows.append(
+            {
+                "method": method,
+                "seed": seed,
+                "final_loss": last["test_loss"],
+                "final_acc": last["test_acc"],
+                "mean_alignment": alignment.mean(),
+                "final_alignment": alignment.iloc[-1],
+                "final_train_loss": last["train_loss"],
+                "steps": int(last["step"]),
+            }
+        )
     order = {method: i for i, method in enumerate(METHODS)}
     table = pd.DataFrame(rows)
-    return table.sort_values(["method", "seed"], key=lambda s: s.map(order) if s.name == "method" else s,
-                             kind="stable").reset_index(drop=True)
+    return table.sort_values(
+        ["method", "seed"], key=lambda s: s.map(order) if s.name == "method" else s, kind="stable"
+    ).reset_index(drop=True)
 
 
 def train_config(section: dict) -> TrainConfig:
     """The validated `feedback:` config section as a TrainConfig."""
     update = UpdateConfig(**section["update"])
     if update.alpha_min > update.alpha_max:
-        raise ConfigError(f"config key 'feedback.update.alpha_min': {update.alpha_min} is above "
-                          f"feedback.update.alpha_max={update.alpha_max}")
+        raise ConfigError(
+            f"config key 'feedback.update.alpha_min': {update.alpha_min} is above "
+            f"feedback.update.alpha_max={update.alpha_max}"
+        )
     keys = ("context", "steps", "batch_size", "lr", "log_every", "eval_windows", "rank")
     return TrainConfig(hidden=tuple(section["hidden"]), update=update, **{key: section[key] for key in keys})

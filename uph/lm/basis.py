@@ -5,6 +5,7 @@ With V >> H, the right singular vectors are the eigenvectors of the H×H Gram ma
 W^T W = V S^2 V^T, then U = W V S^-1. That is one V×H×H product instead of a full SVD of W.
 Signs are fixed so that each right singular vector's largest-magnitude entry is positive.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,8 +31,11 @@ def top_singular_triplets(W: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.
 
 def save_basis(path: str | Path, U, S, Vh, weights_sha256: str) -> None:
     with atomic_path(path) as tmp:
-        save_file({"U": U.contiguous(), "S": S.contiguous(), "Vh": Vh.contiguous()}, tmp,
-                  metadata={"weights_sha256": weights_sha256})
+        save_file(
+            {"U": U.contiguous(), "S": S.contiguous(), "Vh": Vh.contiguous()},
+            tmp,
+            metadata={"weights_sha256": weights_sha256},
+        )
 
 
 def load_basis(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

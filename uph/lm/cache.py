@@ -9,6 +9,7 @@ Data pages carry CRC checksums, so a damaged file is detected when it is read, a
 inf hidden states (a float16 extraction that overflowed). Every refusal is one `CacheError` line
 naming the file and what to do, raised before any of the file's states is used.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,11 +41,15 @@ def shard_of(user_id: str, n_shards: int) -> int:
 
 def cache_identity(model_identity: dict, dtype: torch.dtype, context: int) -> dict:
     """What a cache file must match to be reused (see `configured_identity` for a config's)."""
-    return {"schema_version": SCHEMA_VERSION, "model": model_identity["name"],
-            "weights_sha256": model_identity["weights_sha256"],
-            "tokenizer_sha256": model_identity["tokenizer_sha256"],
-            "dtype": str(dtype).removeprefix("torch."), "context": context,
-            "hidden_size": model_identity["hidden_size"]}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": model_identity["name"],
+        "weights_sha256": model_identity["weights_sha256"],
+        "tokenizer_sha256": model_identity["tokenizer_sha256"],
+        "dtype": str(dtype).removeprefix("torch."),
+        "context": context,
+        "hidden_size": model_identity["hidden_size"],
+    }
 
 
 def configured_identity(model_dir: str | Path, extract: dict, device: str) -> dict:
@@ -55,9 +60,16 @@ def configured_identity(model_dir: str | Path, extract: dict, device: str) -> di
 
 def _arrow_schema(hidden_size: int, dtype: str, identity: dict) -> pa.Schema:
     value = pa.uint16() if dtype == "bfloat16" else pa.from_numpy_dtype(np.dtype(dtype))
-    return pa.schema([("user_id", pa.string()), ("split", pa.string()), ("position", pa.int32()),
-                      ("target", pa.int32()), ("hidden", pa.list_(value, hidden_size))],
-                     metadata={METADATA_KEY: json.dumps(identity).encode()})
+    return pa.schema(
+        [
+            ("user_id", pa.string()),
+            ("split", pa.string()),
+            ("position", pa.int32()),
+            ("target", pa.int32()),
+            ("hidden", pa.list_(value, hidden_size)),
+        ],
+        metadata={METADATA_KEY: json.dumps(identity).encode()},
+    )
 
 
 def _to_numpy(hidden: torch.Tensor) -> np.ndarray:
@@ -77,17 +89,26 @@ def shard_writer(path: str | Path, identity: dict):
     schema = _arrow_schema(identity["hidden_size"], identity["dtype"], identity)
     value_type = schema.field("hidden").type.value_type
 
-    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd",
-                                                    write_page_checksum=True) as writer:
+    with (
+        atomic_path(path) as tmp,
+        pq.ParquetWriter(tmp, schema, compression="zstd", write_page_checksum=True) as writer,
+    ):
+
         def write(user_id: str, split: str, positions, targets, hidden: torch.Tensor) -> None:
             n, size = hidden.shape
             flat = pa.array(_to_numpy(hidden.cpu()).reshape(-1), type=value_type)
-            writer.write_table(pa.table({
-                "user_id": pa.array([user_id] * n, pa.string()),
-                "split": pa.array([split] * n, pa.string()),
-                "position": pa.array(positions, pa.int32()),
-                "target": pa.array(targets, pa.int32()),
-                "hidden": pa.FixedSizeListArray.from_arrays(flat, size)}, schema=schema))
+            writer.write_table(
+                pa.table(
+                    {
+                        "user_id": pa.array([user_id] * n, pa.string()),
+                        "split": pa.array([split] * n, pa.string()),
+                        "position": pa.array(positions, pa.int32()),
+                        "target": pa.array(targets, pa.int32()),
+                        "hidden": pa.FixedSizeListArray.from_arrays(flat, size),
+                    },
+                    schema=schema,
+                )
+            )
 
         yield write
 
@@ -95,6 +116,7 @@ def shard_writer(path: str | Path, identity: dict):
 @dataclass
 class UserStates:
     """One user's cached tokens: hidden [n, H] and targets [n] for each split."""
+
     train_hidden: torch.Tensor
     train_targets: torch.Tensor
     test_hidden: torch.Tensor
@@ -143,14 +165,17 @@ class HiddenStateCache:
     def _split_users(self, table: pa.Table, path: Path) -> dict[str, UserStates]:
         size = table.schema.field("hidden").type.list_size
         user_ids = table.column("user_id").to_numpy(zero_copy_only=False)
-        is_train = (table.column("split").to_numpy(zero_copy_only=False) == "train")
+        is_train = table.column("split").to_numpy(zero_copy_only=False) == "train"
         targets = torch.from_numpy(table.column("target").to_numpy().astype(np.int64))
         hidden = _from_numpy(table.column("hidden").combine_chunks().values.to_numpy().reshape(-1, size), self.dtype)
         finite = torch.isfinite(hidden).all(dim=1)
         if not finite.all():
             user = user_ids[int(torch.argmin(finite.int()))]
-            fix = ("the model computes them in float32 too" if self.dtype == "float32"
-                   else f"{self.dtype} overflowed: set config key 'extract.dtype' to float32")
+            fix = (
+                "the model computes them in float32 too"
+                if self.dtype == "float32"
+                else f"{self.dtype} overflowed: set config key 'extract.dtype' to float32"
+            )
             raise CacheError(f"cache file '{path}' holds NaN or inf hidden states of user '{user}'; {fix}")
         out = {}
         for user in np.unique(user_ids):

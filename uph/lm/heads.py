@@ -22,6 +22,7 @@ top-d singular values by 1 + alpha theta). For `lm_head_update` the basis is con
 draws A ~ N(0, 1/H) [d, H] and then C ~ N(0, 1/d) [V, d] from one generator seeded `basis_seed`
 (seed 000's fan-in scaling, which gives C the scale of U_d S_d).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,10 +42,10 @@ class Head:
 
     name: str
     d: int
-    P: torch.Tensor             # [V, d] logit directions, scalings included
-    A: torch.Tensor | None      # [d, H] conditional heads' projection; None: unconditional
-    up: torch.Tensor | None     # [H, d] alpha B (hidden-space heads); None for lm_head_update
-    W: torch.Tensor             # the lm_head, for `logits`
+    P: torch.Tensor  # [V, d] logit directions, scalings included
+    A: torch.Tensor | None  # [d, H] conditional heads' projection; None: unconditional
+    up: torch.Tensor | None  # [H, d] alpha B (hidden-space heads); None for lm_head_update
+    W: torch.Tensor  # the lm_head, for `logits`
     b: torch.Tensor | None
 
     @property
@@ -73,12 +74,20 @@ class Head:
 
 
 def _random(shape: tuple[int, int], fan_in: int, generator: torch.Generator) -> torch.Tensor:
-    return torch.randn(*shape, generator=generator) / fan_in ** 0.5
+    return torch.randn(*shape, generator=generator) / fan_in**0.5
 
 
-def make_head(name: str, W: torch.Tensor, svd: tuple | None = None, d: int = 64, alpha: float = 0.1,
-              basis_seed: int = 42, gamma: float = 0.5, basis: str = "svd",
-              bias: torch.Tensor | None = None) -> Head:
+def make_head(
+    name: str,
+    W: torch.Tensor,
+    svd: tuple | None = None,
+    d: int = 64,
+    alpha: float = 0.1,
+    basis_seed: int = 42,
+    gamma: float = 0.5,
+    basis: str = "svd",
+    bias: torch.Tensor | None = None,
+) -> Head:
     """Build head `name` on the lm_head (W [V, H], `bias`), with svd = (U, S, Vh) of W when needed."""
     if name not in HEADS:
         raise ConfigError(f"config key 'fit.heads': unknown head '{name}' (known: {', '.join(HEADS)})")
@@ -91,8 +100,10 @@ def make_head(name: str, W: torch.Tensor, svd: tuple | None = None, d: int = 64,
     if uses_svd:
         if svd is None or svd[2].shape[0] < d:
             have = "no SVD basis" if svd is None else f"an SVD basis of {svd[2].shape[0]} triplets"
-            raise ConfigError(f"config key 'fit.ds': head '{name}' with d={d} needs the top {d} "
-                              f"singular triplets of the lm_head, got {have}")
+            raise ConfigError(
+                f"config key 'fit.ds': head '{name}' with d={d} needs the top {d} "
+                f"singular triplets of the lm_head, got {have}"
+            )
         U, S, Vh = svd
         U, S, Vh = U[:, :d].to(W.dtype), S[:d].to(W.dtype), Vh[:d].to(W.dtype)
 

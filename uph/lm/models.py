@@ -6,6 +6,7 @@ with a byte-level tokenizer, built here, for tests), a local folder, or a hub id
 Every later stage loads the materialized folder, whose weight and tokenizer hashes name the model
 in every cache and table (`identity.json`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,15 +46,32 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0):
     from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
 
     if arch == "llama":
-        config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                             max_position_embeddings=1024, tie_word_embeddings=True,
-                             bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+        config = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            bos_token_id=vocab_size - 1,
+            eos_token_id=vocab_size - 1,
+        )
     elif arch == "gpt2":
-        config = GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=1024,
-                            bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+        config = GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=1024,
+            bos_token_id=vocab_size - 1,
+            eos_token_id=vocab_size - 1,
+        )
     else:
-        raise ModelError(f"config key 'model.source': unknown tiny architecture 'tiny:{arch}' (use tiny:llama or tiny:gpt2)")
+        raise ModelError(
+            f"config key 'model.source': unknown tiny architecture 'tiny:{arch}' (use tiny:llama or tiny:gpt2)"
+        )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
 
@@ -66,8 +84,9 @@ def check_model_folder(folder: Path, gguf_file: str | None) -> None:
     if gguf_file and not (folder / gguf_file).is_file():
         raise ModelError(f"config key 'model.gguf_file': '{folder / gguf_file}' does not exist")
     if not gguf_file and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-        raise ModelError(f"config key 'model.source': model folder '{folder}' holds no weights "
-                         "(*.safetensors or *.bin)")
+        raise ModelError(
+            f"config key 'model.source': model folder '{folder}' holds no weights (*.safetensors or *.bin)"
+        )
 
 
 def _load_source(source: str, gguf_file: str | None, revision: str | None):
@@ -123,8 +142,9 @@ def _unique_state_dict(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def materialize(name: str, source: str, out_dir: str | Path, gguf_file: str | None = None,
-                revision: str | None = None) -> dict:
+def materialize(
+    name: str, source: str, out_dir: str | Path, gguf_file: str | None = None, revision: str | None = None
+) -> dict:
     """Write `out_dir` with config, tokenizer, one safetensors file and identity.json (written last).
 
     `save_pretrained` refuses a model de-quantized from GGUF, so the state dict and config are
@@ -148,7 +168,9 @@ def materialize(name: str, source: str, out_dir: str | Path, gguf_file: str | No
     shutil.rmtree(staging)
     saved_as = {t.data_ptr(): key for key, t in tensors.items()}
     head = model.get_output_embeddings()
-    tokenizer_files = [p for p in out_dir.iterdir() if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens"))]
+    tokenizer_files = [
+        p for p in out_dir.iterdir() if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens"))
+    ]
     identity = {
         "name": name,
         "source": source,
@@ -158,8 +180,10 @@ def materialize(name: str, source: str, out_dir: str | Path, gguf_file: str | No
         "hidden_size": head.weight.shape[1],
         "vocab_size": head.weight.shape[0],
         "n_parameters": sum(t.numel() for t in tensors.values()),
-        "lm_head_tensors": {"weight": saved_as[head.weight.data_ptr()],
-                            "bias": saved_as[head.bias.data_ptr()] if getattr(head, "bias", None) is not None else None},
+        "lm_head_tensors": {
+            "weight": saved_as[head.weight.data_ptr()],
+            "bias": saved_as[head.bias.data_ptr()] if getattr(head, "bias", None) is not None else None,
+        },
         "weights_sha256": file_sha256([out_dir / WEIGHTS]),
         "tokenizer_sha256": file_sha256(tokenizer_files),
     }

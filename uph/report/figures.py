@@ -11,12 +11,13 @@ cross-user heatmap uses ColorBrewer's diverging RdBu, also colour-blind safe.
 Units: NLL changes are in 10^-3 nats per token (millinats), negative = the personalized head
 predicts the held-out text better than the frozen model. Spread over seeds is min to max.
 """
+
 from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import matplotlib as mpl
 import numpy as np
@@ -26,8 +27,8 @@ from matplotlib.lines import Line2D
 
 from uph.attention.self_attention import ATTENTIONS
 from uph.feedback.training import METHODS
-from uph.lm.heads import HEADS
 from uph.io import atomic_path
+from uph.lm.heads import HEADS
 from uph.report.study import Study, headline_solver, ordered
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -36,10 +37,21 @@ FULL_WIDTH = 7.0  # inches: the text width of a two-column paper
 COLUMN_WIDTH = 3.4
 MILLI = 1e3  # nats -> 10^-3 nats
 STYLE = {
-    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "legend.fontsize": 7,
-    "xtick.labelsize": 7, "ytick.labelsize": 7, "axes.spines.top": False, "axes.spines.right": False,
-    "axes.grid": True, "grid.alpha": 0.3, "grid.linewidth": 0.5, "lines.linewidth": 1.2,
-    "lines.markersize": 4, "legend.frameon": False, "pdf.fonttype": 42,
+    "font.size": 8,
+    "axes.titlesize": 8,
+    "axes.labelsize": 8,
+    "legend.fontsize": 7,
+    "xtick.labelsize": 7,
+    "ytick.labelsize": 7,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.5,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 4,
+    "legend.frameon": False,
+    "pdf.fonttype": 42,
     "axes.prop_cycle": mpl.cycler(color=OKABE_ITO),
 }
 DNLL_LABEL = "Δ held-out NLL (10⁻³ nats/token)"
@@ -91,8 +103,16 @@ def personalization(fig: Figure, study: Study) -> None:
                 x = rows["d"] * _dodge(2 * i + j, 2 * len(colors), spread=0.07)
                 y = rows["delta_nll"] * MILLI
                 if control == "personal":
-                    ax.errorbar(x, y, yerr=[y - rows["delta_nll_ci_low"] * MILLI, rows["delta_nll_ci_high"] * MILLI - y],
-                                color=colors[head], marker="o", linestyle=style, capsize=2, label=head)
+                    ax.errorbar(
+                        x,
+                        y,
+                        yerr=[y - rows["delta_nll_ci_low"] * MILLI, rows["delta_nll_ci_high"] * MILLI - y],
+                        color=colors[head],
+                        marker="o",
+                        linestyle=style,
+                        capsize=2,
+                        label=head,
+                    )
                 else:
                     ax.plot(x, y, color=colors[head], marker="o", markerfacecolor="white", linestyle=style)
         ax.axhline(0, color="0.4", linewidth=0.8)
@@ -100,9 +120,12 @@ def personalization(fig: Figure, study: Study) -> None:
         ax.set_xlabel("d (parameters per user)")
         ax.set_title(f"α = {alpha:g}")
     axes[0].set_ylabel(DNLL_LABEL)
-    styles = [Line2D([], [], color="0.3", marker="o", label="personal θ (95 % CI over users)"),
-              Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="--",
-                     label="global θ (pooled control)")]
+    styles = [
+        Line2D([], [], color="0.3", marker="o", label="personal θ (95 % CI over users)"),
+        Line2D(
+            [], [], color="0.3", marker="o", markerfacecolor="white", linestyle="--", label="global θ (pooled control)"
+        ),
+    ]
     handles = [Line2D([], [], color=color, marker="o", label=head) for head, color in colors.items()]
     fig.legend(handles=handles + styles, loc="outside right center")
     fig.suptitle(f"{table['model'].iloc[0]}, {solver} solver (lower is better)")
@@ -127,9 +150,16 @@ def cross_user(fig: Figure, study: Study) -> None:
             ax.set_xticks(range(len(users)), users, rotation=45, ha="right", rotation_mode="anchor")
             ax.set_yticks(range(len(users)), users)
             for (row, col), value in np.ndenumerate(matrix.to_numpy()):
-                ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=6,
-                        color="white" if abs(value) > 0.6 * limit else "black",
-                        fontweight="bold" if row == col else "normal")
+                ax.text(
+                    col,
+                    row,
+                    f"{value:.1f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if abs(value) > 0.6 * limit else "black",
+                    fontweight="bold" if row == col else "normal",
+                )
         else:
             ax.set_xticks([]), ax.set_yticks([])
         ax.set_xlabel("held-out text of user")
@@ -152,8 +182,9 @@ def solver_gap(fig: Figure, study: Study) -> None:
         for i, head in enumerate(colors):
             for alpha, marker in markers.items():
                 rows = gap.xs((head, alpha), level=["head", "alpha"])
-                gap_ax.plot(rows.index * _dodge(i, len(colors)), rows, color=colors[head], marker=marker,
-                            linestyle="none")
+                gap_ax.plot(
+                    rows.index * _dodge(i, len(colors)), rows, color=colors[head], marker=marker, linestyle="none"
+                )
         _log2_axis(gap_ax, ds)
     else:
         gap_ax.text(0.5, 0.5, "needs fit.solvers seed and exact", ha="center", transform=gap_ax.transAxes)
@@ -208,10 +239,22 @@ def copy_task_lengths(fig: Figure, study: Study) -> None:
         for i, (attention, color) in enumerate(colors.items()):
             stats = table[table["attention"] == attention].groupby("eval_len")[metric].agg(["mean", "min", "max"])
             x = stats.index * _dodge(i, len(colors), spread=0.05)
-            ax.errorbar(x, stats["mean"], yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
-                        color=color, marker="o", capsize=2, label=attention if metric == "token_acc" else None)
-        ax.axvline(table["train_len"].iloc[0], color="0.4", linestyle="--", linewidth=0.8,
-                   label="training length" if metric == "token_acc" else None)
+            ax.errorbar(
+                x,
+                stats["mean"],
+                yerr=[stats["mean"] - stats["min"], stats["max"] - stats["mean"]],
+                color=color,
+                marker="o",
+                capsize=2,
+                label=attention if metric == "token_acc" else None,
+            )
+        ax.axvline(
+            table["train_len"].iloc[0],
+            color="0.4",
+            linestyle="--",
+            linewidth=0.8,
+            label="training length" if metric == "token_acc" else None,
+        )
         _log2_axis(ax, lengths)
         ax.set_xlabel("evaluation length (tokens)")
         ax.set_title(title)
@@ -228,7 +271,10 @@ def gram_resilience(fig: Figure, study: Study) -> None:
     loud = table[table["result"] != "True Match"]
     match = table[table["result"] == "True Match"]
     ax = fig.subplots()
-    for column, color, label in (("dot", OKABE_ITO[0], "dot product q·k"), ("gram", OKABE_ITO[1], "Gram score −det G(q, k, r)")):
+    for column, color, label in (
+        ("dot", OKABE_ITO[0], "dot product q·k"),
+        ("gram", OKABE_ITO[1], "Gram score −det G(q, k, r)"),
+    ):
         ax.plot(loud["magnitude"], loud[column], color=color, marker="o", label=f"{label}, loud mismatch")
         ax.plot(match["magnitude"], match[column], color=color, marker="*", markersize=9, linestyle="none")
     ax.plot([], [], color="0.3", marker="*", markersize=9, linestyle="none", label="true match (both scores)")
@@ -257,8 +303,10 @@ def feedback(fig: Figure, study: Study) -> None:
     align_ax.set_ylim(min(0.0, align_ax.get_ylim()[0]), 1.05)
     for ax in (loss_ax, align_ax):
         ax.set_xlabel("training step")
-    layer_styles = [Line2D([], [], color="0.3", linestyle=style, label=f"hidden layer {layer.removeprefix('alignment_l')}")
-                    for layer, style in linestyles.items()]
+    layer_styles = [
+        Line2D([], [], color="0.3", linestyle=style, label=f"hidden layer {layer.removeprefix('alignment_l')}")
+        for layer, style in linestyles.items()
+    ]
     fig.legend(handles=loss_ax.get_legend_handles_labels()[0] + layer_styles, loc="outside right center")
     fig.suptitle(f"Character MLP language model: mean and min–max over {_seeds(curves)}")
 
@@ -272,13 +320,15 @@ class FigureSpec:
 
 
 FIGURES = {
-    "personalization": FigureSpec(personalization, "Held-out NLL change by head against d", (FULL_WIDTH, 2.8),
-                                  "User prior heads"),
+    "personalization": FigureSpec(
+        personalization, "Held-out NLL change by head against d", (FULL_WIDTH, 2.8), "User prior heads"
+    ),
     "cross_user": FigureSpec(cross_user, "Cross-user matrix", (FULL_WIDTH, 4.2), "User prior heads"),
     "solver_gap": FigureSpec(solver_gap, "Seed vs exact solver", (FULL_WIDTH, 2.6), "User prior heads"),
     "copy_task_curves": FigureSpec(copy_task_curves, "Copy-task learning curves", (FULL_WIDTH, 2.6), "Copy task"),
-    "copy_task_lengths": FigureSpec(copy_task_lengths, "Copy-task accuracy against evaluation length",
-                                    (FULL_WIDTH, 2.6), "Copy task"),
+    "copy_task_lengths": FigureSpec(
+        copy_task_lengths, "Copy-task accuracy against evaluation length", (FULL_WIDTH, 2.6), "Copy task"
+    ),
     "gram_resilience": FigureSpec(gram_resilience, "Gram-score resilience", (COLUMN_WIDTH, 2.6), "Copy task"),
     "feedback": FigureSpec(feedback, "Feedback loss and alignment over training", (FULL_WIDTH, 2.8), "Feedback"),
 }

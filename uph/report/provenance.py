@@ -6,6 +6,7 @@ tokenizer hashes), every seed in the config, the host and its device, and the wa
 summed over that rule's jobs from the `benchmark:` files present, each file attributed to the rule
 whose benchmark pattern (wildcards and their constraints, as Snakemake matches them) it matches.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -23,17 +24,32 @@ from snakemake.io import regex_from_filepattern
 
 from uph.config import key_path
 
-PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "gguf", "snakemake", "pandas",
-            "numpy", "pyarrow", "matplotlib")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "accelerate",
+    "gguf",
+    "snakemake",
+    "pandas",
+    "numpy",
+    "pyarrow",
+    "matplotlib",
+)
 
 
 def git_state(repo: str | Path) -> dict:
     """{'commit': HEAD, 'dirty': tracked files changed}; both None outside a git checkout or without git."""
+
     def git(*args) -> str:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
     try:
-        return {"commit": git("rev-parse", "HEAD").strip(),
-                "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip())}
+        return {
+            "commit": git("rev-parse", "HEAD").strip(),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()),
+        }
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}
 
@@ -75,8 +91,11 @@ def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -
     """rule -> {'jobs': n, 'seconds': wall seconds summed over its jobs}. `benchmark_patterns`: rule ->
     its `benchmark:` file pattern, e.g. 'results/benchmarks/extract-{shard}.tsv'; every file present
     in those patterns' folders counts for the first rule whose pattern it matches."""
-    regexes = {rule: re.compile(regex_from_filepattern(pattern)) for rule, pattern in benchmark_patterns.items()
-               if rule != exclude_rule}
+    regexes = {
+        rule: re.compile(regex_from_filepattern(pattern))
+        for rule, pattern in benchmark_patterns.items()
+        if rule != exclude_rule
+    }
     folders = sorted({Path(pattern).parent for pattern in benchmark_patterns.values()})
     times = {}
     for path in (path for folder in folders for path in sorted(folder.glob("*.tsv"))):
@@ -87,8 +106,9 @@ def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -
     return {rule: {"jobs": jobs, "seconds": round(seconds, 2)} for rule, (jobs, seconds) in sorted(times.items())}
 
 
-def provenance(config: dict, model_identity: dict, repo: str | Path, benchmark_patterns: dict,
-               exclude_rule: str | None = None) -> dict:
+def provenance(
+    config: dict, model_identity: dict, repo: str | Path, benchmark_patterns: dict, exclude_rule: str | None = None
+) -> dict:
     """The record; `exclude_rule`: the rule writing it, whose benchmark file is not written yet."""
     return {
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -4,6 +4,7 @@ training curves, nothing else (no model, no cache), so figures and summary can b
 `headline_solver` picks the solver whose numbers the figures and the summary quote: `exact`, the
 certified optimum of the convex fit objective, when it ran; else the configured one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,9 +29,12 @@ class Study:
 def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy_task_vocab: int) -> Study:
     """`tables`: name -> CSV path for each of TABLES; the curves: lists of parquet paths."""
     frames = {name: pd.read_csv(path) for name, path in tables.items()}
-    return Study(**frames, copy_task_vocab=copy_task_vocab,
-                 copy_task_curves=pd.concat(map(pd.read_parquet, copy_task_curves), ignore_index=True),
-                 feedback_curves=pd.concat(map(pd.read_parquet, feedback_curves), ignore_index=True))
+    return Study(
+        **frames,
+        copy_task_vocab=copy_task_vocab,
+        copy_task_curves=pd.concat(map(pd.read_parquet, copy_task_curves), ignore_index=True),
+        feedback_curves=pd.concat(map(pd.read_parquet, feedback_curves), ignore_index=True),
+    )
 
 
 def headline_solver(personalization: pd.DataFrame) -> str:
