@@ -6,7 +6,7 @@ from uph.lm.cache import EXTRACT_KEYS
 from uph.config import check_against_model, check_results_folder, job_params, validate
 from uph.attention.copy_task import check_config as check_copy_task_config
 from uph.errors import UphError
-from uph.lm.models import IDENTITY, read_identity
+from uph.lm.identity import IDENTITY, read_identity
 from uph.lm.sweep import SOLVER_KEYS, cross_user_solver, head_settings
 
 try:

@@ -7,7 +7,8 @@ from uph.errors import CacheError, ModelError
 from uph.lm.cache import HiddenStateCache, cache_identity, shard_of, shard_writer
 from uph.lm.corpus import temporal_split
 from uph.lm.extract import extract_users, user_windows
-from uph.lm.models import lm_head, load_model, materialize, read_identity, read_lm_head
+from uph.lm.identity import read_identity
+from uph.lm.models import lm_head, load_model, materialize, read_output_layer
 
 
 def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):
@@ -52,7 +53,8 @@ def test_cached_hidden_times_lm_head_reproduces_model_logits(tiny_model_dir, tmp
     cached = HiddenStateCache([tmp_path / "shard.parquet"], expect=identity).load()
     model = load_model(model_dir)
     W, b = lm_head(model)
-    W_disk, b_disk = read_lm_head(model_dir)
+    layer = read_output_layer(model_dir)
+    W_disk, b_disk = layer.W, layer.b
     assert torch.equal(W, W_disk) and (b is None) == (b_disk is None)
     for row in users.itertuples():
         tokens = torch.tensor(row.tokens)

@@ -4,7 +4,7 @@ device, wall time per rule). Its own benchmark file is left out: it is written a
 from pathlib import Path
 
 from uph.io import write_json
-from uph.lm.models import read_identity
+from uph.lm.identity import read_identity
 from uph.logs import rule_logging
 from uph.report.provenance import provenance
 

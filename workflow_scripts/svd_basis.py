@@ -3,12 +3,13 @@
 from pathlib import Path
 
 from uph.lm.basis import save_basis, top_singular_triplets
-from uph.lm.models import read_identity, read_lm_head
+from uph.lm.identity import read_identity
+from uph.lm.models import read_output_layer
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     model_dir = Path(snakemake.input.model).parent
-    W, _ = read_lm_head(model_dir)
+    W = read_output_layer(model_dir).W
     rank = min(snakemake.params.rank, min(W.shape))
     U, S, Vh = top_singular_triplets(W, rank)
     log.info("W %s: top %d singular values %.3g .. %.3g", tuple(W.shape), rank, S[0], S[-1])

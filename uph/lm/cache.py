@@ -26,7 +26,7 @@ import torch
 from uph.device import resolve_device, resolve_dtype
 from uph.errors import CacheError
 from uph.io import atomic_path
-from uph.lm.models import read_identity as read_model_identity
+from uph.lm.identity import read_identity as read_model_identity
 
 SCHEMA_VERSION = 1
 METADATA_KEY = b"uph"

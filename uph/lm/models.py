@@ -9,11 +9,10 @@ in every cache and table (`identity.json`).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,11 +20,9 @@ from safetensors.torch import save_file
 
 from uph.errors import ModelError
 from uph.io import write_json
+from uph.lm.identity import IDENTITY, WEIGHTS, check_model_folder, file_sha256, read_identity
 
 log = logging.getLogger(__name__)
-
-WEIGHTS = "model.safetensors"
-IDENTITY = "identity.json"
 
 
 def byte_tokenizer():
@@ -76,19 +73,6 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0):
     return AutoModelForCausalLM.from_config(config)
 
 
-def check_model_folder(folder: Path, gguf_file: str | None) -> None:
-    """A local model folder must hold weights: the named GGUF file, or *.safetensors / *.bin files
-    (cheap: it only lists the folder, so the config check at DAG build runs it too)."""
-    if not folder.is_dir():
-        raise ModelError(f"config key 'model.source': '{folder}' is a file, expected a model folder")
-    if gguf_file and not (folder / gguf_file).is_file():
-        raise ModelError(f"config key 'model.gguf_file': '{folder / gguf_file}' does not exist")
-    if not gguf_file and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-        raise ModelError(
-            f"config key 'model.source': model folder '{folder}' holds no weights (*.safetensors or *.bin)"
-        )
-
-
 def _load_source(source: str, gguf_file: str | None, revision: str | None):
     """(model, tokenizer) in float32 from any supported source."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -120,15 +104,6 @@ def _load_source(source: str, gguf_file: str | None, revision: str | None):
     except OSError as error:
         raise ModelError(f"config key 'model.source': cannot load '{source}': {str(error).splitlines()[0]}") from None
     return model, tokenizer
-
-
-def file_sha256(paths) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(map(Path, paths)):
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 24):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _unique_state_dict(model) -> dict[str, torch.Tensor]:
@@ -191,13 +166,6 @@ def materialize(
     return identity
 
 
-def read_identity(model_dir: str | Path) -> dict:
-    path = Path(model_dir) / IDENTITY
-    if not path.is_file():
-        raise ModelError(f"model folder '{model_dir}' has no {IDENTITY}; run the model stage first")
-    return json.loads(path.read_text())
-
-
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """The materialized model, frozen, in eval mode."""
     from transformers import AutoModelForCausalLM
@@ -220,15 +188,39 @@ def lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
     return head.weight.detach().float(), (bias.detach().float() if bias is not None else None)
 
 
-def read_lm_head(model_dir: str | Path) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The same as `lm_head(load_model(model_dir))`, reading only those tensors from disk."""
+@dataclass(frozen=True)
+class OutputLayer:
+    """The model's logits as a function of the final hidden state h (the lm_head input):
+
+        z = W h + b                                   (softcap None)
+        z = softcap * tanh((W h + b) / softcap)       (Gemma 2's final_logit_softcapping)
+
+    W [V, H] and b [V] are float32 with any scalar logit scale of the family folded in, so `logits`
+    equals `model(ids).logits` at the same positions. A head's rank-d correction is added after
+    these logits (uph.lm.heads), which keeps the fit objective convex in theta."""
+
+    W: torch.Tensor
+    b: torch.Tensor | None = None
+    softcap: float | None = None
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """z [n, V] for hidden [n, H], computed in W's dtype."""
+        z = hidden.to(self.W.dtype) @ self.W.T
+        if self.b is not None:
+            z += self.b
+        return z if self.softcap is None else torch.tanh(z / self.softcap) * self.softcap
+
+
+def read_output_layer(model_dir: str | Path) -> OutputLayer:
+    """The model's OutputLayer, reading only the lm_head tensors from disk (the same as
+    `lm_head(load_model(model_dir))` for a family without a logit transform)."""
     from safetensors import safe_open
 
     keys = read_identity(model_dir)["lm_head_tensors"]
     with safe_open(Path(model_dir) / WEIGHTS, framework="pt") as f:
         W = f.get_tensor(keys["weight"]).float()
         b = f.get_tensor(keys["bias"]).float() if keys["bias"] else None
-    return W, b
+    return OutputLayer(W, b)
 
 
 def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:

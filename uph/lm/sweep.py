@@ -20,7 +20,7 @@ from uph.lm.cache import HiddenStateCache, UserStates, configured_identity
 from uph.lm.evaluate import user_metrics
 from uph.lm.fit import Tokens, fit_theta, prepare
 from uph.lm.heads import Head, make_head
-from uph.lm.models import read_lm_head
+from uph.lm.models import read_output_layer
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,8 @@ def load_point(
     """What every job at one sweep point needs: the point's head (`settings` from `head_settings`)
     on the model's lm_head (float32) and SVD basis, the users of `shards` (checked against the
     cache identity that `cache`, the extract keys context and dtype, asks for), the device."""
-    W, b = read_lm_head(model_dir)
+    layer = read_output_layer(model_dir)
+    W, b = layer.W, layer.b
     head = make_head(
         point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"], bias=b, **settings
     )
