@@ -1,7 +1,6 @@
 # Aggregate: the study's figures and one-page summary from the tables and curves alone (no model,
 # no cache, so `snakemake --forcerun aggregate` redraws them anywhere), then provenance.json.
-from uph.report.figures import FIGURES
-from uph.report.study import TABLES
+from uph.report.catalog import FIGURES, TABLES
 
 
 rule aggregate:

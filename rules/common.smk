@@ -2,17 +2,23 @@
 import os
 from pathlib import Path
 
-from uph.lm.cache import EXTRACT_KEYS
-from uph.config import check_against_model, check_results_folder, job_params, validate
-from uph.attention.copy_task import check_config as check_copy_task_config
+# Torch-free imports only: every `snakemake` call, and every job, parses this file.
+from uph.config import (
+    EXTRACT_KEYS,
+    SOLVER_KEYS,
+    check_against_model,
+    check_results_folder,
+    cross_user_solver,
+    head_settings,
+    job_params,
+    validate,
+)
 from uph.errors import UphError
 from uph.lm.identity import IDENTITY, read_identity
-from uph.lm.sweep import SOLVER_KEYS, cross_user_solver, head_settings
 
 try:
     validate(config)
     check_results_folder(config["results"])
-    check_copy_task_config(config["copy_task"])
     if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now
         check_against_model(config, read_identity(Path(config["results"]) / "model"))
 except UphError as error:
@@ -32,7 +38,7 @@ def gpus():
 
 def results(*parts):
     """Path under the configured results folder."""
-    return "/".join([RESULTS, *map(str, parts)])
+    return os.path.join(RESULTS, *map(str, parts))
 
 
 def shard_paths():

@@ -1,6 +1,5 @@
 # Copy task (seed 004): one training job per (attention, seed), the copy-task table over them,
 # and the Gram resilience table. Independent of the LM branch: no model, no corpus.
-from uph.attention.self_attention import ATTENTIONS
 
 
 rule copy_task_train:
@@ -12,7 +11,7 @@ rule copy_task_train:
     benchmark:
         results("benchmarks", "copy_task_train-attention~{attention}-seed~{seed}.tsv")
     wildcard_constraints:
-        attention="|".join(ATTENTIONS),
+        attention="|".join(COPY_TASK["attentions"]),
         seed=r"\d+",
     threads: 1
     resources:

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 from conftest import REPO, snakemake
 
-from uph.report.figures import FIGURES, pixel_size
+from uph.report.catalog import FIGURES
+from uph.report.figures import pixel_size
 from uph.report.provenance import config_seeds, git_state
 from uph.report.study import Study
 from uph.report.summary import cross_user_finding, feedback_finding, personalization_finding

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import yaml
 from conftest import REPO, SNAKEMAKE
 
-from uph.attention.copy_task import check_config, copied_targets, copy_batch, copy_metrics, gram_resilience, train
+from uph.attention.copy_task import copied_targets, copy_batch, copy_metrics, gram_resilience, train
 from uph.config import validate
 from uph.errors import ConfigError
 
@@ -102,14 +102,17 @@ def test_triple_attentions_train_under_bfloat16_autocast(attention):
 
 
 def test_head_width_must_be_even_and_divide_the_model_width():
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
     for d_model, n_head in ((24, 8), (26, 4)):
+        config["copy_task"].update(d_model=d_model, n_head=n_head)
         with pytest.raises(
             ConfigError,
             match=f"config key 'copy_task.d_model': {d_model} must split into "
             f"copy_task.n_head={n_head} heads of even width",
         ):
-            check_config({**TINY, "d_model": d_model, "n_head": n_head})
-    check_config({**TINY, "d_model": 24, "n_head": 4})
+            validate(config)
+    config["copy_task"].update(d_model=24, n_head=4)
+    validate(config)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@
 `validate(config, schema_dir)` fills defaults in place and raises `ConfigError` with one line
 naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the minimum of 1``
 (`ModelError` for a local model folder without weights). `check_results_folder` and
-`check_against_model` need the file system; `job_params` is what a rule passes to one job.
+`check_against_model` need the file system; `job_params` is what a rule passes to one job, and
+`EXTRACT_KEYS`, `SOLVER_KEYS`, `head_settings` say which keys a job reads. Torch-free: the DAG build
+imports this module, so `snakemake -n` stays fast.
 """
 
 from __future__ import annotations
@@ -108,6 +110,30 @@ def job_params(section: dict, keys=None) -> dict:
     return canonical({key: section[key] for key in (section if keys is None else keys)})
 
 
+# What each job reads, so that its params hold exactly those keys (`job_params`).
+EXTRACT_KEYS = ("context", "dtype")  # the extract keys a cache's identity depends on (uph.lm.cache)
+SOLVER_KEYS = ("solvers", "beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.sweep.fit_and_score
+
+
+def head_settings(head: str, fit: dict) -> dict:
+    """The `fit` keys that building `head` reads, as uph.lm.heads.make_head's keyword arguments: seed
+    000's random bases read basis_seed, lm_head_update reads gamma and basis (and basis_seed when
+    random), the SVD heads nothing beyond their sweep point."""
+    update = fit["lm_head_update"]
+    if head in ("cvh", "uncond"):
+        return {"basis_seed": fit["basis_seed"]}
+    if head == "lm_head_update":
+        seeded = {"basis_seed": fit["basis_seed"]} if update["basis"] == "random" else {}
+        return {"gamma": update["gamma"], "basis": update["basis"], **seeded}
+    return {}
+
+
+def cross_user_solver(fit: dict, head: str, alpha, d) -> str:
+    """The solver whose thetas the cross-user matrix at sweep point (head, alpha, d) scores."""
+    point = (head, float(alpha), int(d))
+    return next(p["solver"] for p in fit["cross_user"] if (p["head"], float(p["alpha"]), int(p["d"])) == point)
+
+
 def check_against_model(config: dict, model_identity: dict) -> None:
     """What needs the model's sizes: every d of the sweep fits in the SVD basis (rank <= H)."""
     hidden = model_identity["hidden_size"]
@@ -147,6 +173,12 @@ def _check_across_keys(config: dict) -> None:
         p["solver"] for p in config["fit"]["cross_user"] if p["solver"] not in config["fit"]["solvers"]
     ]:
         raise ConfigError(f"config key 'fit.cross_user': solver '{point_solver[0]}' is not in fit.solvers")
+    copy_task = config["copy_task"]
+    if copy_task["d_model"] % copy_task["n_head"] or (copy_task["d_model"] // copy_task["n_head"]) % 2:
+        raise ConfigError(
+            f"config key 'copy_task.d_model': {copy_task['d_model']} must split into "
+            f"copy_task.n_head={copy_task['n_head']} heads of even width (RoPE turns pairs)"
+        )
     corpus, context = config["corpus"], config["extract"]["context"]
     held_out = int(corpus["min_tokens"] * (1 - corpus["train_fraction"]))
     if held_out < context + 2:

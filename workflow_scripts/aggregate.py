@@ -2,8 +2,9 @@
 
 from uph.io import atomic_path
 from uph.logs import rule_logging
-from uph.report.figures import FIGURES, render, save
-from uph.report.study import TABLES, load_study
+from uph.report.catalog import FIGURES, TABLES
+from uph.report.figures import render, save
+from uph.report.study import load_study
 from uph.report.summary import summary_markdown
 
 with rule_logging(snakemake) as log:

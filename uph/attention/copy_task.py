@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from uph.attention.self_attention import OneLayerModel
-from uph.errors import ConfigError, TrainingDivergedError
+from uph.errors import TrainingDivergedError
 
 EVAL_STREAM = 1_000_003  # eval sets come from generators seeded seed * EVAL_STREAM + length
 
@@ -46,15 +46,6 @@ def copy_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float
         "token_acc": right.float().mean().item(),
         "seq_acc": right.all(dim=1).float().mean().item(),
     }
-
-
-def check_config(cfg: dict) -> None:
-    """What the copy_task schema cannot express: relations between its keys."""
-    if cfg["d_model"] % cfg["n_head"] or (cfg["d_model"] // cfg["n_head"]) % 2:
-        raise ConfigError(
-            f"config key 'copy_task.d_model': {cfg['d_model']} must split into "
-            f"copy_task.n_head={cfg['n_head']} heads of even width (RoPE turns pairs)"
-        )
 
 
 def eval_lengths(cfg: dict) -> list[int]:

@@ -31,7 +31,6 @@ from uph.lm.identity import read_identity as read_model_identity
 SCHEMA_VERSION = 1
 METADATA_KEY = b"uph"
 IDENTITY_KEYS = ("schema_version", "weights_sha256", "tokenizer_sha256", "dtype", "context")
-EXTRACT_KEYS = ("context", "dtype")  # the extract config keys that `configured_identity` reads
 
 
 def shard_of(user_id: str, n_shards: int) -> int:

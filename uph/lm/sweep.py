@@ -24,30 +24,9 @@ from uph.lm.models import read_output_layer
 
 log = logging.getLogger(__name__)
 
-SOLVER_KEYS = ("solvers", "beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # what fit_and_score reads
-
 
 def point_label(head: str, alpha: float, d: int) -> dict:
     return {"head": head, "alpha": float(alpha), "d": int(d)}
-
-
-def head_settings(head: str, fit: dict) -> dict:
-    """The `fit` keys that building `head` reads, as uph.lm.heads.make_head's keyword arguments: seed
-    000's random bases read basis_seed, lm_head_update reads gamma and basis (and basis_seed when
-    random), the SVD heads nothing beyond their sweep point."""
-    update = fit["lm_head_update"]
-    if head in ("cvh", "uncond"):
-        return {"basis_seed": fit["basis_seed"]}
-    if head == "lm_head_update":
-        seeded = {"basis_seed": fit["basis_seed"]} if update["basis"] == "random" else {}
-        return {"gamma": update["gamma"], "basis": update["basis"], **seeded}
-    return {}
-
-
-def cross_user_solver(fit: dict, head: str, alpha, d) -> str:
-    """The solver whose thetas the cross-user matrix at sweep point (head, alpha, d) scores."""
-    point = point_label(head, alpha, d)
-    return next(p["solver"] for p in fit["cross_user"] if point_label(p["head"], p["alpha"], p["d"]) == point)
 
 
 def load_point(

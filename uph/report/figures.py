@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import matplotlib as mpl
 import numpy as np
@@ -29,12 +28,11 @@ from uph.attention.self_attention import ATTENTIONS
 from uph.feedback.training import METHODS
 from uph.io import atomic_path
 from uph.lm.heads import HEADS
+from uph.report.catalog import FIGURES
 from uph.report.study import Study, headline_solver, ordered
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 DPI = 200
-FULL_WIDTH = 7.0  # inches: the text width of a two-column paper
-COLUMN_WIDTH = 3.4
 MILLI = 1e3  # nats -> 10^-3 nats
 STYLE = {
     "font.size": 8,
@@ -311,26 +309,14 @@ def feedback(fig: Figure, study: Study) -> None:
     fig.suptitle(f"Character MLP language model: mean and min–max over {_seeds(curves)}")
 
 
-@dataclass(frozen=True)
-class FigureSpec:
-    draw: Callable[[Figure, Study], None]
-    title: str  # what it shows, for links to it
-    size: tuple[float, float]  # inches
-    category: str  # where the report files it
-
-
-FIGURES = {
-    "personalization": FigureSpec(
-        personalization, "Held-out NLL change by head against d", (FULL_WIDTH, 2.8), "User prior heads"
-    ),
-    "cross_user": FigureSpec(cross_user, "Cross-user matrix", (FULL_WIDTH, 4.2), "User prior heads"),
-    "solver_gap": FigureSpec(solver_gap, "Seed vs exact solver", (FULL_WIDTH, 2.6), "User prior heads"),
-    "copy_task_curves": FigureSpec(copy_task_curves, "Copy-task learning curves", (FULL_WIDTH, 2.6), "Copy task"),
-    "copy_task_lengths": FigureSpec(
-        copy_task_lengths, "Copy-task accuracy against evaluation length", (FULL_WIDTH, 2.6), "Copy task"
-    ),
-    "gram_resilience": FigureSpec(gram_resilience, "Gram-score resilience", (COLUMN_WIDTH, 2.6), "Copy task"),
-    "feedback": FigureSpec(feedback, "Feedback loss and alignment over training", (FULL_WIDTH, 2.8), "Feedback"),
+DRAW: dict[str, Callable[[Figure, Study], None]] = {  # one per figure of uph.report.catalog.FIGURES
+    "personalization": personalization,
+    "cross_user": cross_user,
+    "solver_gap": solver_gap,
+    "copy_task_curves": copy_task_curves,
+    "copy_task_lengths": copy_task_lengths,
+    "gram_resilience": gram_resilience,
+    "feedback": feedback,
 }
 
 
@@ -344,7 +330,7 @@ def render(name: str, study: Study) -> Figure:
     spec = FIGURES[name]
     with mpl.rc_context(STYLE):
         fig = Figure(figsize=spec.size, dpi=DPI, layout="constrained")
-        spec.draw(fig, study)
+        DRAW[name](fig, study)
     return fig
 
 

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-TABLES = ("personalization", "cross_user", "copy_task", "gram_resilience", "feedback")  # results/tables/<name>.csv
-
 
 @dataclass(frozen=True)
 class Study:
@@ -27,7 +25,7 @@ class Study:
 
 
 def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy_task_vocab: int) -> Study:
-    """`tables`: name -> CSV path for each of TABLES; the curves: lists of parquet paths."""
+    """`tables`: name -> CSV path for each of uph.report.catalog.TABLES; the curves: lists of parquet paths."""
     frames = {name: pd.read_csv(path) for name, path in tables.items()}
     return Study(
         **frames,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from uph.report.figures import FIGURES, MILLI
-from uph.report.study import TABLES, Study, headline_solver
+from uph.report.catalog import FIGURES, TABLES
+from uph.report.figures import MILLI
+from uph.report.study import Study, headline_solver
 
 
 def _milli(value: float) -> str:

@@ -1,0 +1,33 @@
+"""What the aggregate stage makes, by name: the contract tables and the figures with their titles,
+paper sizes and report categories.
+
+Light on purpose (no pandas, no matplotlib): the DAG build reads it (rules/aggregate.smk) to name
+the aggregate rule's outputs. `uph.report.figures` holds one draw function per figure named here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TABLES = ("personalization", "cross_user", "copy_task", "gram_resilience", "feedback")  # results/tables/<name>.csv
+
+FULL_WIDTH = 7.0  # inches: the text width of a two-column paper
+COLUMN_WIDTH = 3.4
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    title: str  # what it shows, for links to it
+    size: tuple[float, float]  # inches
+    category: str  # where the report files it
+
+
+FIGURES = {
+    "personalization": FigureSpec("Held-out NLL change by head against d", (FULL_WIDTH, 2.8), "User prior heads"),
+    "cross_user": FigureSpec("Cross-user matrix", (FULL_WIDTH, 4.2), "User prior heads"),
+    "solver_gap": FigureSpec("Seed vs exact solver", (FULL_WIDTH, 2.6), "User prior heads"),
+    "copy_task_curves": FigureSpec("Copy-task learning curves", (FULL_WIDTH, 2.6), "Copy task"),
+    "copy_task_lengths": FigureSpec("Copy-task accuracy against evaluation length", (FULL_WIDTH, 2.6), "Copy task"),
+    "gram_resilience": FigureSpec("Gram-score resilience", (COLUMN_WIDTH, 2.6), "Copy task"),
+    "feedback": FigureSpec("Feedback loss and alignment over training", (FULL_WIDTH, 2.8), "Feedback"),
+}
