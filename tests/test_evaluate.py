@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import sample_text, tiny_llama, user_split
 
-from uph.lm.evaluate import bootstrap_ci, cross_user, per_user, summarize, user_metrics
+from uph.lm.evaluate import cross_user, per_user, summarize, user_metrics
 from uph.lm.fit import fit_theta, pool, prepare
 from uph.lm.heads import make_head
+from uph.stats import bootstrap_ci
 
 D = 8
 

@@ -11,12 +11,12 @@ seed, so tables are reproducible), the share of users improved, and d parameters
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import torch
 
 from uph.lm.fit import Objective, Tokens
 from uph.lm.heads import Head
+from uph.stats import bootstrap_ci
 
 
 def _metrics(objective: Objective, theta: torch.Tensor) -> dict:
@@ -45,15 +45,6 @@ def cross_user(thetas: dict[str, torch.Tensor], tests: dict[str, Tokens], head: 
             for theta_user, theta in thetas.items()
         ]
     return pd.DataFrame(rows)
-
-
-def bootstrap_ci(values, level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean: resample the values with replacement n_boot times."""
-    values = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high)
 
 
 def summarize(users: pd.DataFrame, d: int, n_boot: int = 10_000, seed: int = 0) -> dict:
