@@ -11,7 +11,7 @@ rule extract:
         results("logs", "extract-{shard}.log"),
     benchmark:
         results("benchmarks", "extract-{shard}.tsv")
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     resources:
         mem_mb=8000,
         gpu=gpus(),
