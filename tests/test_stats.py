@@ -1,9 +1,11 @@
+import itertools
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from uph.stats import bootstrap_ci, sign_test
+from uph.stats import bootstrap_ci, compare, diagonal_dominance, sign_test
 
 
 def test_sign_test_against_the_binomial_by_hand():
@@ -33,3 +35,56 @@ def test_bootstrap_interval_covers_the_mean_and_shrinks_with_n():
         (lambda lo_hi: lo_hi[1] - lo_hi[0])(bootstrap_ci(small)),
         rel_tol=0.35,
     )
+
+
+def test_compare_is_the_paired_comparison_by_hand():
+    reference = np.array([3.0, 2.0, 4.0, 5.0, 1.0])
+    arm = reference + np.array([-0.3, -0.1, 0.2, -0.4, -0.2])
+    row = compare(arm, reference, n_boot=2000, seed=3)
+    differences = arm - reference
+    assert row["delta_nll"] == pytest.approx(differences.mean())
+    assert (row["delta_nll_ci_low"], row["delta_nll_ci_high"]) == bootstrap_ci(differences, n_boot=2000, seed=3)
+    assert row["base_nll"] == pytest.approx(3.0) and row["nll"] == pytest.approx(arm.mean())
+    assert (row["n_users"], row["n_users_improved"], row["frac_users_improved"]) == (5, 4, 0.8)
+    assert row["sign_test_p"] == pytest.approx(2 * (1 + 5) / 32)
+    # paired: the users' spread in base NLL (1 to 5) does not widen the interval of the differences
+    assert row["delta_nll_ci_high"] - row["delta_nll_ci_low"] < 0.5
+    with pytest.raises(ValueError, match="one length"):
+        compare(arm[:4], reference)
+
+
+def cross_matrix(delta: np.ndarray) -> pd.DataFrame:
+    """delta[u, v] = delta NLL of user u's theta on user v's text, as cross_user.csv rows."""
+    users = [f"user{i}" for i in range(len(delta))]
+    return pd.DataFrame(
+        [{"theta_user": users[u], "text_user": users[v], "delta_nll": delta[u, v]} for u, v in np.ndindex(delta.shape)]
+    )
+
+
+def test_diagonal_dominance_ranks_and_permutation_p_by_enumeration():
+    rng = np.random.default_rng(0)
+    n = 5
+    delta = rng.normal(size=(n, n)) - 0.8 * np.eye(n)
+    stats = diagonal_dominance(cross_matrix(delta), n_perm=20_000)
+    own_rank = [1 + (delta[:, v] < delta[v, v]).sum() for v in range(n)]  # 1 = best on text v
+    assert stats["mean_rank"] == pytest.approx(np.mean(own_rank))
+    assert stats["frac_own_best"] == pytest.approx(np.mean(np.equal(own_rank, 1)))
+    assert (stats["mean_rank_chance"], stats["frac_own_best_chance"], stats["n_users"]) == (3.0, 0.2, 5)
+    ranks = delta.argsort(axis=0).argsort(axis=0) + 1  # ranks[u, v]: rank of theta u on text v
+    null = [np.mean([ranks[p[v], v] for v in range(n)]) for p in itertools.permutations(range(n))]
+    exact = np.mean(np.array(null) <= np.mean(own_rank) + 1e-12)
+    assert stats["mean_rank_p"] == pytest.approx(exact, abs=0.01)
+
+
+def test_diagonal_dominance_on_planted_matrices():
+    n = 8
+    personal = diagonal_dominance(cross_matrix(np.ones((n, n)) - np.eye(n)), n_perm=2000)
+    assert personal["mean_rank"] == 1.0 and personal["frac_own_best"] == 1.0
+    assert personal["mean_rank_p"] == pytest.approx(1 / 2001)  # no other matching is as good (1 in 8!)
+    worst = diagonal_dominance(cross_matrix(np.eye(n)), n_perm=2000)
+    assert worst["mean_rank"] == 8.0 and worst["frac_own_best"] == 0.0 and worst["mean_rank_p"] == 1.0
+    # one theta better than the rest on every text (more text, not personal): the own theta is at chance
+    shared = diagonal_dominance(cross_matrix(np.tile(np.arange(n, dtype=float)[:, None], (1, n))), n_perm=2000)
+    assert shared["mean_rank"] == 4.5 and shared["frac_own_best"] == 1 / 8 and shared["mean_rank_p"] == 1.0
+    with pytest.raises(ValueError, match="every theta user"):
+        diagonal_dominance(cross_matrix(np.eye(3)).iloc[1:])

@@ -1,4 +1,5 @@
-"""Statistics the tables quote: bootstrap intervals of a mean and the exact sign test.
+"""Statistics the tables quote: bootstrap intervals of a mean, the exact sign test, a paired comparison's
+table columns (`compare`) and the diagonal dominance of a cross-user matrix (`diagonal_dominance`).
 
 A paired comparison (two methods on the same users, or two runs with the same seeds) is reduced to
 its per-unit differences first; `bootstrap_ci` of those differences is then the paired bootstrap
@@ -30,3 +31,62 @@ def sign_test(differences) -> float:
     k = min(int((differences < 0).sum()), int((differences > 0).sum()))
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
     return min(1.0, 2 * tail)
+
+
+def compare(arm, reference, n_boot: int = 10_000, seed: int = 0) -> dict:
+    """One table row's comparison of two fits on the same users: `arm` and `reference` hold each
+    user's held-out NLL, in the same user order. With per-user differences delta_u = arm_u - reference_u
+    (negative = the arm is better): delta_nll = mean_u delta_u with its paired bootstrap interval,
+    users improved = #{u: delta_u < 0}, and the sign test of the delta_u."""
+    arm, reference = np.asarray(arm, dtype=float), np.asarray(reference, dtype=float)
+    if arm.ndim != 1 or arm.shape != reference.shape or len(arm) == 0:
+        raise ValueError(
+            f"compare needs two non-empty per-user arrays of one length, got {arm.shape} and {reference.shape}"
+        )
+    delta = arm - reference
+    low, high = bootstrap_ci(delta, n_boot=n_boot, seed=seed)
+    improved = int((delta < 0).sum())
+    return {
+        "n_users": len(delta),
+        "base_nll": float(reference.mean()),
+        "nll": float(arm.mean()),
+        "delta_nll": float(delta.mean()),
+        "delta_nll_ci_low": low,
+        "delta_nll_ci_high": high,
+        "frac_users_improved": improved / len(delta),
+        "n_users_improved": improved,
+        "sign_test_p": sign_test(delta),
+    }
+
+
+def diagonal_dominance(cross, n_perm: int = 10_000, seed: int = 0) -> dict:
+    """Is a user's own theta better on its own text than the other users' thetas? `cross` holds one
+    sweep point's matrix: columns theta_user, text_user, delta_nll, every theta user scored on every
+    text user's text, the N theta users being the N text users.
+
+    Per text v, rank_v = the rank of the own theta (theta_user == v) among the N thetas by delta_nll,
+    1 = best (ties get their average rank). Reported: mean_rank = mean_v rank_v against its chance value
+    (N + 1) / 2, frac_own_best = #{v: rank_v = 1} / N against chance 1 / N, and mean_rank_p, a one-sided
+    permutation p-value: with no personal signal the thetas are exchangeable, so matching text v to the
+    theta of user pi(v) for a random permutation pi is as likely as the own matching, and
+    p = (1 + #{pi: mean_v rank of theta pi(v) on text v <= mean_rank}) / (1 + n_perm) over n_perm seeded
+    random permutations. (Permuting whole thetas keeps what the N columns share: a theta that is good
+    on every text can be the best of only one column under the null too.)"""
+    matrix = cross.pivot(index="theta_user", columns="text_user", values="delta_nll")
+    users = sorted(matrix.index)
+    if sorted(matrix.columns) != users or matrix.isna().to_numpy().any():
+        raise ValueError("diagonal_dominance needs every theta user scored on every text user's text, the same users")
+    ranks = matrix.loc[users, users].rank(axis=0, method="average").to_numpy()  # per text (column), 1 = best
+    n = len(users)
+    own = np.diag(ranks)
+    rng = np.random.default_rng(seed)
+    matchings = rng.permuted(np.tile(np.arange(n), (n_perm, 1)), axis=1)  # row k: text v gets theta matchings[k, v]
+    null = ranks[matchings, np.arange(n)].mean(axis=1)
+    return {
+        "n_users": n,
+        "mean_rank": float(own.mean()),
+        "mean_rank_chance": (n + 1) / 2,
+        "mean_rank_p": float((1 + (null <= own.mean() + 1e-12).sum()) / (1 + n_perm)),
+        "frac_own_best": float((own == 1).mean()),
+        "frac_own_best_chance": 1 / n,
+    }
