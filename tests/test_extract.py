@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from uph.errors import CacheError, ModelError
-from uph.lm.cache import HiddenStateCache, cache_identity, shard_of, shard_writer
+from uph.lm.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
 from uph.lm.corpus import temporal_split
 from uph.lm.extract import extract_users, user_windows
 from uph.lm.identity import read_identity
@@ -29,11 +29,12 @@ def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):
 
 
 def _build_cache(model_dir, path, users, context, dtype=torch.float32, batch_size=3):
+    """One shard holding every user of `users`; returns what a reader of it expects."""
     model = load_model(model_dir, dtype=dtype)
-    identity = cache_identity(read_identity(model_dir), dtype, context)
-    with shard_writer(path, identity) as write:
+    expect = {**cache_identity(read_identity(model_dir), dtype, context), **shard_manifest(users, 0, 1)}
+    with shard_writer(path, expect, shard_manifest(users, 0, 1)) as write:
         extract_users(model, users, context, batch_size, torch.device("cpu"), write)
-    return identity
+    return expect
 
 
 def test_windows_cover_each_region_target_once():
@@ -50,7 +51,7 @@ def test_cached_hidden_times_lm_head_reproduces_model_logits(tiny_model_dir, tmp
     model_dir, context = tiny_model_dir(arch), 16
     users = _users(context=context)
     identity = _build_cache(model_dir, tmp_path / "shard.parquet", users, context)
-    cached = HiddenStateCache([tmp_path / "shard.parquet"], expect=identity).load()
+    cached = read_shard(tmp_path / "shard.parquet", identity)
     model = load_model(model_dir)
     W, b = lm_head(model)
     layer = read_output_layer(model_dir)
@@ -76,7 +77,7 @@ def test_cached_hidden_times_lm_head_reproduces_model_logits(tiny_model_dir, tmp
 def test_bfloat16_cache_round_trips_exactly(tiny_model_dir, tmp_path):
     model_dir, users = tiny_model_dir("llama"), _users(n_users=1)
     identity = _build_cache(model_dir, tmp_path / "s.parquet", users, 16, dtype=torch.bfloat16)
-    states = HiddenStateCache([tmp_path / "s.parquet"], expect=identity).load()["user0"]
+    states = read_shard(tmp_path / "s.parquet", identity)["user0"]
     model = load_model(model_dir, dtype=torch.bfloat16)
     tokens = torch.tensor(users.tokens[0][:16])[None]
     direct = model.base_model(input_ids=tokens).last_hidden_state[0, :15]
@@ -87,13 +88,14 @@ def test_bfloat16_cache_round_trips_exactly(tiny_model_dir, tmp_path):
 def test_cache_rejects_another_model_or_setting(tiny_model_dir, tmp_path):
     users = _users(n_users=1)
     llama = _build_cache(tiny_model_dir("llama"), tmp_path / "s.parquet", users, 16)
-    gpt2 = cache_identity(read_identity(tiny_model_dir("gpt2")), torch.float32, 16)
+    gpt2 = {**llama, **cache_identity(read_identity(tiny_model_dir("gpt2")), torch.float32, 16)}
     with pytest.raises(CacheError, match=r"s.parquet' was built for something else: weights_sha256="):
-        HiddenStateCache([tmp_path / "s.parquet"], expect=gpt2)
+        read_shard(tmp_path / "s.parquet", gpt2)
     with pytest.raises(CacheError, match=r"context=16 \(expected 32\)"):
-        HiddenStateCache([tmp_path / "s.parquet"], expect={**llama, "context": 32})
+        read_shard(tmp_path / "s.parquet", {**llama, "context": 32})
     with pytest.raises(CacheError, match=r"dtype='float32' \(expected 'bfloat16'\)"):
-        HiddenStateCache([tmp_path / "s.parquet"], expect={**llama, "dtype": "bfloat16"})
+        read_shard(tmp_path / "s.parquet", {**llama, "dtype": "bfloat16"})
+    assert read_shard(tmp_path / "s.parquet", {**llama, "dtype": "auto"}).keys() == {"user0"}  # as auto resolved
 
 
 def test_damaged_cache_is_detected(tiny_model_dir, tmp_path):
@@ -101,18 +103,18 @@ def test_damaged_cache_is_detected(tiny_model_dir, tmp_path):
     data = (tmp_path / "s.parquet").read_bytes()
     (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
     with pytest.raises(CacheError, match="cut.parquet' is damaged or truncated"):
-        HiddenStateCache([tmp_path / "cut.parquet"], expect=identity)
+        read_shard(tmp_path / "cut.parquet", identity)
     flipped = bytearray(data)
     flipped[len(data) // 3] ^= 0xFF  # inside a data page: the page checksum no longer matches
     (tmp_path / "edit.parquet").write_bytes(bytes(flipped))
     with pytest.raises(CacheError, match="edit.parquet' is damaged"):
-        HiddenStateCache([tmp_path / "edit.parquet"], expect=identity).load()
+        read_shard(tmp_path / "edit.parquet", identity)
 
 
 def test_failed_extraction_leaves_no_shard(tiny_model_dir, tmp_path):
     identity = cache_identity(read_identity(tiny_model_dir("llama")), torch.float32, 16)
     with pytest.raises(RuntimeError):
-        with shard_writer(tmp_path / "s.parquet", identity):
+        with shard_writer(tmp_path / "s.parquet", identity, shard_manifest(_users(), 0, 1)):
             raise RuntimeError("killed midway")
     assert list(tmp_path.iterdir()) == []
 

@@ -1,13 +1,15 @@
-"""Rule extract: cache the final hidden states of the users of one shard."""
+"""Rule extract: cache the final hidden states of the users of one shard (`extract.dtype: auto` is
+resolved here, on the machine that extracts, and recorded in the shard)."""
 
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from uph.device import resolve_device
-from uph.lm.cache import configured_identity, shard_of, shard_writer
+from uph.device import resolve_device, resolve_dtype
+from uph.lm.cache import cache_identity, shard_manifest, shard_users, shard_writer
 from uph.lm.extract import extract_users
+from uph.lm.identity import read_identity
 from uph.lm.models import load_model
 from uph.logs import rule_logging
 
@@ -16,13 +18,14 @@ with rule_logging(snakemake) as log:
     shard = int(snakemake.wildcards.shard)
     torch.set_num_threads(snakemake.threads)
     device = resolve_device(snakemake.params.device)
+    dtype = resolve_dtype(cfg["dtype"], device)
     model_dir = Path(snakemake.input.model).parent
-    identity = configured_identity(model_dir, cfg, snakemake.params.device)
-    dtype = getattr(torch, identity["dtype"])
     users = pd.read_parquet(snakemake.input.users)
-    users = users[[shard_of(u, cfg["shards"]) == shard for u in users["user_id"]]]
-    log.info("shard %d: %d users, %d tokens, %s on %s", shard, len(users), users["n_tokens"].sum(), dtype, device)
+    manifest = shard_manifest(users, shard, cfg["shards"])
+    mine = shard_users(users, shard, cfg["shards"])
+    log.info("shard %d: %d users, %d tokens, %s on %s", shard, len(mine), mine["n_tokens"].sum(), dtype, device)
     model = load_model(model_dir, dtype=dtype, device=device)
-    with shard_writer(snakemake.output[0], identity) as write:
-        n = extract_users(model, users, cfg["context"], cfg["batch_size"], device, write)
+    identity = cache_identity(read_identity(model_dir), dtype, cfg["context"])
+    with shard_writer(snakemake.output[0], identity, manifest) as write:
+        n = extract_users(model, mine, cfg["context"], cfg["batch_size"], device, write)
     log.info("cached %d tokens", n)
