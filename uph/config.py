@@ -111,7 +111,7 @@ def job_params(section: dict, keys=None) -> dict:
 
 
 # What each job reads, so that its params hold exactly those keys (`job_params`).
-EXTRACT_KEYS = ("context", "dtype")  # the extract keys a cache's identity depends on (uph.lm.cache)
+EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.cache.read_users)
 SOLVER_KEYS = ("solvers", "beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.sweep.fit_and_score
 
 
