@@ -16,7 +16,7 @@ import torch
 
 from uph.device import resolve_device
 from uph.lm.basis import load_basis
-from uph.lm.cache import HiddenStateCache, UserStates, configured_identity
+from uph.lm.cache import UserStates, read_users
 from uph.lm.evaluate import user_metrics
 from uph.lm.fit import Tokens, fit_theta, prepare
 from uph.lm.heads import Head, make_head
@@ -40,7 +40,7 @@ def load_point(
     head = make_head(
         point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"], bias=b, **settings
     )
-    users = HiddenStateCache(shards, expect=configured_identity(model_dir, cache, device)).load()
+    users = read_users(shards, model_dir, Path(model_dir).parent / "corpus" / "users.parquet", cache)
     return head, users, resolve_device(device)
 
 
