@@ -1,4 +1,5 @@
-# Model: materialize the configured source once as a transformers folder; later stages load it.
+# Model: materialize the configured source once as a transformers folder; later stages load it. The job
+# stops with one line unless the suite's logits (final hidden state -> OutputLayer) are the model's own.
 
 
 rule model:

@@ -1,4 +1,5 @@
-"""Rule model: materialize the configured model source (identity.json is written last)."""
+"""Rule model: materialize the configured model source; identity.json is written last, once the folder
+loaded back passes the logit parity check (the suite's base log-probs are the model's own)."""
 
 from pathlib import Path
 
@@ -15,6 +16,7 @@ with rule_logging(snakemake) as log:
         Path(snakemake.output.identity).parent,
         gguf_file=spec["gguf_file"],
         revision=spec["revision"],
+        trust_remote_code=spec["trust_remote_code"],
     )
     log.info(
         "%s: %s, %d parameters, weights sha256 %s",
@@ -22,5 +24,12 @@ with rule_logging(snakemake) as log:
         identity["architecture"],
         identity["n_parameters"],
         identity["weights_sha256"][:12],
+    )
+    log.info(
+        "logits: scale %g, softcap %s; the suite's log-probs match the model's own to %.2g nats over %d positions",
+        identity["logit_transform"]["scale"],
+        identity["logit_transform"]["softcap"],
+        identity["parity"]["max_logprob_diff"],
+        identity["parity"]["positions"],
     )
     check_against_model(snakemake.config, identity)

@@ -17,17 +17,38 @@ WEIGHTS = "model.safetensors"
 IDENTITY = "identity.json"
 
 
-def check_model_folder(folder: Path, gguf_file: str | None) -> None:
-    """A local model folder must hold weights: the named GGUF file, or *.safetensors / *.bin files
-    (cheap: it only lists the folder, so the config check at DAG build runs it too)."""
+TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "spiece")
+
+
+def check_model_folder(folder: Path, gguf_file: str | None) -> str | None:
+    """The GGUF file of a local model folder that loading uses, or None to load its *.safetensors / *.bin.
+
+    `model.gguf_file` applies only where the folder holds GGUF files, so a safetensors folder ignores a
+    value inherited from config.yaml; a folder whose only weights are one GGUF file needs no name. The
+    folder must hold weights, and a tokenizer beside non-GGUF weights (a GGUF file carries its own).
+    Cheap: it only lists the folder, so the config check at DAG build runs it too."""
     if not folder.is_dir():
         raise ModelError(f"config key 'model.source': '{folder}' is a file, expected a model folder")
-    if gguf_file and not (folder / gguf_file).is_file():
-        raise ModelError(f"config key 'model.gguf_file': '{folder / gguf_file}' does not exist")
-    if not gguf_file and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+    ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+    has_weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
+    if ggufs and gguf_file:
+        if gguf_file not in ggufs:
+            raise ModelError(f"config key 'model.gguf_file': '{gguf_file}' is not in '{folder}', which holds {ggufs}")
+        return gguf_file
+    if ggufs and not has_weights:
+        if len(ggufs) > 1:
+            raise ModelError(f"config key 'model.gguf_file': model folder '{folder}' holds {ggufs}; name one")
+        return ggufs[0]
+    if not has_weights:
         raise ModelError(
             f"config key 'model.source': model folder '{folder}' holds no weights (*.safetensors or *.bin)"
         )
+    if not any(p.name.startswith(TOKENIZER_PREFIXES) for p in folder.iterdir()):
+        raise ModelError(
+            f"config key 'model.source': model folder '{folder}' holds no tokenizer (tokenizer.json, "
+            "tokenizer.model or vocab files); save the model's tokenizer into it (tokenizer.save_pretrained)"
+        )
+    return None
 
 
 def file_sha256(paths) -> str:
@@ -43,4 +64,10 @@ def read_identity(model_dir: str | Path) -> dict:
     path = Path(model_dir) / IDENTITY
     if not path.is_file():
         raise ModelError(f"model folder '{model_dir}' has no {IDENTITY}; run the model stage first")
-    return json.loads(path.read_text())
+    identity = json.loads(path.read_text())
+    if "parity" not in identity:
+        raise ModelError(
+            f"model folder '{model_dir}' was materialized before the logit parity check; "
+            "delete it and run snakemake again"
+        )
+    return identity

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 
 from uph.errors import ModelError
 from uph.io import write_json
-from uph.lm.identity import IDENTITY, WEIGHTS, check_model_folder, file_sha256, read_identity
+from uph.lm.identity import IDENTITY, TOKENIZER_PREFIXES, WEIGHTS, check_model_folder, file_sha256, read_identity
 
 log = logging.getLogger(__name__)
 
@@ -73,37 +73,92 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0):
     return AutoModelForCausalLM.from_config(config)
 
 
-def _load_source(source: str, gguf_file: str | None, revision: str | None):
-    """(model, tokenizer) in float32 from any supported source."""
+def _hub_gguf(source: str, gguf_file: str | None, revision: str | None) -> str | None:
+    """`model.gguf_file` for a hub id: it applies only when the repository holds GGUF files (asked only
+    when one is set; offline, the value stands)."""
+    if not gguf_file:
+        return None
+    from huggingface_hub import list_repo_files
+
+    try:
+        files = list_repo_files(source, revision=revision)
+    except Exception:  # offline or private: loading itself says what is wrong
+        return gguf_file
+    return gguf_file if any(f.endswith(".gguf") for f in files) else None
+
+
+def _check_causal_lm(source: str, trust_remote_code: bool, kwargs: dict) -> None:
+    """Refuse, with one line naming model.source, what AutoModelForCausalLM cannot load as asked: a
+    model that runs its own code (unless trusted), an architecture unknown to the installed transformers,
+    and a model that is not a causal LM. Reads only the config (trust_remote_code is always passed
+    explicitly, so transformers never prompts)."""
+    import transformers
+    from transformers import PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    try:
+        config, _ = PretrainedConfig.get_config_dict(source, **kwargs)
+    except (OSError, ValueError) as error:
+        raise ModelError(f"config key 'model.source': cannot load '{source}': {str(error).splitlines()[0]}") from None
+    model_type = config.get("model_type")
+    remote_code = config.get("auto_map", {}).get("AutoModelForCausalLM")
+    if remote_code and trust_remote_code:
+        return
+    if remote_code and model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(
+            f"config key 'model.source': '{source}' runs its own modeling code ({remote_code}); "
+            "set model.trust_remote_code: true if you trust it"
+        )
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ModelError(
+            f"config key 'model.source': '{source}' is a '{model_type}' model, an architecture the installed "
+            f"transformers {transformers.__version__} does not know; upgrade transformers"
+        )
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelError(
+            f"config key 'model.source': '{source}' is a '{model_type}' model "
+            f"({', '.join(config.get('architectures') or [])}), not a causal LM; the suite needs a model "
+            "that AutoModelForCausalLM loads"
+        )
+
+
+def _load_source(source: str, gguf_file: str | None, revision: str | None, trust_remote_code: bool = False):
+    """(model, tokenizer, the GGUF file used or None) in float32 from any supported source."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if source.startswith("tiny:"):
         tokenizer = byte_tokenizer()
-        return tiny_model(source.split(":", 1)[1], len(tokenizer)), tokenizer
+        return tiny_model(source.split(":", 1)[1], len(tokenizer)), tokenizer, None
     if source.startswith("package:"):
         module = source.split(":", 1)[1]
         spec = importlib.util.find_spec(module)
         if spec is None or not spec.submodule_search_locations:
             raise ModelError(f"config key 'model.source': package '{module}' is not installed")
-        folder = spec.submodule_search_locations[0]
-        if not gguf_file:
-            ggufs = sorted(p.name for p in Path(folder).glob("*.gguf"))
-            if len(ggufs) != 1:
-                raise ModelError(f"config key 'model.gguf_file': package '{module}' holds {ggufs}; name one")
-            gguf_file = ggufs[0]
-        source = folder
-    folder = Path(source)
+        source = spec.submodule_search_locations[0]
+    folder = Path(source).expanduser()
     if folder.exists():
-        check_model_folder(folder, gguf_file)
+        source = str(folder)
+        gguf_file = check_model_folder(folder, gguf_file)
     elif source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise ModelError(f"config key 'model.source': '{source}' is neither a local folder nor a hub id (org/name)")
+    else:
+        gguf_file = _hub_gguf(source, gguf_file, revision)
     kwargs = dict(gguf_file=gguf_file) if gguf_file else dict(revision=revision)
+    _check_causal_lm(source, trust_remote_code, kwargs)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
-    except OSError as error:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError) as error:
+        raise ModelError(
+            f"config key 'model.source': cannot load the tokenizer of '{source}': {str(error).splitlines()[0]}"
+        ) from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch.float32, trust_remote_code=trust_remote_code, **kwargs
+        )
+    except (OSError, ValueError) as error:
         raise ModelError(f"config key 'model.source': cannot load '{source}': {str(error).splitlines()[0]}") from None
-    return model, tokenizer
+    return model, tokenizer, gguf_file
 
 
 def _unique_state_dict(model) -> dict[str, torch.Tensor]:
@@ -117,16 +172,102 @@ def _unique_state_dict(model) -> dict[str, torch.Tensor]:
     return out
 
 
+# What a family's causal-LM forward does to lm_head(h) (h: the lm_head input, see `final_hidden`), read
+# from its config at materialize time; the parity check refuses any family whose logits differ otherwise.
+LOGIT_SCALES = {  # family class: (config key, power): logits = lm_head(h) * config.<key> ** power
+    "CohereForCausalLM": ("logit_scale", 1),
+    "Cohere2ForCausalLM": ("logit_scale", 1),
+    "Cohere2MoeForCausalLM": ("logit_scale", 1),
+    "GraniteForCausalLM": ("logits_scaling", -1),
+    "GraniteMoeForCausalLM": ("logits_scaling", -1),
+    "GraniteMoeSharedForCausalLM": ("logits_scaling", -1),
+    "GraniteMoeHybridForCausalLM": ("logits_scaling", -1),
+    "GraniteSWAForCausalLM": ("logits_scaling", -1),
+    "GraniteMoeSWAForCausalLM": ("logits_scaling", -1),
+    "HyperCLOVAXForCausalLM": ("logits_scaling", 1),
+    "FalconH1ForCausalLM": ("lm_head_multiplier", 1),
+}
+LOGIT_SOFTCAPS = {  # family class: config key of c (None: no cap): logits = c * tanh(logits / c)
+    "Gemma2ForCausalLM": "final_logit_softcapping",
+    "Gemma3ForCausalLM": "final_logit_softcapping",
+    "Gemma4ForCausalLM": "final_logit_softcapping",
+    "VaultGemmaForCausalLM": "final_logit_softcapping",
+    "NanoChatForCausalLM": "final_logit_softcapping",
+    "RecurrentGemmaForCausalLM": "logits_soft_cap",
+}
+
+
+def logit_transform(model) -> dict:
+    """{"scale": s, "softcap": c or None} of the model's family: logits = c * tanh(s * lm_head(h) / c)."""
+    family, config = type(model).__name__, model.config
+    scale, softcap = 1.0, None
+    if family in LOGIT_SCALES:
+        key, power = LOGIT_SCALES[family]
+        scale = float(getattr(config, key)) ** power
+    if family in LOGIT_SOFTCAPS and getattr(config, LOGIT_SOFTCAPS[family], None) is not None:
+        softcap = float(getattr(config, LOGIT_SOFTCAPS[family]))
+    return {"scale": scale, "softcap": softcap}
+
+
+PARITY_TOLERANCE = 1e-3  # nats: the largest |log p| difference the suite's logits may have, in float32
+PARITY_TEXT = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings "
+    "and arrows of outrageous fortune, or to take arms against a sea of troubles."
+)
+
+
+def parity_windows(tokenizer, vocab_size: int, n_random: int = 2, length: int = 32) -> list[torch.Tensor]:
+    """The fixed windows [1, T] of the parity check: a sentence of text, and seeded random token ids
+    (which reach rows of the lm_head that text does not)."""
+    text = torch.tensor(tokenizer(PARITY_TEXT)["input_ids"][:length])[None]
+    generator = torch.Generator().manual_seed(0)
+    return [text] + [torch.randint(0, vocab_size, (1, length), generator=generator) for _ in range(n_random)]
+
+
+@torch.inference_mode()
+def logprob_gap(model, layer: OutputLayer, windows: list[torch.Tensor]) -> float:
+    """max |log_softmax(model(ids).logits) - log_softmax(layer.logits(final_hidden(model, ids)))| over
+    every position and token of the windows (nan when either side is not finite)."""
+    gap = 0.0
+    for ids in windows:
+        own = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float(), dim=-1)
+        ours = torch.log_softmax(layer.logits(final_hidden(model, ids)), dim=-1)
+        gap = max(gap, (own - ours).abs().max().item())
+    return gap
+
+
+def check_parity(model, layer: OutputLayer, windows: list[torch.Tensor], source: str) -> dict:
+    """The parity record of identity.json, or one ModelError line when the suite's base distribution
+    (final_hidden, then the OutputLayer) is not the model's own."""
+    gap = logprob_gap(model, layer, windows)
+    if not gap <= PARITY_TOLERANCE:
+        raise ModelError(
+            f"config key 'model.source': '{source}' ({type(model).__name__}): the suite's log-probs differ from "
+            f"the model's own by up to {gap:.3g} nats (tolerance {PARITY_TOLERANCE:g}); its family transforms "
+            "the logits in a way uph.lm.models does not know: use a supported family (README: Bring your own "
+            "model) or add the transform to LOGIT_SCALES / LOGIT_SOFTCAPS"
+        )
+    return {"max_logprob_diff": gap, "tolerance": PARITY_TOLERANCE, "positions": sum(w.shape[1] for w in windows)}
+
+
 def materialize(
-    name: str, source: str, out_dir: str | Path, gguf_file: str | None = None, revision: str | None = None
+    name: str,
+    source: str,
+    out_dir: str | Path,
+    gguf_file: str | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict:
-    """Write `out_dir` with config, tokenizer, one safetensors file and identity.json (written last).
+    """Write `out_dir` with config, tokenizer, one safetensors file and identity.json (written last,
+    only once the materialized folder, loaded back the way every later stage loads it, passes the
+    logit parity check).
 
     `save_pretrained` refuses a model de-quantized from GGUF, so the state dict and config are
-    saved directly (tied weights once; the GGUF quantization note removed from the config).
+    saved directly (tied weights once; the GGUF quantization note removed from the config; a
+    trusted model's own code copied beside them).
     """
     out_dir = Path(out_dir)
-    model, tokenizer = _load_source(source, gguf_file, revision)
+    model, tokenizer, gguf_file = _load_source(source, gguf_file, revision, trust_remote_code)
     staging = out_dir.with_name(f".tmp-{out_dir.name}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -134,24 +275,27 @@ def materialize(
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.save_pretrained(staging)
+    if getattr(model, "_auto_class", None) is not None:
+        from transformers.dynamic_module_utils import custom_object_save
+
+        custom_object_save(model, staging, config=config)
     tokenizer.save_pretrained(staging)
     tensors = _unique_state_dict(model)
     save_file(tensors, staging / WEIGHTS, metadata={"format": "pt"})
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / IDENTITY).unlink(missing_ok=True)
     for path in sorted(staging.iterdir()):
         path.replace(out_dir / path.name)
     shutil.rmtree(staging)
     saved_as = {t.data_ptr(): key for key, t in tensors.items()}
     head = model.get_output_embeddings()
-    tokenizer_files = [
-        p for p in out_dir.iterdir() if p.name.startswith(("tokenizer", "vocab", "merges", "special_tokens"))
-    ]
     identity = {
         "name": name,
         "source": source,
         "gguf_file": gguf_file,
         "revision": revision,
-        "architecture": config.architectures[0] if config.architectures else type(model).__name__,
+        "trust_remote_code": trust_remote_code,
+        "architecture": type(model).__name__,
         "hidden_size": head.weight.shape[1],
         "vocab_size": head.weight.shape[0],
         "n_parameters": sum(t.numel() for t in tensors.values()),
@@ -159,30 +303,40 @@ def materialize(
             "weight": saved_as[head.weight.data_ptr()],
             "bias": saved_as[head.bias.data_ptr()] if getattr(head, "bias", None) is not None else None,
         },
+        "logit_transform": logit_transform(model),
         "weights_sha256": file_sha256([out_dir / WEIGHTS]),
-        "tokenizer_sha256": file_sha256(tokenizer_files),
+        "tokenizer_sha256": file_sha256(p for p in out_dir.iterdir() if p.name.startswith(TOKENIZER_PREFIXES)),
     }
+    del model
+    reloaded = _load_folder(out_dir, torch.float32, "cpu", trust_remote_code)
+    windows = parity_windows(tokenizer, identity["vocab_size"])
+    identity["parity"] = check_parity(reloaded, _output_layer(out_dir, identity), windows, source)
     write_json(identity, out_dir / IDENTITY)
     return identity
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """The materialized model, frozen, in eval mode."""
+def _load_folder(model_dir, dtype, device, trust_remote_code: bool):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, trust_remote_code=trust_remote_code)
+    model = model.to(device).eval()
     model.requires_grad_(False)
     return model
+
+
+def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """The materialized model, frozen, in eval mode."""
+    return _load_folder(model_dir, dtype, device, read_identity(model_dir)["trust_remote_code"])
 
 
 def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=read_identity(model_dir)["trust_remote_code"])
 
 
 def lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(W [V, H], b [V] or None) of the output layer, float32."""
+    """(W [V, H], b [V] or None) of the output layer as stored, float32 (no logit transform: see OutputLayer)."""
     head = model.get_output_embeddings()
     bias = getattr(head, "bias", None)
     return head.weight.detach().float(), (bias.detach().float() if bias is not None else None)
@@ -193,36 +347,58 @@ class OutputLayer:
     """The model's logits as a function of the final hidden state h (the lm_head input):
 
         z = W h + b                                   (softcap None)
-        z = softcap * tanh((W h + b) / softcap)       (Gemma 2's final_logit_softcapping)
+        z = softcap * tanh((W h + b) / softcap)       (Gemma 2/3's final_logit_softcapping)
 
-    W [V, H] and b [V] are float32 with any scalar logit scale of the family folded in, so `logits`
-    equals `model(ids).logits` at the same positions. A head's rank-d correction is added after
-    these logits (uph.lm.heads), which keeps the fit objective convex in theta."""
+    W [V, H] and b [V] are float32 with the family's scalar logit scale s folded in (W = s W_head,
+    b = s b_head: Cohere's logit_scale, Granite's 1/logits_scaling, Falcon-H1's lm_head_multiplier), so
+    `logits(final_hidden(model, ids))` equals `model(ids).logits`; materialize checks it once per model.
+    A head's rank-d correction is added after these logits, z(theta) = logits(h) + P u(theta) (uph.lm.heads),
+    so the fit objective stays convex in theta (a softcap applied after the correction would not be)."""
 
     W: torch.Tensor
     b: torch.Tensor | None = None
     softcap: float | None = None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """z [n, V] for hidden [n, H], computed in W's dtype."""
+        """z [..., V] for hidden [..., H], computed in W's dtype."""
         z = hidden.to(self.W.dtype) @ self.W.T
         if self.b is not None:
             z += self.b
         return z if self.softcap is None else torch.tanh(z / self.softcap) * self.softcap
 
 
-def read_output_layer(model_dir: str | Path) -> OutputLayer:
-    """The model's OutputLayer, reading only the lm_head tensors from disk (the same as
-    `lm_head(load_model(model_dir))` for a family without a logit transform)."""
+def _output_layer(model_dir: str | Path, identity: dict) -> OutputLayer:
+    """The OutputLayer of a materialized folder from its identity's lm_head tensors and logit transform."""
     from safetensors import safe_open
 
-    keys = read_identity(model_dir)["lm_head_tensors"]
+    keys, transform = identity["lm_head_tensors"], identity["logit_transform"]
     with safe_open(Path(model_dir) / WEIGHTS, framework="pt") as f:
-        W = f.get_tensor(keys["weight"]).float()
-        b = f.get_tensor(keys["bias"]).float() if keys["bias"] else None
-    return OutputLayer(W, b)
+        W = f.get_tensor(keys["weight"]).float() * transform["scale"]
+        b = f.get_tensor(keys["bias"]).float() * transform["scale"] if keys["bias"] else None
+    return OutputLayer(W, b, transform["softcap"])
+
+
+def read_output_layer(model_dir: str | Path) -> OutputLayer:
+    """The model's OutputLayer, reading only the lm_head tensors from disk."""
+    return _output_layer(model_dir, read_identity(model_dir))
+
+
+class _HeadInput(Exception):
+    """Carries the lm_head input out of the forward pass (so the V x H product never runs)."""
 
 
 def final_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
-    """Final hidden states [B, T, H]: exactly the lm_head input (after the final norm)."""
-    return model.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+    """Final hidden states [B, T, H]: exactly the lm_head input, whatever the family does between its
+    body and its head (OPT's project_out, MiniCPM3's width scaling), caught by a hook on the head."""
+
+    def stop(module, args):
+        raise _HeadInput(args[0])
+
+    hook = model.get_output_embeddings().register_forward_pre_hook(stop)
+    try:
+        model(input_ids=input_ids, use_cache=False)
+    except _HeadInput as caught:
+        return caught.args[0]
+    finally:
+        hook.remove()
+    raise ModelError(f"{type(model).__name__} never calls its output embeddings; the suite cannot read its logits")

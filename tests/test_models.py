@@ -1,0 +1,189 @@
+"""Bring your own model: tiny random models of real families, saved to a folder as a user would, go
+through the suite's own path (materialize -> load_model -> final_hidden -> read_output_layer) and give
+the model's own log-probs, or stop with one line naming model.source."""
+
+import json
+
+import pytest
+import torch
+import transformers as tf
+from safetensors.torch import save_file
+
+from uph.errors import ModelError
+from uph.lm import models
+from uph.lm.identity import IDENTITY
+from uph.lm.models import OutputLayer, byte_tokenizer, final_hidden, lm_head, load_model, materialize, read_output_layer
+
+VOCAB = 257  # the byte tokenizer's
+SMALL = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=64,
+)
+
+
+def _gemma2_with_large_logits(model):
+    """Gemma's final norm scales by (1 + w): w = 300 takes the raw logits to ~100, well past the cap of 30."""
+    model.model.norm.weight.data.fill_(300.0)
+
+
+# family: (tiny config, a change to the random weights or None, what the family does after its body)
+FAMILIES = {
+    "gpt2": (tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64), None, None),
+    "gpt_neox": (tf.GPTNeoXConfig(**{**SMALL, "num_key_value_heads": 2}, tie_word_embeddings=False), None, None),
+    "phi": (tf.PhiConfig(**SMALL), None, None),  # lm_head bias
+    "opt": (
+        tf.OPTConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            word_embed_proj_dim=16,
+            ffn_dim=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+        ),
+        None,
+        None,  # project_out (32 -> 16) runs inside the body: the lm_head input is 16 wide
+    ),
+    "minicpm3": (
+        tf.MiniCPM3Config(
+            **{**SMALL, "num_key_value_heads": 2},
+            q_lora_rank=16,
+            kv_lora_rank=16,
+            qk_nope_head_dim=8,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            dim_model_base=8,
+        ),
+        None,
+        None,  # h / (hidden_size / dim_model_base) before the lm_head: part of the lm_head input
+    ),
+    "gemma2": (tf.Gemma2Config(**SMALL, head_dim=16, final_logit_softcapping=30.0), _gemma2_with_large_logits, "cap"),
+    "cohere": (tf.CohereConfig(**SMALL, logit_scale=0.3), None, "scale"),
+    "granite": (tf.GraniteConfig(**SMALL, logits_scaling=0.3), None, "scale"),
+    "falcon_h1": (
+        tf.FalconH1Config(
+            **SMALL,
+            head_dim=16,
+            mamba_d_ssm=32,
+            mamba_n_heads=4,
+            mamba_d_head=8,
+            mamba_n_groups=1,
+            mamba_d_state=8,
+            mamba_chunk_size=16,
+            lm_head_multiplier=3.0,
+        ),
+        None,
+        "scale",
+    ),
+}
+
+
+def _save(folder, config, change=None, tokenizer=True):
+    """A user's model folder: random weights of `config` (seeded), and the byte tokenizer."""
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    if change is not None:
+        change(model)
+    model.save_pretrained(folder)
+    if tokenizer:
+        byte_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def _max_logprob_gap(model, layer, ids):
+    with torch.no_grad():
+        own = torch.log_softmax(model(ids).logits, dim=-1)
+        ours = torch.log_softmax(layer.logits(final_hidden(model, ids)), dim=-1)
+    return (own - ours).abs().max().item()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_suite_log_probs_are_the_models_own(family, tmp_path):
+    config, change, transform = FAMILIES[family]
+    source = _save(tmp_path / "mine", config, change)
+    identity = materialize(family, str(source), tmp_path / "model")
+    model, layer = load_model(tmp_path / "model"), read_output_layer(tmp_path / "model")
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    assert _max_logprob_gap(model, layer, ids) < 1e-5
+    assert identity["parity"]["max_logprob_diff"] < 1e-5
+    assert layer.W.shape == (VOCAB, identity["hidden_size"])
+    # the transform matters: the stored lm_head alone would be another distribution
+    raw_gap = _max_logprob_gap(model, OutputLayer(*lm_head(model)), ids)
+    assert (raw_gap > 0.1) if transform else (raw_gap < 1e-5)
+    if transform == "cap":
+        raw = final_hidden(model, ids) @ lm_head(model)[0].T
+        assert raw.abs().max() > 3 * layer.softcap  # far past the cap, and spanning over 100 nats
+        assert (raw.max(-1).values - raw.min(-1).values).min() > 100
+
+
+def test_family_details_reach_the_output_layer(tmp_path):
+    opt = materialize("opt", str(_save(tmp_path / "opt", FAMILIES["opt"][0])), tmp_path / "opt-model")
+    assert opt["hidden_size"] == 16  # after project_out
+    phi = materialize("phi", str(_save(tmp_path / "phi", FAMILIES["phi"][0])), tmp_path / "phi-model")
+    assert read_output_layer(tmp_path / "phi-model").b is not None
+    assert phi["lm_head_tensors"]["bias"] == "lm_head.bias"
+    minicpm3 = _save(tmp_path / "minicpm3", FAMILIES["minicpm3"][0])
+    materialize("minicpm3", str(minicpm3), tmp_path / "minicpm3-model")
+    model, ids = load_model(tmp_path / "minicpm3-model"), torch.arange(20)[None]
+    body = model.base_model(input_ids=ids).last_hidden_state
+    assert torch.allclose(final_hidden(model, ids), body / (32 / 8))  # width scaling: hidden_size / dim_model_base
+    granite = materialize("granite", str(_save(tmp_path / "g", FAMILIES["granite"][0])), tmp_path / "g-model")
+    assert granite["logit_transform"] == {"scale": pytest.approx(1 / 0.3), "softcap": None}
+
+
+def test_unknown_logit_transform_is_refused(tmp_path, monkeypatch):
+    """A family whose logits the suite does not reproduce stops the model stage, and leaves no identity."""
+    monkeypatch.delitem(models.LOGIT_SCALES, "CohereForCausalLM")
+    source = _save(tmp_path / "cohere", FAMILIES["cohere"][0])
+    with pytest.raises(
+        ModelError, match=r"\(CohereForCausalLM\): the suite's log-probs differ from the model's own by"
+    ):
+        materialize("cohere", str(source), tmp_path / "model")
+    assert not (tmp_path / "model" / IDENTITY).exists()
+
+
+def _config_only_folder(folder, config: dict):
+    """A folder with a config.json, a weights file and a tokenizer, as downloaded."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file({"x": torch.zeros(1)}, folder / "model.safetensors")
+    byte_tokenizer().save_pretrained(folder)
+    return str(folder)
+
+
+def test_refusals_at_load_are_one_line_naming_model_source(tmp_path):
+    t5 = tf.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2)
+    t5_folder = tmp_path / "t5"
+    torch.manual_seed(0)
+    tf.T5ForConditionalGeneration(t5).save_pretrained(t5_folder)
+    byte_tokenizer().save_pretrained(t5_folder)
+    with pytest.raises(ModelError, match=r"^config key 'model.source': '.*t5' is a 't5' model .*not a causal LM"):
+        materialize("t5", str(t5_folder), tmp_path / "out")
+    remote = {
+        "model_type": "my_lm",
+        "auto_map": {"AutoConfig": "configuration_my.MyConfig", "AutoModelForCausalLM": "modeling_my.MyLM"},
+    }
+    with pytest.raises(
+        ModelError, match=r"runs its own modeling code \(modeling_my.MyLM\); set model.trust_remote_code"
+    ):
+        materialize("remote", _config_only_folder(tmp_path / "remote", remote), tmp_path / "out")
+    with pytest.raises(ModelError, match=r"'future_lm' model, an architecture the installed transformers .* does not"):
+        materialize("future", _config_only_folder(tmp_path / "future", {"model_type": "future_lm"}), tmp_path / "out")
+    no_tokenizer = _save(tmp_path / "bare", FAMILIES["gpt2"][0], tokenizer=False)
+    with pytest.raises(ModelError, match=r"model folder '.*bare' holds no tokenizer"):
+        materialize("bare", str(no_tokenizer), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_gguf_file_applies_only_where_the_source_holds_gguf(tmp_path):
+    folder = _save(tmp_path / "mine", FAMILIES["gpt2"][0])
+    identity = materialize("m", str(folder), tmp_path / "model", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert identity["gguf_file"] is None
+    (folder / "other.gguf").write_bytes(b"")
+    with pytest.raises(ModelError, match=r"config key 'model.gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf' is not in"):
+        materialize("m", str(folder), tmp_path / "model", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
