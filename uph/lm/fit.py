@@ -1,7 +1,8 @@
 """Fitting theta: one engine for every head, minimizing seed 002's objective, with two solvers.
 
-For tokens t = 1..n with base logits z0_t = W h_t + b and head logits z_t = z0_t + P u_t, where
-u_t = theta ⊙ a_t (a_t = A h_t for conditional heads, a_t = 1 otherwise; see uph.lm.heads):
+For tokens t = 1..n with base logits z0_t = OutputLayer.logits(h_t) (the model's own, see
+uph.lm.models) and head logits z_t = z0_t + P u_t, where u_t = theta ⊙ a_t (a_t = A h_t for
+conditional heads, a_t = 1 otherwise; see uph.lm.heads):
 
     J(theta) = mean_t [CE(z_t, y_t) + beta KL(p0_t ‖ p_t)] + lam ‖theta‖²   over ‖theta‖ <= max_norm.
 
@@ -15,20 +16,30 @@ with ybar = mean_t a_t ⊙ P_{y_t}, mbar = mean_t a_t ⊙ m_t, p_t = softmax(z_t
 computed once per split (`prepare`: the only V×H products), a, ybar and mbar once per head
 (`Objective`); an evaluation costs, per chunk of c tokens, two [c, d]×[d, V] products and one exp
 (conditional heads), or two passes over p0 (unconditional heads: P theta is the same for every
-token). L_t is taken relative to its value at theta = 0, computed by the same code: the KL is
-exactly 0 there, and p0 need only be known up to a factor per token. J is convex (strictly for
-lam > 0), so the minimizer is unique.
+token). p0 need only be known up to a factor per token: every L_t is taken relative to its value
+at the objective's base, computed by the same code, so the KL is exactly 0 there. J is convex
+(strictly for lam > 0), so the minimizer is unique.
 
-Solvers: "seed" is seed 002's Adam (zero start, gradient-norm clipping at max_norm, then
-projection onto the ball of radius max_norm); "exact" is a projected quasi-Newton method (a BFGS
-model, started from the Hessian diagonal at 0, minimized exactly over the ball; Armijo
-backtracking) that stops when the projected-gradient norm, reported as `certificate`, is <= tol.
+Residual fits: with `offset` theta_g (the global theta, held fixed) the base becomes
+p_g ∝ p0 exp(P (theta_g ⊙ a_t)) and theta is the user's residual on top of it: the same J with
+p0 -> p_g, nll0 -> the global NLL, evaluated at theta_g + theta (u is linear in theta). The
+full-vocabulary bias (P = I, d = V) is the unconditional head in the limit d = V.
 
-Numerics: theta never leaves the ball, so no learning rate makes a fit run away (a huge lr only
-bounces the seed solver around the sphere; its certificate shows it). A NaN or inf, which only a
-scale that overflows float32 can cause (the schema caps fit.alphas and fit.lm_head_update.gamma,
-and the cache refuses non-finite hidden states), raises FitDivergedError: a table never averages
-a NaN. A fit that stops short of tol is no error: its certificate is in every row.
+Solvers: "adam" is seed 002's schedule (Adam from zero, gradient-norm clipping at max_norm, then
+projection onto the ball of radius max_norm; `steps` steps at `lr`); "exact" stops when the
+projected-gradient norm, reported as `certificate`, is <= tol: up to d = DENSE_MAX_D a projected
+quasi-Newton method (a BFGS model, started from the Hessian diagonal at the base, minimized
+exactly over the ball; Armijo backtracking), beyond it the spectral projected gradient method
+(Barzilai-Borwein steps, non-monotone Armijo; no d×d matrix).
+
+Numerics: every log-partition is a log-sum-exp. The fast path multiplies the cached p0 by
+exp(P u - shift); where that sum underflows (a tilt that moves all mass onto tokens whose p0 is
+below float32's range, e.g. logits spanning over 100 nats) those tokens are recomputed exactly
+from their logits in log space, so no objective is ever -inf. theta never leaves the ball. A NaN
+or inf, which only a scale that overflows float32 can cause (the schema caps fit.alphas and
+fit.lm_head_update.gamma, and the cache refuses non-finite hidden states), raises
+FitDivergedError: a table never averages a NaN. A fit that stops short of tol is no error: its
+certificate is in every row.
 """
 
 from __future__ import annotations
@@ -40,12 +51,32 @@ import torch
 
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
+from uph.lm.models import OutputLayer
 
 CHUNK = 256  # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
 EXP_SAFE = 60.0  # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
+UNDERFLOW = 1e-30  # a fast-path partition sum below this is recomputed exactly in log space
 LOG2E = 1.4426950408889634
-SOLVERS = ("seed", "exact")
+SOLVERS = ("adam", "exact")  # adam: seed 002's schedule; exact: certified optimum
+DENSE_MAX_D = 1024  # the exact solver keeps a d×d BFGS model up to this d
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """The fit section's solver keys (schemas/fit.schema.yaml documents each)."""
+
+    beta: float = 0.05
+    lam: float = 1e-4
+    max_norm: float = 5.0
+    lr: float = 0.05
+    steps: int = 30
+    tol: float = 1e-5
+    max_iter: int = 300
+
+    @classmethod
+    def from_config(cls, fit: dict) -> SolverSettings:
+        return cls(**{key: fit[key] for key in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -61,8 +92,7 @@ class Tokens:
     """A split's tokens with the base distribution of each token, cached within a memory budget."""
 
     chunks: list[Chunk]
-    W: torch.Tensor
-    b: torch.Tensor | None
+    layer: OutputLayer  # on the tokens' device, in the compute dtype
 
     @property
     def n(self) -> int:
@@ -70,7 +100,11 @@ class Tokens:
 
     @property
     def device(self) -> torch.device:
-        return self.W.device
+        return self.layer.W.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layer.W.dtype
 
     @property
     def base_nll(self) -> float:
@@ -79,15 +113,35 @@ class Tokens:
     def probabilities(self):
         """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed."""
         for chunk in self.chunks:
-            yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.W, self.b)[0]
+            yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
+
+    def prefix(self, n: int) -> Tokens:
+        """The first n tokens (views of the same chunks and caches)."""
+        chunks, left = [], n
+        for chunk in self.chunks:
+            if left <= 0:
+                break
+            k = min(left, len(chunk.targets))
+            p0 = None if chunk.p0 is None else chunk.p0[:, :k]
+            chunks.append(Chunk(chunk.hidden[:k], chunk.targets[:k], chunk.nll0[:k], p0))
+            left -= k
+        return Tokens(chunks, self.layer)
 
 
-def base_distribution(chunk: Chunk, W: torch.Tensor, b: torch.Tensor | None):
-    """exp(z - max z) for z = W h + b, vocabulary-major [V, c] (p0 up to a factor per token, which
-    every use divides out: see Objective), and the base cross-entropy of the targets [c]."""
-    z = W @ chunk.hidden.to(W.dtype).T
-    if b is not None:
-        z += b[:, None]
+def base_logits(hidden: torch.Tensor, layer: OutputLayer) -> torch.Tensor:
+    """z0 = OutputLayer.logits(h), vocabulary-major [V, c] (the layout every pass walks)."""
+    z = layer.W @ hidden.to(layer.W.dtype).T
+    if layer.b is not None:
+        z += layer.b[:, None]
+    if layer.softcap is not None:
+        z = z.div_(layer.softcap).tanh_().mul_(layer.softcap)
+    return z
+
+
+def base_distribution(chunk: Chunk, layer: OutputLayer):
+    """exp(z0 - max z0) [V, c] (p0 up to a factor per token, which every use divides out: see
+    Objective), and the base cross-entropy of the targets [c], as a log-sum-exp."""
+    z = base_logits(chunk.hidden, layer)
     top = z.amax(dim=0, keepdim=True)
     target = z.gather(0, chunk.targets[None, :])
     unnormalized = z.sub_(top).exp_()
@@ -98,8 +152,7 @@ def base_distribution(chunk: Chunk, W: torch.Tensor, b: torch.Tensor | None):
 def prepare(
     hidden: torch.Tensor,
     targets: torch.Tensor,
-    W: torch.Tensor,
-    b: torch.Tensor | None = None,
+    layer: OutputLayer,
     cache_bytes: float = 4 * 2**30,
     chunk: int = CHUNK,
     device: torch.device | str = "cpu",
@@ -107,28 +160,31 @@ def prepare(
     """A split's tokens (hidden [n, H], targets [n]) on `device`, p0 cached for up to `cache_bytes`.
 
     Chunks beyond the budget recompute p0 through the lm_head whenever they are used. Everything
-    computes in float32 (float64 if W is given so)."""
+    computes in float32 (float64 if the layer's W is float64)."""
+    W = layer.W
     if hidden.shape[0] != targets.shape[0] or hidden.shape[1] != W.shape[1]:
         raise ValueError(
             f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)} and W {tuple(W.shape)} do not fit together"
         )
     dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
-    W, b = W.to(device, dtype).contiguous(), None if b is None else b.to(device, dtype)
+    layer = OutputLayer(
+        W.to(device, dtype).contiguous(), None if layer.b is None else layer.b.to(device, dtype), layer.softcap
+    )
     chunks, budget = [], cache_bytes
     for start in range(0, hidden.shape[0], chunk):
         piece = Chunk(
             hidden[start : start + chunk].to(device), targets[start : start + chunk].to(device).long(), None, None
         )
-        p0, piece.nll0 = base_distribution(piece, W, b)
+        p0, piece.nll0 = base_distribution(piece, layer)
         if p0.numel() * p0.element_size() <= budget:
             piece.p0, budget = p0, budget - p0.numel() * p0.element_size()
         chunks.append(piece)
-    return Tokens(chunks, W, b)
+    return Tokens(chunks, layer)
 
 
 def pool(splits: list[Tokens]) -> Tokens:
     """All the splits' tokens as one (the pooled `global` theta), sharing their caches."""
-    return Tokens([chunk for split in splits for chunk in split.chunks], splits[0].W, splits[0].b)
+    return Tokens([chunk for split in splits for chunk in split.chunks], splits[0].layer)
 
 
 @dataclass
@@ -140,38 +196,66 @@ class Value:
 
 
 class Objective:
-    """Seed 002's J(theta) for one head on some tokens, with its gradient (module docstring)."""
+    """Seed 002's J(theta) for one head on some tokens, with its gradient (module docstring); with
+    `offset`, J of a residual theta on top of that fixed theta."""
 
-    def __init__(self, tokens: Tokens, head: Head, beta: float = 0.05, lam: float = 1e-4):
+    def __init__(
+        self, tokens: Tokens, head: Head, beta: float = 0.05, lam: float = 1e-4, offset: torch.Tensor | None = None
+    ):
         self.tokens, self.beta, self.lam, self.d = tokens, beta, lam, head.d
-        self.dtype, self.device = tokens.W.dtype, tokens.device
-        self.P = head.P.to(self.device, self.dtype).contiguous()
-        self.PT = self.P.T.contiguous()
-        self.P_log2e = self.P * LOG2E  # exp(x) = exp2(x log2 e), and exp2 is faster
-        self.reach = float(self.P.norm(dim=1).max())  # |P_v · u| <= reach ‖u‖
+        self.dtype, self.device = tokens.dtype, tokens.device
+        self.P = None if head.P is None else head.P.to(self.device, self.dtype).contiguous()  # None: identity
+        if self.P is not None:
+            self.PT = self.P.T.contiguous()
+            self.P_log2e = self.P * LOG2E  # exp(x) = exp2(x log2 e), and exp2 is faster
+        self.reach = 1.0 if self.P is None else float(self.P.norm(dim=1).max())  # |P_v · u| <= reach ‖u‖
         columns = max(len(chunk.targets) for chunk in tokens.chunks)
         self.scratch = torch.empty(VOCAB_BLOCK * columns, dtype=self.dtype, device=self.device)
         self.a = None
         if head.conditional:
             A = head.A.to(self.device, self.dtype)
             self.a = [chunk.hidden.to(self.dtype) @ A.T for chunk in tokens.chunks]
-        self.ybar = (
-            sum(
-                (self._a(i, chunk) * self.P[chunk.targets]).sum(0, dtype=torch.float64)
-                for i, chunk in enumerate(tokens.chunks)
-            ).cpu()
-            / tokens.n
-        )
-        self.log_z0, grad0 = self._log_partitions(torch.zeros(self.d), need_grad=True)
-        self.mbar = grad0 / tokens.n
+        targets = torch.cat([chunk.targets for chunk in tokens.chunks])
+        if self.P is None:
+            self.ybar = torch.bincount(targets, minlength=self.d).double().cpu() / tokens.n
+        else:
+            self.ybar = (
+                sum(
+                    (self._a(i) * self.P[chunk.targets]).sum(0, dtype=torch.float64)
+                    for i, chunk in enumerate(tokens.chunks)
+                ).cpu()
+                / tokens.n
+            )
+        self.offset = torch.zeros(self.d, dtype=torch.float64) if offset is None else offset.detach().double().cpu()
+        self.log_z_base, grad_base = self._log_partitions(self.offset, need_grad=True)
+        self.mbar = grad_base / tokens.n
+        self.base_nll = tokens.base_nll  # NLL at the offset: the base's, moved by the fixed theta
+        if self.offset.any():
+            log_z0, _ = self._log_partitions(torch.zeros(self.d), need_grad=False)
+            self.base_nll += self._mean_change(self.log_z_base, log_z0) - float(self.offset @ self.ybar)
 
     def _block(self, rows: int, columns: int) -> torch.Tensor:
         """The reused work block [rows <= VOCAB_BLOCK, columns]: small enough to stay in cache, and
         allocated once (a fresh block per chunk would cost page faults)."""
         return self.scratch[: rows * columns].view(rows, columns)
 
-    def _a(self, i: int, chunk: Chunk) -> torch.Tensor:
+    def _a(self, i: int) -> torch.Tensor:
         return self.a[i] if self.a is not None else torch.ones(1, self.d, dtype=self.dtype, device=self.device)
+
+    def _mean_change(self, log_z, log_z_reference) -> float:
+        return (
+            float(sum((lz - ref).sum(dtype=torch.float64) for lz, ref in zip(log_z, log_z_reference))) / self.tokens.n
+        )
+
+    def _exact(self, chunk: Chunk, rows: torch.Tensor, tilt: torch.Tensor):
+        """log Σ_v exp(z0_tv - max z0_t + s_tv) [k] and P^T p_t [k, d] (p_t itself for P = I) for the
+        tokens `rows` of `chunk`, tilt s [k, V], in log space from their logits: the fallback where
+        the fast path's partition sum underflows."""
+        z0 = base_logits(chunk.hidden[rows], self.tokens.layer).T  # [k, V]
+        logits = z0 - z0.amax(dim=1, keepdim=True) + tilt
+        log_z = torch.logsumexp(logits, dim=1)
+        p = (logits - log_z[:, None]).exp()
+        return log_z, p if self.P is None else p @ self.P
 
     def _log_partitions(self, theta: torch.Tensor, need_grad: bool):
         """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad. The
@@ -179,22 +263,31 @@ class Objective:
         theta = theta.to(self.device, self.dtype)
         log_z, grad = [], torch.zeros(self.d, dtype=torch.float64, device=self.device)
         if self.a is None:
-            s = self.P @ theta
+            s = theta if self.P is None else self.P @ theta
             shift = s.max()
             e = (s - shift).exp_()
-            inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)  # Σ_t p0_t / Z_t
-            for _chunk, p0 in self.tokens.probabilities():
+            inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)  # Σ_t p0_t / Z_t over fast-path tokens
+            for chunk, p0 in self.tokens.probabilities():
                 # Z_t = Σ_v p0_tv e_v by cascade sums over blocks: e @ p0 would lose ~1e-4 over V terms
                 z = sum(
                     torch.mul(p, e_v[:, None], out=self._block(*p.shape)).sum(dim=0)
                     for p, e_v in zip(p0.split(VOCAB_BLOCK), e.split(VOCAB_BLOCK))
                 )
-                log_z.append(z.log() + shift)
+                chunk_log_z = z.log() + shift
+                weights = z.reciprocal()
+                if (bad := (z < UNDERFLOW).nonzero().squeeze(1)).numel():
+                    exact_log_z, exact_grad = self._exact(chunk, bad, s.expand(len(bad), -1))
+                    chunk_log_z[bad], weights[bad] = exact_log_z, 0
+                    grad += exact_grad.sum(0, dtype=torch.float64)
+                log_z.append(chunk_log_z)
                 if need_grad:
-                    inverse_z_p0 += p0 @ z.reciprocal()
-            return log_z, (self.P.double().T @ (e * inverse_z_p0)).cpu() if need_grad else None
+                    inverse_z_p0 += p0 @ weights
+            if not need_grad:
+                return log_z, None
+            fast = e * inverse_z_p0
+            return log_z, (grad + (fast if self.P is None else self.P.double().T @ fast)).cpu()
         blocks = list(zip(self.P_log2e.split(VOCAB_BLOCK), self.PT.split(VOCAB_BLOCK, dim=1)))
-        for a, (_chunk, p0) in zip(self.a, self.tokens.probabilities()):
+        for a, (chunk, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
             shift = None
             if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:  # rare: each token's max first
@@ -209,35 +302,43 @@ class Objective:
                 z += e.sum(dim=0)
                 if need_grad:
                     p_sum.addmm_(PT_v, e)
-            log_z.append(z.log() if shift is None else z.log() + shift / LOG2E)
+            chunk_log_z = z.log() if shift is None else z.log() + shift / LOG2E
+            expectation = p_sum.T / z[:, None]  # P^T p_t [c, d]
+            if (bad := (z < UNDERFLOW).nonzero().squeeze(1)).numel():
+                chunk_log_z[bad], expectation[bad] = self._exact(chunk, bad, u[bad] @ self.PT)
+            log_z.append(chunk_log_z)
             if need_grad:
-                grad += (a * p_sum.T / z[:, None]).sum(0, dtype=torch.float64)
+                grad += (a * expectation).sum(0, dtype=torch.float64)
         return log_z, grad.cpu() if need_grad else None
 
     def curvature(self) -> torch.Tensor:
-        """diag ∇²J at theta = 0 [d]: (1 + beta) mean_t a_t² ⊙ Var_{p0_t}(P) + 2 lam (the exact
+        """diag ∇²J at the base p0 [d]: (1 + beta) mean_t a_t² ⊙ Var_{p0_t}(P) + 2 lam (the exact
         solver's first quasi-Newton model; one more [c, V]×[V, 2d] product per chunk)."""
-        P_and_squares = torch.cat([self.PT, self.PT.square()])
+        P_and_squares = None if self.P is None else torch.cat([self.PT, self.PT.square()])
         total = torch.zeros(self.d, dtype=torch.float64, device=self.device)
-        for i, ((chunk, p0), log_z0) in enumerate(zip(self.tokens.probabilities(), self.log_z0)):
-            moments = (P_and_squares @ p0).T / log_z0.exp()[:, None]
-            variance = moments[:, self.d :] - moments[:, : self.d].square()
-            total += (self._a(i, chunk).square() * variance).sum(0, dtype=torch.float64)
+        for i, (_, p0) in enumerate(self.tokens.probabilities()):
+            if P_and_squares is None:  # P = I: Var_p(e_v) = p_v (1 - p_v)
+                probabilities = (p0 / p0.sum(dim=0)).T
+                variance = probabilities - probabilities.square()
+            else:
+                moments = (P_and_squares @ p0).T / p0.sum(dim=0)[:, None]
+                variance = moments[:, self.d :] - moments[:, : self.d].square()
+            total += (self._a(i).square() * variance).sum(0, dtype=torch.float64)
         return ((1 + self.beta) * total / self.tokens.n + 2 * self.lam).cpu()
 
     def __call__(self, theta: torch.Tensor, need_grad: bool = True) -> Value:
-        n = self.tokens.n
-        if theta.any():
-            log_z, grad = self._log_partitions(theta, need_grad)
-        else:  # the base model: known from the pass at theta = 0 in __init__
-            log_z, grad = self.log_z0, self.mbar * n
-        mean_l = float(sum((lz - lz0).sum(dtype=torch.float64) for lz, lz0 in zip(log_z, self.log_z0))) / n
+        """J at the residual `theta` (the whole theta without an offset)."""
         theta = theta.detach().double().cpu()
-        ce = self.tokens.base_nll + mean_l - theta @ self.ybar
+        if theta.any():
+            log_z, grad = self._log_partitions(self.offset + theta, need_grad)
+        else:  # the base itself: known from the pass in __init__
+            log_z, grad = self.log_z_base, self.mbar * self.tokens.n
+        mean_l = self._mean_change(log_z, self.log_z_base)
+        ce = self.base_nll + mean_l - theta @ self.ybar
         kl = mean_l - theta @ self.mbar
         objective = ce + self.beta * kl + self.lam * theta @ theta
         if need_grad:
-            grad = (1 + self.beta) * grad / n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta
+            grad = (1 + self.beta) * grad / self.tokens.n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta
         return Value(float(objective), float(ce), float(kl), grad)
 
 
@@ -276,26 +377,20 @@ class FitResult:
 def fit_theta(
     tokens: Tokens,
     head: Head,
-    solver: str = "seed",
-    beta: float = 0.05,
-    lam: float = 1e-4,
-    max_norm: float = 5.0,
-    lr: float = 0.05,
-    steps: int = 30,
-    tol: float = 1e-5,
-    max_iter: int = 300,
-    theta0: torch.Tensor | None = None,
+    solver: str,
+    settings: SolverSettings = SolverSettings(),
+    offset: torch.Tensor | None = None,
     user: str = "?",
-    config: str | dict = "?",
+    label: str = "?",
 ) -> tuple[torch.Tensor, FitResult]:
-    """Fit theta [d] for `head` on `tokens` (one user's train split, or `pool(...)` of all).
+    """Fit theta [d] for `head` on `tokens` (one user's train split, or `pool(...)` of all); with
+    `offset`, the residual theta on top of that fixed one (module docstring).
 
-    A NaN or inf raises FitDivergedError naming `user` and `config`."""
+    A NaN or inf raises FitDivergedError naming `user` and `label` (the sweep point)."""
     if solver not in SOLVERS:
         raise ConfigError(f"config key 'fit.solvers': unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
-    label = " ".join(f"{k}={v}" for k, v in config.items()) if isinstance(config, dict) else config
     start = time.perf_counter()
-    objective = Objective(tokens, head, beta, lam)
+    objective = Objective(tokens, head, settings.beta, settings.lam, offset)
     evaluations = 0
 
     def evaluate(theta: torch.Tensor, iteration: int) -> Value:
@@ -314,20 +409,24 @@ def fit_theta(
             )
         return value
 
-    theta = torch.zeros(head.d, dtype=objective.dtype) if theta0 is None else theta0.to(objective.dtype)
-    if solver == "seed":
-        theta, iterations = _adam(evaluate, theta, lr, steps, max_norm), steps
+    theta, radius = torch.zeros(head.d, dtype=torch.float64), settings.max_norm
+    if solver == "adam":
+        theta = _adam(evaluate, theta.to(objective.dtype), settings.lr, settings.steps, radius)
+        iterations = settings.steps
         value = evaluate(theta, iterations)
+    elif head.d <= DENSE_MAX_D:
+        B = torch.diag(objective.curvature())
+        theta, iterations, value = _projected_bfgs(evaluate, theta, B, radius, settings.tol, settings.max_iter)
     else:
-        theta, iterations, value = _projected_bfgs(
-            evaluate, project(theta.double(), max_norm), torch.diag(objective.curvature()), max_norm, tol, max_iter
+        theta, iterations, value = _spectral_projected_gradient(
+            evaluate, theta, radius, settings.tol, settings.max_iter
         )
     return theta, FitResult(
         solver,
         value.objective,
         value.ce,
         value.kl,
-        projected_gradient_norm(theta, value.grad, max_norm),
+        projected_gradient_norm(theta, value.grad, radius),
         iterations,
         evaluations,
         time.perf_counter() - start,
@@ -360,7 +459,7 @@ def _projected_bfgs(evaluate, theta: torch.Tensor, B: torch.Tensor, radius: floa
         slope, t = float(value.grad @ step), 1.0
         if slope >= 0:
             return theta, iteration, value
-        for _ in range(40):
+        for _ in range(20):  # t >= 2^-19: a step cut further is lost in the float noise floor
             trial = evaluate(theta + t * step, iteration + 1)
             if trial.objective <= value.objective + 1e-4 * t * slope:
                 break
@@ -393,3 +492,30 @@ def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
         middle = (low + high) / 2
         low, high = (middle, high) if x(middle).norm() > radius else (low, middle)
     return x(high)
+
+
+def _spectral_projected_gradient(evaluate, theta: torch.Tensor, radius: float, tol: float, max_iter: int):
+    """Birgin, Martínez and Raydan's SPG over the ball: x+ = proj(x - lambda g) with the
+    Barzilai-Borwein step lambda = s·s / s·y, then Armijo backtracking against the largest of the
+    last 10 objectives (non-monotone). Memory O(d): the exact solver for large d."""
+    value, history, step = evaluate(theta, 0), [], 1.0
+    for iteration in range(max_iter):
+        if projected_gradient_norm(theta, value.grad, radius) <= tol:
+            return theta, iteration, value
+        history = [*history[-9:], value.objective]
+        direction = project(theta - step * value.grad, radius) - theta
+        slope, t = float(value.grad @ direction), 1.0
+        if slope >= 0:
+            return theta, iteration, value
+        for _ in range(20):
+            trial = evaluate(theta + t * direction, iteration + 1)
+            if trial.objective <= max(history) + 1e-4 * t * slope:
+                break
+            t /= 2
+        else:
+            return theta, iteration, value
+        s, y = t * direction, trial.grad - value.grad
+        sy = float(s @ y)
+        step = min(max(float(s @ s) / sy, 1e-10), 1e10) if sy > 0 else 1e10
+        theta, value = theta + s, trial
+    return theta, max_iter, value

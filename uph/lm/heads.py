@@ -42,7 +42,7 @@ class Head:
 
     name: str
     d: int
-    P: torch.Tensor  # [V, d] logit directions, scalings included
+    P: torch.Tensor | None  # [V, d] logit directions, scalings included; None: the identity (full_bias)
     A: torch.Tensor | None  # [d, H] conditional heads' projection; None: unconditional
     up: torch.Tensor | None  # [H, d] alpha B (hidden-space heads); None for lm_head_update
     W: torch.Tensor  # the lm_head, for `logits`
@@ -69,8 +69,16 @@ class Head:
         return out if self.up is None else F.linear(out, self.W, self.b)
 
     def correction(self, h: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        """The rank-d logit change P (theta ⊙ A h) (or P theta), [n, V]."""
-        return (self._gated(h, theta) @ self.P.T).expand(h.shape[0], -1)
+        """The rank-d logit change P (theta ⊙ A h) (or P theta, or theta itself for full_bias), [n, V]."""
+        change = self._gated(h, theta)
+        return (change if self.P is None else change @ self.P.T).expand(h.shape[0], -1)
+
+
+def full_bias_head(W: torch.Tensor, bias: torch.Tensor | None = None) -> Head:
+    """The per-user full-vocabulary logit bias z = W h + b + theta, theta in R^V: the unconditional
+    heads' limit d = V (P = I), a baseline rather than a prior head. Its logits are the base's plus
+    `correction` (it has no hidden-space form)."""
+    return Head("full_bias", W.shape[0], P=None, A=None, up=None, W=W, b=bias)
 
 
 def _random(shape: tuple[int, int], fan_in: int, generator: torch.Generator) -> torch.Tensor:
