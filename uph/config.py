@@ -10,7 +10,12 @@ imports this module, so `snakemake -n` stays fast.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import json
+import math
 import os
+import re
 from pathlib import Path
 
 import jsonschema
@@ -23,6 +28,7 @@ from uph.lm.identity import check_model_folder
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
+TINY_ARCHITECTURES = ("llama", "gpt2")  # model.source tiny:<arch> (uph.lm.models.tiny_model)
 
 
 def _load_schemas(schema_dir: Path) -> Registry:
@@ -60,6 +66,7 @@ def key_path(path) -> str:
 
 def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
     """Validate `config` against the stage schemas, fill defaults, then run cross-key checks."""
+    _check_finite(config)
     registry = _load_schemas(Path(schema_dir))
     root = registry.contents(ROOT_SCHEMA)
     Validator = _with_defaults(jsonschema.Draft202012Validator, registry)
@@ -74,9 +81,49 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
             known = ", ".join(sorted(error.schema.get("properties", {})))
             prefix = f"{where}." if error.absolute_path else ""
             raise ConfigError(f"config key '{prefix}{unknown[0]}' is not known (known here: {known})")
+        if _is_quoted_number(error):
+            raise ConfigError(
+                f"config key '{where}': {error.instance!r} is text, not a number; {_how_to_write(error.instance)}"
+            )
         raise ConfigError(f"config key '{where}': {error.message}")
     _check_across_keys(config)
     return config
+
+
+NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
+def _is_quoted_number(error: jsonschema.ValidationError) -> bool:
+    """A number key holding text that reads as a number."""
+    types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    return (
+        error.validator == "type"
+        and bool({"number", "integer"} & set(types))
+        and isinstance(error.instance, str)
+        and NUMBER.fullmatch(error.instance.strip()) is not None
+    )
+
+
+def _how_to_write(text: str) -> str:
+    """YAML 1.1 (PyYAML, Snakemake) reads 1e-5 as text: a float needs a dot before its exponent."""
+    mantissa, _, exponent = text.strip().lower().partition("e")
+    if exponent and "." not in mantissa:
+        return f"write it as {mantissa}.0e{exponent} (YAML reads a number in e-notation without a dot as text)"
+    return f"write it without quotes: {text.strip()}"
+
+
+def _check_finite(value, path=()) -> None:
+    """Every number of the config is finite: no key of the schemas accepts NaN or inf (YAML .nan, .inf),
+    which would pass their bounds (every comparison with NaN is false) and surface later as a
+    traceback or a silently dropped sweep point."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, (*path, i))
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key '{key_path(path)}': {value} is not a finite number")
 
 
 def check_results_folder(results: str | Path) -> None:
@@ -95,6 +142,29 @@ def check_results_folder(results: str | Path) -> None:
         raise ConfigError(f"config key 'results': folder '{results}' {problem}")
     if problem:
         raise ConfigError(f"config key 'results': folder '{results}' cannot be created: '{existing}' {problem}")
+
+
+CHECKOUT_FILE = ".uph-checkout"
+
+
+def claim_results_folder(results: str | Path, checkout: str | Path) -> None:
+    """One checkout writes a results folder: the first run names its checkout in `<results>/.uph-checkout`,
+    and a run from another checkout is refused, so two versions of the code never interleave their
+    outputs in one folder (Snakemake's own lock lives in each working directory, not in `results`)."""
+    marker, checkout = Path(results) / CHECKOUT_FILE, str(Path(checkout).resolve())
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        claim = marker.with_name(f"{CHECKOUT_FILE}.{os.getpid()}")
+        claim.write_text(checkout + "\n")
+        with contextlib.suppress(FileExistsError):  # another run claimed it first: its claim stands
+            os.link(claim, marker)
+        claim.unlink()
+    owner = marker.read_text().strip()
+    if owner != checkout:
+        raise ConfigError(
+            f"config key 'results': folder '{results}' is written by the checkout '{owner}' ({marker}); give "
+            f"this checkout ('{checkout}') its own results folder, or delete that file to hand the folder over"
+        )
 
 
 def job_params(section: dict, keys=None) -> dict:
@@ -145,6 +215,19 @@ def check_against_model(config: dict, model_identity: dict) -> None:
         )
 
 
+def check_context(context: int, model_dir: str | Path) -> None:
+    """extract.context fits in the model's positions (config.json of its materialized folder): longer
+    windows would index past a learned position table or run RoPE beyond what the model was trained on."""
+    path = Path(model_dir) / "config.json"
+    model_config = json.loads(path.read_text())
+    positions = next((model_config[k] for k in ("max_position_embeddings", "n_positions") if k in model_config), None)
+    if positions is not None and context > positions:
+        raise ConfigError(
+            f"config key 'extract.context': {context} is more than the model's {positions} positions ({path}); "
+            f"lower it to at most {positions}"
+        )
+
+
 def _check_across_keys(config: dict) -> None:
     """What one key's schema cannot see: relations between keys, and named files that are missing."""
     source = config["corpus"]["source"]
@@ -160,6 +243,16 @@ def _check_across_keys(config: dict) -> None:
         if not Path(model).expanduser().exists():
             raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
         check_model_folder(Path(model).expanduser(), config["model"]["gguf_file"])
+    elif model.startswith("tiny:") and model.removeprefix("tiny:") not in TINY_ARCHITECTURES:
+        known = ", ".join(f"tiny:{arch}" for arch in TINY_ARCHITECTURES)
+        raise ConfigError(f"config key 'model.source': unknown tiny architecture '{model}' (known: {known})")
+    elif model.startswith("package:") and importlib.util.find_spec(model.removeprefix("package:")) is None:
+        raise ConfigError(f"config key 'model.source': package '{model.removeprefix('package:')}' is not installed")
+    elif not model.startswith(("tiny:", "package:")) and model.count("/") != 1:
+        raise ConfigError(
+            f"config key 'model.source': '{model}' is none of tiny:<arch>, package:<module>, a local folder "
+            "(starting with /, . or ~) or a hub id (org/name)"
+        )
     points = {
         (h, float(a), d) for h in config["fit"]["heads"] for a in config["fit"]["alphas"] for d in config["fit"]["ds"]
     }
@@ -180,10 +273,13 @@ def _check_across_keys(config: dict) -> None:
             f"copy_task.n_head={copy_task['n_head']} heads of even width (RoPE turns pairs)"
         )
     corpus, context = config["corpus"], config["extract"]["context"]
-    held_out = int(corpus["min_tokens"] * (1 - corpus["train_fraction"]))
+    cut = corpus["max_tokens"] is not None and corpus["max_tokens"] < corpus["min_tokens"]
+    key = "max_tokens" if cut else "min_tokens"
+    n_tokens = corpus[key]  # the fewest tokens a kept user has: each has min_tokens or more, cut to max_tokens
+    held_out = int(n_tokens * (1 - corpus["train_fraction"]))
     if held_out < context + 2:
         raise ConfigError(
-            f"config key 'corpus.min_tokens': {corpus['min_tokens']} leaves {held_out} held-out tokens, "
+            f"config key 'corpus.{key}': {n_tokens} leaves {held_out} held-out tokens, "
             f"fewer than the train/test gap of extract.context={context} plus 2; raise it to at least "
             f"{int((context + 2) / (1 - corpus['train_fraction'])) + 1}"
         )
