@@ -7,7 +7,9 @@ from uph.config import (
     EXTRACT_KEYS,
     SOLVER_KEYS,
     check_against_model,
+    check_context,
     check_results_folder,
+    claim_results_folder,
     cross_user_solver,
     head_settings,
     job_params,
@@ -19,8 +21,10 @@ from uph.lm.identity import IDENTITY, read_identity
 try:
     validate(config)
     check_results_folder(config["results"])
+    claim_results_folder(config["results"], workflow.basedir)
     if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now
         check_against_model(config, read_identity(Path(config["results"]) / "model"))
+        check_context(config["extract"]["context"], Path(config["results"]) / "model")
 except UphError as error:
     raise WorkflowError(str(error)) from None
 
