@@ -307,7 +307,7 @@ def materialize(
         "weights_sha256": file_sha256([out_dir / WEIGHTS]),
         "tokenizer_sha256": file_sha256(p for p in out_dir.iterdir() if p.name.startswith(TOKENIZER_PREFIXES)),
     }
-    del model
+    del model, config, tensors, saved_as, head  # one float32 copy in memory at a time
     reloaded = _load_folder(out_dir, torch.float32, "cpu", trust_remote_code)
     windows = parity_windows(tokenizer, identity["vocab_size"])
     identity["parity"] = check_parity(reloaded, _output_layer(out_dir, identity), windows, source)
