@@ -8,7 +8,7 @@ from uph.lm.cache import cache_identity, read_shard, shard_manifest, shard_of, s
 from uph.lm.corpus import temporal_split
 from uph.lm.extract import extract_users, user_windows
 from uph.lm.identity import read_identity
-from uph.lm.models import lm_head, load_model, materialize, read_output_layer
+from uph.lm.models import load_model, materialize, read_output_layer
 
 
 def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):
@@ -47,16 +47,13 @@ def test_windows_cover_each_region_target_once():
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_cached_hidden_times_lm_head_reproduces_model_logits(tiny_model_dir, tmp_path, arch):
+def test_cached_hidden_through_output_layer_reproduces_model_logits(tiny_model_dir, tmp_path, arch):
     model_dir, context = tiny_model_dir(arch), 16
     users = _users(context=context)
     identity = _build_cache(model_dir, tmp_path / "shard.parquet", users, context)
     cached = read_shard(tmp_path / "shard.parquet", identity)
     model = load_model(model_dir)
-    W, b = lm_head(model)
     layer = read_output_layer(model_dir)
-    W_disk, b_disk = layer.W, layer.b
-    assert torch.equal(W, W_disk) and (b is None) == (b_disk is None)
     for row in users.itertuples():
         tokens = torch.tensor(row.tokens)
         states = cached[row.user_id]
@@ -69,7 +66,7 @@ def test_cached_hidden_times_lm_head_reproduces_model_logits(tiny_model_dir, tmp
             logits = torch.cat(
                 [model(tokens[s : min(s + context, hi - 1)][None]).logits[0] for s in range(lo, hi - 1, context)]
             )
-            ours = hidden @ W.T + (b if b is not None else 0)
+            ours = layer.logits(hidden)
             rel = (ours - logits).norm() / logits.norm()
             assert rel < 1e-4, f"{arch} {split}: relative error {rel:.2e}"
 
