@@ -1,12 +1,15 @@
 """Atomic outputs: every file is written to a temporary name in its folder, then renamed.
 
 A job killed midway leaves at most a `.tmp-*` file behind, never a truncated output that a rerun
-could mistake for a finished one; the next write of the same output deletes what it left.
+could mistake for a finished one; the next write of the same output deletes what it left. A folder
+that is read-only or full ends the job with one line naming the file (`ConfigError` on 'results').
+JSON is strict (a NaN is an error, not a bare `NaN`), and table cells never break Markdown.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import json
 import os
@@ -15,35 +18,54 @@ from pathlib import Path
 
 import pandas as pd
 
+from uph.errors import ConfigError
+
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary path beside `path`; on success rename it onto `path`, else delete it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for left_behind in path.parent.glob(f".tmp-{glob.escape(path.name)}.{'?' * 8}"):  # mkstemp's names, of a
-        left_behind.unlink(missing_ok=True)  # killed writer of `path`
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
-    os.close(fd)
+    path, tmp = Path(path), None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for left_behind in path.parent.glob(f".tmp-{glob.escape(path.name)}.{'?' * 8}"):  # mkstemp's names, of
+            left_behind.unlink(missing_ok=True)  # a killed writer of `path`
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
+        os.close(fd)
         yield Path(tmp)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make results private
         os.replace(tmp, path)
+    except OSError as error:
+        if error.errno not in FULL + READ_ONLY:
+            raise
+        fix = "free space there" if error.errno in FULL else "make it writable or choose another 'results' folder"
+        raise ConfigError(
+            f"config key 'results': cannot write '{path}' ({error.strerror}); {fix} and run snakemake again"
+        ) from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
 def write_json(obj, path: str | Path) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False) + "\n")
 
 
 def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)
+
+
+def markdown_text(value):
+    """A cell as Markdown shows it literally: `|` would split the row, `$` start math, `\\` escape."""
+    if not isinstance(value, str):
+        return value
+    return value.replace("\\", "\\\\").replace("|", "\\|").replace("$", "\\$")
 
 
 def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6g") -> None:
@@ -52,6 +74,6 @@ def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6
     with atomic_path(csv_path) as tmp:
         df.to_csv(tmp, index=False, float_format=float_format)
     with atomic_path(csv_path.with_suffix(".md")) as tmp:
-        tmp.write_text(df.to_markdown(index=False, floatfmt=".4g") + "\n")
+        tmp.write_text(df.map(markdown_text).to_markdown(index=False, floatfmt=".4g") + "\n")
     with atomic_path(csv_path.with_suffix(".tex")) as tmp:
         tmp.write_text(df.to_latex(index=False, float_format=lambda x: f"{x:.4g}", escape=True))

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from uph.config import check_context
 from uph.io import write_parquet
 from uph.lm.corpus import tokenize_users
 from uph.lm.models import load_tokenizer
@@ -12,6 +13,7 @@ from uph.logs import rule_logging
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.corpus
     roles = pd.read_parquet(snakemake.input.roles)
+    check_context(snakemake.params.gap, Path(snakemake.input.model).parent)  # the model is known only now
     tokenizer = load_tokenizer(Path(snakemake.input.model).parent)
     users = tokenize_users(
         roles,

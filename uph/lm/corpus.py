@@ -133,8 +133,7 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
         for number, line in enumerate(f, 1):
             try:
                 line = line.decode("utf-8")
-                if line.strip():
-                    rows.append(json.loads(line))
+                row = json.loads(line) if line.strip() else {}
             except UnicodeDecodeError as error:
                 raise CorpusError(
                     f"corpus file '{path}' is not UTF-8 text (line {number}, byte {error.start} of "
@@ -142,15 +141,56 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 ) from None
             except ValueError as error:
                 raise CorpusError(f"corpus file '{path}' cannot be read: line {number} is not JSON ({error})") from None
+            if not isinstance(row, dict):
+                raise CorpusError(
+                    f"corpus file '{path}' line {number} is a JSON {type(row).__name__}, not an object; "
+                    'write one object per line: {"user_id": ..., "text": ...}'
+                )
+            if row:
+                rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _sort_key(df: pd.DataFrame, column: str, path: Path) -> pd.Series:
+    """The `order` or `timestamp` column as numbers (numbers written as text too), else, for a
+    timestamp, as dates; anything else (mixed numbers and words) is refused naming the row."""
+    values = df[column]
+    numbers = pd.to_numeric(values, errors="coerce")
+    unreadable = numbers.isna() & values.notna()
+    if unreadable.any() and column == "timestamp":
+        dates = pd.to_datetime(values, errors="coerce", utc=True, format="mixed")
+        if not (dates.isna() & values.notna()).any():
+            return dates
+    if unreadable.any():
+        row = df[unreadable].iloc[0]
+        raise CorpusError(
+            f"corpus file '{path}' row {row['_row']}: {column} {row[column]!r} is not a number"
+            f"{' or a date' if column == 'timestamp' else ''}; rows of a user are sorted by it"
+        )
+    return numbers
+
+
+def _check_ids(df: pd.DataFrame, path: Path) -> None:
+    """Ids of different JSON types that read as one string (1 and "1") are refused, not merged."""
+    kinds = df.assign(_kind=df["user_id"].map(lambda user: type(user).__name__), _id=df["user_id"].astype(str))
+    kinds = kinds.drop_duplicates(["_id", "_kind"])
+    clash = kinds[kinds["_id"].duplicated(keep=False)]
+    if not clash.empty:
+        first, second = clash.iloc[0], clash.iloc[1]
+        raise CorpusError(
+            f"corpus file '{path}': user ids {first['user_id']!r} (row {first['_row']}) and {second['user_id']!r} "
+            f"(row {second['_row']}) are both '{first['_id']}'; write every user_id as a string"
+        )
 
 
 def read_corpus_file(path: str | Path) -> pd.DataFrame:
     """A user corpus from .parquet or .jsonl: user_id, text, optional order or timestamp.
 
-    Rows of one user are concatenated in `order` (or `timestamp`, or file) order; rows without
-    text (null or blank) are dropped. A row without a user_id, a text that is not a string, or a
-    user left with no text is a CorpusError naming the file and the row or user.
+    Rows of one user are concatenated in `order` (or `timestamp`, or file) order, numerically (a
+    timestamp may also be a date); rows without text (null or blank) are dropped. A line that is
+    not a JSON object, a row without a user_id, ids that read alike (1 and "1"), an order that is
+    not a number, a text that is not a string, or a user left with no text is a CorpusError naming
+    the file and the line, row or user.
     """
     path = Path(path)
     if not path.is_file():
@@ -177,6 +217,9 @@ def read_corpus_file(path: str | Path) -> pd.DataFrame:
         row = df[not_text].iloc[0]
         raise CorpusError(f"corpus file '{path}' row {row['_row']}: text is {type(row['text']).__name__}, not a string")
     order = next((c for c in ("order", "timestamp") if c in df.columns), None)
+    if order:
+        df = df.assign(**{order: _sort_key(df, order, path)})
+    _check_ids(df, path)
     df = df.assign(user_id=df["user_id"].astype(str))
     users = df["user_id"].unique()
     df = df[df["text"].map(lambda text: isinstance(text, str) and text.strip() != "")]
