@@ -50,6 +50,7 @@ STYLE = {
     "lines.markersize": 4,
     "legend.frameon": False,
     "pdf.fonttype": 42,
+    "text.parse_math": False,  # labels are data (user ids, model names): a `$` in one is a dollar sign
     "axes.prop_cycle": mpl.cycler(color=OKABE_ITO),
 }
 DNLL_LABEL = "Δ held-out NLL (10⁻³ nats/token)"
