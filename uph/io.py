@@ -3,7 +3,8 @@
 A job killed midway leaves at most a `.tmp-*` file behind, never a truncated output that a rerun
 could mistake for a finished one; the next write of the same output deletes what it left. A folder
 that is read-only or full ends the job with one line naming the file (`ConfigError` on 'results').
-JSON is strict (a NaN is an error, not a bare `NaN`), and table cells never break Markdown.
+JSON is strict (a NaN is an error, not a bare `NaN`), table cells never break Markdown, and every
+table records the code that computed it.
 """
 
 from __future__ import annotations
@@ -11,14 +12,44 @@ from __future__ import annotations
 import contextlib
 import errno
 import glob
+import hashlib
 import json
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from uph.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+CODE_FILES = ("Snakefile", "rules/*.smk", "workflow_scripts/*.py", "uph/**/*.py", "schemas/*.yaml")
+
+
+def git_state(repo: str | Path) -> dict:
+    """{'commit': HEAD, 'dirty': tracked files changed}; both None outside a git checkout or without git."""
+
+    def git(*args) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+    try:
+        return {
+            "commit": git("rev-parse", "HEAD").strip(),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()),
+        }
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+
+
+def code_version(repo: str | Path = REPO) -> dict:
+    """The code running now: git_state and 'code_sha256', a hash of the workflow's code files
+    (CODE_FILES), which also tells apart two versions of a dirty tree."""
+    digest = hashlib.sha256()
+    for path in sorted({path for pattern in CODE_FILES for path in Path(repo).glob(pattern) if path.is_file()}):
+        digest.update(f"{path.relative_to(repo)}\0".encode() + path.read_bytes())
+    return {**git_state(repo), "code_sha256": digest.hexdigest()}
+
 
 FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -69,7 +100,8 @@ def markdown_text(value):
 
 
 def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6g") -> None:
-    """A results table as CSV, with Markdown (.md) and LaTeX (.tex) renderings beside it."""
+    """A results table as CSV, with Markdown (.md) and LaTeX (.tex) renderings beside it, and the
+    version of the code that computed it (.code.json, read by uph.report.provenance)."""
     csv_path = Path(csv_path)
     with atomic_path(csv_path) as tmp:
         df.to_csv(tmp, index=False, float_format=float_format)
@@ -77,3 +109,4 @@ def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6
         tmp.write_text(df.map(markdown_text).to_markdown(index=False, floatfmt=".4g") + "\n")
     with atomic_path(csv_path.with_suffix(".tex")) as tmp:
         tmp.write_text(df.to_latex(index=False, float_format=lambda x: f"{x:.4g}", escape=True))
+    write_json(code_version(), csv_path.with_suffix(".code.json"))

@@ -1,5 +1,5 @@
-"""Rule provenance: results/provenance.json (config, commit, versions, model identity, seeds, host,
-device, wall time per rule). Its own benchmark file is left out: it is written after this job."""
+"""Rule provenance: results/provenance.json (config, commit, code per table, versions, model identity,
+seeds, host, device, wall time per rule). Its own benchmark file is left out: it is written after this job."""
 
 from pathlib import Path
 
@@ -15,6 +15,13 @@ with rule_logging(snakemake) as log:
         snakemake.params.repo,
         snakemake.params.benchmarks,
         exclude_rule=snakemake.rule,
+        tables_dir=Path(snakemake.config["results"]) / "tables",
     )
     write_json(record, snakemake.output[0])
-    log.info("commit %s, %d rules timed", record["git"]["commit"], len(record["wall_seconds_per_rule"]))
+    older = sorted(name for name, code in record["tables"].items() if code["older_code"])
+    log.info(
+        "commit %s, %d rules timed, tables by older code: %s",
+        record["git"]["commit"],
+        len(record["wall_seconds_per_rule"]),
+        older or "none",
+    )

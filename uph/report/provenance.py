@@ -1,7 +1,8 @@
 """results/provenance.json: what produced a run, so a reader can tell two runs' numbers apart.
 
-The resolved config (defaults filled in), the code's git commit and whether tracked files differed
-from it, Python, platform and package versions, the model's identity (source, sizes, weight and
+The resolved config (defaults filled in), the code's git commit, whether tracked files differed
+from it and a hash of the code files, per table the code version that computed it (flagged
+`older_code` when that is not the code of this run), Python, platform and package versions, the model's identity (source, sizes, weight and
 tokenizer hashes), every seed in the config, the host and its device, and the wall time per rule
 summed over that rule's jobs from the `benchmark:` files present, each file attributed to the rule
 whose benchmark pattern (wildcards and their constraints, as Snakemake matches them) it matches.
@@ -10,10 +11,10 @@ whose benchmark pattern (wildcards and their constraints, as Snakemake matches t
 from __future__ import annotations
 
 import datetime
+import json
 import platform
 import re
 import socket
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -23,6 +24,7 @@ import torch
 from snakemake.io import regex_from_filepattern
 
 from uph.config import key_path
+from uph.io import code_version, git_state  # noqa: F401 (git_state: part of this module's interface)
 
 PACKAGES = (
     "torch",
@@ -37,21 +39,6 @@ PACKAGES = (
     "pyarrow",
     "matplotlib",
 )
-
-
-def git_state(repo: str | Path) -> dict:
-    """{'commit': HEAD, 'dirty': tracked files changed}; both None outside a git checkout or without git."""
-
-    def git(*args) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
-
-    try:
-        return {
-            "commit": git("rev-parse", "HEAD").strip(),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()),
-        }
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "dirty": None}
 
 
 def package_versions(names=PACKAGES) -> dict:
@@ -106,14 +93,34 @@ def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -
     return {rule: {"jobs": jobs, "seconds": round(seconds, 2)} for rule, (jobs, seconds) in sorted(times.items())}
 
 
+def table_code(tables_dir: str | Path, current: dict) -> dict:
+    """table name -> the code version that computed it (the .code.json uph.io.write_table writes beside
+    it), with 'older_code': true where that differs from the `current` code (a table not rerun since)."""
+    tables = {}
+    for stamp in sorted(Path(tables_dir).glob("*.code.json")):
+        recorded = json.loads(stamp.read_text())
+        older = recorded.get("code_sha256") != current["code_sha256"]
+        tables[stamp.name.removesuffix(".code.json")] = {**recorded, "older_code": older}
+    return tables
+
+
 def provenance(
-    config: dict, model_identity: dict, repo: str | Path, benchmark_patterns: dict, exclude_rule: str | None = None
+    config: dict,
+    model_identity: dict,
+    repo: str | Path,
+    benchmark_patterns: dict,
+    exclude_rule: str | None = None,
+    tables_dir: str | Path | None = None,
 ) -> dict:
-    """The record; `exclude_rule`: the rule writing it, whose benchmark file is not written yet."""
+    """The record; `exclude_rule`: the rule writing it, whose benchmark file is not written yet;
+    `tables_dir`: the folder of the tables whose code versions it lists."""
+    code = code_version(repo)
     return {
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config": config,
-        "git": git_state(repo),
+        "git": {"commit": code["commit"], "dirty": code["dirty"]},
+        "code_sha256": code["code_sha256"],
+        "tables": table_code(tables_dir, code) if tables_dir else {},
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "packages": package_versions(),
