@@ -187,3 +187,12 @@ def test_gguf_file_applies_only_where_the_source_holds_gguf(tmp_path):
     (folder / "other.gguf").write_bytes(b"")
     with pytest.raises(ModelError, match=r"config key 'model.gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf' is not in"):
         materialize("m", str(folder), tmp_path / "model", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_a_folder_materialized_before_the_parity_check_is_refused(tmp_path):
+    materialize("m", str(_save(tmp_path / "mine", FAMILIES["gpt2"][0])), tmp_path / "model")
+    identity = json.loads((tmp_path / "model" / IDENTITY).read_text())
+    del identity["parity"], identity["logit_transform"]
+    (tmp_path / "model" / IDENTITY).write_text(json.dumps(identity))
+    with pytest.raises(ModelError, match="materialized before the logit parity check; delete it and run snakemake"):
+        read_output_layer(tmp_path / "model")

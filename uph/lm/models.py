@@ -324,15 +324,27 @@ def _load_folder(model_dir, dtype, device, trust_remote_code: bool):
     return model
 
 
+def checked_identity(model_dir: str | Path) -> dict:
+    """The identity of a materialized folder that passed the parity check (one from before the check
+    existed is refused: rerunning the model stage checks it)."""
+    identity = read_identity(model_dir)
+    if "parity" not in identity:
+        raise ModelError(
+            f"model folder '{model_dir}' was materialized before the logit parity check; "
+            "delete it and run snakemake again"
+        )
+    return identity
+
+
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """The materialized model, frozen, in eval mode."""
-    return _load_folder(model_dir, dtype, device, read_identity(model_dir)["trust_remote_code"])
+    return _load_folder(model_dir, dtype, device, checked_identity(model_dir)["trust_remote_code"])
 
 
 def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=read_identity(model_dir)["trust_remote_code"])
+    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=checked_identity(model_dir)["trust_remote_code"])
 
 
 def lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -380,7 +392,7 @@ def _output_layer(model_dir: str | Path, identity: dict) -> OutputLayer:
 
 def read_output_layer(model_dir: str | Path) -> OutputLayer:
     """The model's OutputLayer, reading only the lm_head tensors from disk."""
-    return _output_layer(model_dir, read_identity(model_dir))
+    return _output_layer(model_dir, checked_identity(model_dir))
 
 
 class _HeadInput(Exception):
