@@ -1,92 +1,144 @@
-"""Held-out evaluation: per-user metrics against explicit computations, the cross-user matrix and
-the global control on planted users, and the per-configuration summary with its bootstrap."""
+"""Held-out evaluation and the study's arms on planted users: held-out NLL against explicit computations,
+a planted per-user theta on top of a planted global one recovered by the residual fit, the cross-user
+matrix of residual thetas, and both baselines against straightforward references."""
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 from tiny_lm import sample_text, tiny_llama, user_split
 
-from uph.lm.evaluate import cross_user, per_user, summarize, user_metrics
-from uph.lm.fit import fit_theta, pool, prepare
+from uph.lm.baselines import mixture_nll, unigram_interpolation
+from uph.lm.cache import UserStates
+from uph.lm.evaluate import HeldOut
+from uph.lm.fit import SolverSettings, fit_theta, pool, prepare
 from uph.lm.heads import make_head
-from uph.stats import bootstrap_ci
+from uph.lm.models import OutputLayer
+from uph.lm.sweep import Point, cross_user, fit_user
 
 D = 8
+SHARED = 2.0 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(20)), dim=0)
+OWN = 2.5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(21)), dim=0)
 
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """Two users whose text the tiny model wrote with different planted thetas: head, splits, thetas*."""
+    """Two users whose text the tiny model wrote with theta* = shared ± own: the global theta should find
+    the shared part, each residual theta its user's own part."""
     model = tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
     W = model.get_output_embeddings().weight.detach()
+    layer = OutputLayer(W)
     head = make_head("svd_cvh", W, svd=torch.linalg.svd(W, full_matrices=False), d=D, alpha=1.0)
     stars, trains, tests = {}, {}, {}
-    for i, user in enumerate(["romeo", "juliet"]):
-        direction = torch.randn(D, dtype=W.dtype, generator=torch.Generator().manual_seed(i))
-        stars[user] = 3.0 * F.normalize(direction, dim=0)
-        ids = sample_text(model, lambda h, star=stars[user]: head.logits(h, star), batch=15, length=81, seed=10 + i)
+    for i, (user, sign) in enumerate([("romeo", 1.0), ("juliet", -1.0)]):
+        stars[user] = SHARED + sign * OWN
+        ids = sample_text(model, lambda h, star=stars[user]: head.logits(h, star), batch=24, length=81, seed=10 + i)
         (h_train, y_train), (h_test, y_test) = user_split(model, ids)
-        trains[user], tests[user] = prepare(h_train, y_train, W), (h_test, y_test)
-    return head, W, trains, tests, stars
+        trains[user], tests[user] = prepare(h_train, y_train, layer), prepare(h_test, y_test, layer)
+    return head, layer, trains, tests, stars
 
 
-def test_user_metrics_match_explicit_computation(planted):
-    head, W, _, tests, stars = planted
-    h, y = tests["romeo"]
-    theta = stars["juliet"]
-    metrics = user_metrics(prepare(h, y, W, chunk=32), head, theta)
-    base_logits, logits = F.linear(h, W), head.logits(h, theta)
+def columns(tokens):
+    """(hidden, targets) of prepared tokens."""
+    return torch.cat([c.hidden for c in tokens.chunks]), torch.cat([c.targets for c in tokens.chunks])
+
+
+def test_held_out_nll_and_kl_match_explicit_computation(planted):
+    head, layer, _, tests, stars = planted
+    tokens = tests["romeo"]
+    h, y = columns(tokens)
+    base_logits, logits = F.linear(h, layer.W), head.logits(h, stars["juliet"])
     kl = F.kl_div(F.log_softmax(logits, -1), F.softmax(base_logits, -1), reduction="batchmean")
-    expected = {"base_nll": F.cross_entropy(base_logits, y), "nll": F.cross_entropy(logits, y), "kl": kl}
-    expected = {k: float(v) for k, v in expected.items()}
-    expected["delta_nll"] = expected["nll"] - expected["base_nll"]
-    assert metrics == pytest.approx(expected, rel=1e-10, abs=1e-12)
-    zero = user_metrics(prepare(h, y, W), head, torch.zeros(D))
-    assert zero["delta_nll"] == 0.0 and zero["kl"] == 0.0
+    held_out = HeldOut(tokens, head)
+    assert held_out.base_nll == pytest.approx(float(F.cross_entropy(base_logits, y)), rel=1e-12)
+    assert held_out(stars["juliet"]) == pytest.approx({"nll": float(F.cross_entropy(logits, y)), "kl": float(kl)})
+    assert held_out(torch.zeros(D)) == {"nll": held_out.base_nll, "kl": 0.0}
 
 
-def test_cross_user_matrix_is_diagonal_and_beats_the_global_theta(planted):
-    head, W, trains, tests, _ = planted
-    splits = {user: prepare(h, y, W) for user, (h, y) in tests.items()}
-    thetas = {user: fit_theta(tokens, head, solver="exact")[0] for user, tokens in trains.items()}
-    matrix = cross_user(thetas, splits, head)
-    assert len(matrix) == 4 and set(matrix.columns) >= {"theta_user", "text_user", "delta_nll", "kl"}
-    for row in matrix.itertuples():
-        alone = user_metrics(splits[row.text_user], head, thetas[row.theta_user])
-        assert row.delta_nll == pytest.approx(alone["delta_nll"])
+def test_residual_fit_recovers_a_planted_personal_theta_on_top_of_a_planted_global_one(planted):
+    head, _, trains, tests, stars = planted
+    settings = SolverSettings(tol=1e-7)
+    theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", settings)
+    assert float((theta_g - SHARED).norm()) < 0.35 * float(SHARED.norm())  # the shared part
+    for user, sign in (("romeo", 1.0), ("juliet", -1.0)):
+        theta_r, result = fit_theta(trains[user], head, "exact", settings, offset=theta_g)
+        assert result.certificate <= 1e-7
+        assert float(F.cosine_similarity(theta_r, sign * OWN, dim=0)) > 0.9  # the user's own part
+        assert float((theta_g + theta_r - stars[user]).norm()) < 0.3 * float(stars[user].norm())
+        held_out = HeldOut(tests[user], head)
+        assert held_out(theta_g + theta_r)["nll"] < held_out(theta_g)["nll"] - 0.05  # gain beyond global
+
+
+def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
+    head, layer, trains, tests, _ = planted
+    point = Point.of("svd_cvh", 1.0, D)
+    fit = {
+        "solvers": ["exact"],
+        "dose_response": {"points": [{**point.columns, "solver": "exact"}], "train_tokens": [160, 320]},
+        "baselines": [],
+        **SolverSettings().__dict__,
+    }
+    theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact")
+    thetas_g = {(point, "exact"): theta_g.double()}
+    rows = {user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, fit) for user in trains}
+    residuals = {}
+    for user, (fits, dose, baselines) in rows.items():
+        (row,) = fits
+        held_out = HeldOut(tests[user], head)
+        assert row["global_nll"] == pytest.approx(held_out(theta_g)["nll"])
+        assert row["residual_nll"] == pytest.approx(held_out(theta_g + torch.tensor(row["theta_residual"]))["nll"])
+        assert row["residual_nll"] < row["global_nll"] < row["base_nll"] and row["personal_nll"] < row["base_nll"]
+        assert [d["train_tokens"] for d in dose] == [160, 320, trains[user].n] and not baselines
+        assert dose[-1]["residual_nll"] == row["residual_nll"]
+        residuals[user] = torch.tensor(row["theta_residual"], dtype=torch.float64)
+    users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
+    matrix = cross_user(users, head, theta_g.double(), residuals, layer, torch.device("cpu"))
+    assert len(matrix) == 4
     delta = matrix.pivot(index="theta_user", columns="text_user", values="delta_nll")
-    for user in thetas:
-        assert delta.loc[user, user] < -0.05
-        assert delta.loc[user, user] < delta.drop(index=user)[user].min()
-
-    global_theta, _ = fit_theta(pool(list(trains.values())), head, solver="exact")
-    personal = per_user(thetas, splits, head).set_index("user")
-    common = per_user({user: global_theta for user in splits}, splits, head).set_index("user")
-    assert (personal["delta_nll"] < common["delta_nll"]).all()
+    for user in residuals:  # a user's own residual helps its text, the other user's hurts it
+        assert delta.loc[user, user] < -0.05 < 0 < delta.drop(index=user)[user].max()
+        assert delta.loc[user, user] == pytest.approx(rows[user][0][0]["residual_nll"] - rows[user][0][0]["global_nll"])
 
 
-def test_summary_bootstrap_and_shares():
-    users = pd.DataFrame(
-        {
-            "user": list("abcde"),
-            "base_nll": [3.0, 3.1, 2.9, 3.2, 3.0],
-            "delta_nll": [-0.3, -0.1, 0.05, -0.2, -0.15],
-            "kl": [0.1, 0.2, 0.1, 0.3, 0.2],
-        }
-    )
-    users["nll"] = users["base_nll"] + users["delta_nll"]
-    row = summarize(users, d=64, n_boot=2000, seed=0)
-    rng = np.random.default_rng(0)
-    resampled = users["delta_nll"].to_numpy()[rng.integers(0, 5, size=(2000, 5))].mean(axis=1)
-    expected = tuple(np.quantile(resampled, [0.025, 0.975]))
-    assert (row["delta_nll_ci_low"], row["delta_nll_ci_high"]) == pytest.approx(expected)
-    assert row["delta_nll"] == pytest.approx(-0.14)
-    assert row["delta_nll_ci_low"] < row["delta_nll"] < row["delta_nll_ci_high"]
-    assert row["frac_users_improved"] == 0.8 and row["params_per_user"] == 64 and row["n_users"] == 5
-    assert row["nll"] == pytest.approx(row["base_nll"] + row["delta_nll"])
-    assert summarize(users, d=64, n_boot=2000, seed=0) == row  # fixed seed: reproducible
-    assert bootstrap_ci([-0.2]) == (-0.2, -0.2)
+def test_unigram_interpolation_against_a_grid_of_explicit_mixtures(planted):
+    _, layer, trains, tests, _ = planted
+    train, test = trains["romeo"], tests["romeo"]
+    V = layer.W.shape[0]
+    y_train = torch.cat([c.targets for c in train.chunks])
+    p_model = torch.cat([c.nll0 for c in train.chunks]).neg().exp()
+    counts = torch.bincount(y_train, minlength=V).double()
+
+    def train_nll(lam):  # leave-one-out, written out token by token
+        n = len(y_train)
+        return (
+            -sum(
+                math.log((1 - lam) * float(p_model[t]) + lam * (float(counts[y_train[t]]) - 1) / (n - 1))
+                for t in range(n)
+            )
+            / n
+        )
+
+    grid = [i / 50 for i in range(50)]
+    best = min(grid, key=train_nll)
+    fitted = unigram_interpolation(train, test, V)
+    assert abs(fitted["lambda"] - best) <= 1 / 50 and fitted["train_nll"] <= train_nll(best) + 1e-9
+    assert fitted["train_nll"] == pytest.approx(train_nll(fitted["lambda"]), rel=1e-9)
+    y_test = torch.cat([c.targets for c in test.chunks])
+    p_test = torch.cat([c.nll0 for c in test.chunks]).neg().exp()
+    lam = fitted["lambda"]
+    expected = -sum(
+        math.log((1 - lam) * float(p_test[t]) + lam * float(counts[y_test[t]]) / len(y_train))
+        for t in range(len(y_test))
+    ) / len(y_test)
+    assert fitted["nll"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_mixture_nll_is_finite_where_the_model_probability_underflows():
+    log_p_model = torch.tensor([-800.0, -1.0], dtype=torch.float64)  # exp(-800) is 0 in float64
+    log_p_user = torch.tensor([math.log(0.5), math.log(0.25)], dtype=torch.float64)
+    value = mixture_nll(0.1, log_p_model, log_p_user)
+    assert math.isfinite(value)
+    assert value == pytest.approx(-(math.log(0.1 * 0.5) + math.log(0.9 * math.exp(-1) + 0.1 * 0.25)) / 2)
