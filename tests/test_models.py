@@ -147,6 +147,15 @@ def test_unknown_logit_transform_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "model" / IDENTITY).exists()
 
 
+def test_non_finite_logits_fail_the_parity_check(tmp_path):
+    def poison(model):
+        model.lm_head.weight.data[7] = float("nan")
+
+    source = _save(tmp_path / "nan", FAMILIES["gpt_neox"][0], poison)
+    with pytest.raises(ModelError, match=r"\(GPTNeoXForCausalLM\): .* differ from the model's own by up to nan nats"):
+        materialize("nan", str(source), tmp_path / "model")
+
+
 def _config_only_folder(folder, config: dict):
     """A folder with a config.json, a weights file and a tokenizer, as downloaded."""
     folder.mkdir()
