@@ -191,6 +191,8 @@ READ_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError, Typ
 
 def read_record(path: str | Path) -> dict:
     """The record in a shard's footer (see the module docstring)."""
+    if not Path(path).is_file():
+        raise CacheError(f"cache file '{path}' does not exist; run snakemake again (the extract job builds it)")
     try:
         metadata = pq.read_metadata(path).metadata or {}
     except READ_ERRORS as error:
