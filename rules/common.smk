@@ -5,7 +5,8 @@ from pathlib import Path
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
 from uph.config import (
     EXTRACT_KEYS,
-    SOLVER_KEYS,
+    FIT_GLOBAL_KEYS,
+    FIT_SHARD_KEYS,
     check_against_model,
     check_context,
     check_results_folder,
@@ -50,12 +51,13 @@ def shard_paths():
 
 
 FIT = config["fit"]
-SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")
+FIT_SHARD = results("fit", "shard-{shard}")
+SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")  # one sweep point's folder
 
 
-def sweep_paths(name):
-    """`name` under every point (head, alpha, d) of the fit sweep."""
-    return expand(f"{SWEEP}/{name}", head=FIT["heads"], alpha=FIT["alphas"], d=FIT["ds"])
+def fit_shard_paths(name):
+    """`name` (fits, dose or baselines .parquet) of every shard's fit job."""
+    return expand(f"{FIT_SHARD}/{name}", shard=range(config["extract"]["shards"]))
 
 
 def cross_user_paths():
@@ -73,7 +75,9 @@ def copy_task_runs(name):
 
 # Params: exactly what a job's outputs depend on (uph.config.job_params), so a config change reruns
 # exactly the jobs it affects; inputs cover files the config names.
-FIT_SOLVERS = job_params(FIT, SOLVER_KEYS)
+FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
+FIT_USERS = job_params(FIT, FIT_SHARD_KEYS)
+HEAD_SETTINGS = job_params({head: head_settings(head, FIT) for head in FIT["heads"]})
 CACHE_IDENTITY = job_params(config["extract"], EXTRACT_KEYS)
 
 
@@ -101,7 +105,7 @@ def model_folder_files():
 
 
 def lm_targets():
-    return [results("tables", "personalization.csv"), results("tables", "cross_user.csv")]
+    return [results("tables", f"{name}.csv") for name in ("personalization", "dose_response", "cross_user")]
 
 
 def copy_task_targets():

@@ -1,5 +1,7 @@
-# Fit: theta for every user x head x alpha x d x solver of the sweep, evaluated held out, with the
-# global control and the cross-user matrix. One job per (sweep point, shard); solvers share a job.
+# Fit: the personalization study on the cache. fit_global fits the global theta of every sweep point and
+# solver on the pooled users; one fit job per shard fits each of its users' personal and residual thetas at
+# every point (p0 computed once per user), the dose-response and the baselines; cross_user scores the
+# residual thetas on every user's text at the listed points; the tables follow.
 wildcard_constraints:
     head="|".join(FIT["heads"]),
     alpha=r"[0-9.e+-]+",
@@ -7,58 +9,65 @@ wildcard_constraints:
     shard=r"\d+",
 
 
-rule fit:
-    input:
-        shard=results("cache", "shard-{shard}.parquet"),
-        model=rules.model.output.identity,
-        basis=rules.svd_basis.output[0],
-    output:
-        f"{SWEEP}/shard-{{shard}}.parquet",
-    log:
-        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.log"),
-    benchmark:
-        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-shard~{shard}.tsv")
-    threads: 1
-    resources:
-        mem_mb=6000,
-        gpu=gpus(),
-    params:
-        fit=FIT_SOLVERS,
-        head=head_params,
-        cache=CACHE_IDENTITY,
-        device=config["device"],
-    script:
-        "../workflow_scripts/fit.py"
-
-
 rule fit_global:
     input:
         shards=shard_paths(),
+        users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
-        f"{SWEEP}/global.parquet",
+        results("fit", "global.parquet"),
     log:
-        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-global.log"),
+        results("logs", "fit", "global.log"),
     benchmark:
-        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-global.tsv")
+        results("benchmarks", "fit-global.tsv")
     threads: 1
     resources:
-        mem_mb=12000,
+        mem_mb=8000,
         gpu=gpus(),
     params:
-        fit=FIT_SOLVERS,
-        head=head_params,
+        fit=FIT_GLOBAL,
+        heads=HEAD_SETTINGS,
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:
         "../workflow_scripts/fit_global.py"
 
 
+rule fit:
+    input:
+        global_fit=rules.fit_global.output[0],
+        shard=results("cache", "shard-{shard}.parquet"),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        fits=f"{FIT_SHARD}/fits.parquet",
+        dose=f"{FIT_SHARD}/dose.parquet",
+        baselines=f"{FIT_SHARD}/baselines.parquet",
+    log:
+        results("logs", "fit", "shard-{shard}.log"),
+    benchmark:
+        results("benchmarks", "fit-shard~{shard}.tsv")
+    threads: 1
+    resources:
+        mem_mb=6000,
+        gpu=gpus(),
+    params:
+        fit=FIT_USERS,
+        heads=HEAD_SETTINGS,
+        cache=CACHE_IDENTITY,
+        device=config["device"],
+    script:
+        "../workflow_scripts/fit.py"
+
+
 rule cross_user:
     input:
-        fits=expand(f"{SWEEP}/shard-{{shard}}.parquet", shard=range(config["extract"]["shards"]), allow_missing=True),
+        global_fit=rules.fit_global.output[0],
+        fits=fit_shard_paths("fits.parquet"),
         shards=shard_paths(),
+        users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
@@ -81,8 +90,10 @@ rule cross_user:
 
 rule personalization_table:
     input:
-        fits=[path for shard in range(config["extract"]["shards"]) for path in sweep_paths(f"shard-{shard}.parquet")],
-        controls=sweep_paths("global.parquet"),
+        global_fit=rules.fit_global.output[0],
+        fits=fit_shard_paths("fits.parquet"),
+        dose=fit_shard_paths("dose.parquet"),
+        baselines=fit_shard_paths("baselines.parquet"),
         cross_user=cross_user_paths(),
         model=rules.model.output.identity,
     output:
@@ -90,6 +101,9 @@ rule personalization_table:
             results("tables", "personalization.csv"),
             caption="../report/personalization.rst",
             category="User prior heads",
+        ),
+        dose_response=report(
+            results("tables", "dose_response.csv"), caption="../report/dose_response.rst", category="User prior heads"
         ),
         cross_user=report(
             results("tables", "cross_user.csv"), caption="../report/cross_user.rst", category="User prior heads"

@@ -182,7 +182,10 @@ def job_params(section: dict, keys=None) -> dict:
 
 # What each job reads, so that its params hold exactly those keys (`job_params`).
 EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.cache.read_users)
-SOLVER_KEYS = ("solvers", "beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.sweep.fit_and_score
+SOLVER_KEYS = ("beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.fit.SolverSettings
+SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", *SOLVER_KEYS)  # every point with every solver
+FIT_GLOBAL_KEYS = (*SWEEP_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
+FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "baselines")  # uph.lm.sweep.fit_shard
 
 
 def head_settings(head: str, fit: dict) -> dict:
@@ -256,16 +259,19 @@ def _check_across_keys(config: dict) -> None:
     points = {
         (h, float(a), d) for h in config["fit"]["heads"] for a in config["fit"]["alphas"] for d in config["fit"]["ds"]
     }
-    for i, point in enumerate(config["fit"]["cross_user"]):
-        if (point["head"], float(point["alpha"]), point["d"]) not in points:
-            raise ConfigError(
-                f"config key 'fit.cross_user[{i}]': {point['head']} alpha={point['alpha']} "
-                f"d={point['d']} is not a point of the sweep (fit.heads x fit.alphas x fit.ds)"
-            )
-    if point_solver := [
-        p["solver"] for p in config["fit"]["cross_user"] if p["solver"] not in config["fit"]["solvers"]
-    ]:
-        raise ConfigError(f"config key 'fit.cross_user': solver '{point_solver[0]}' is not in fit.solvers")
+    listed = {
+        "cross_user": config["fit"]["cross_user"],
+        "dose_response.points": config["fit"]["dose_response"]["points"],
+    }
+    for key, listed_points in listed.items():
+        for i, point in enumerate(listed_points):
+            if (point["head"], float(point["alpha"]), point["d"]) not in points:
+                raise ConfigError(
+                    f"config key 'fit.{key}[{i}]': {point['head']} alpha={point['alpha']} "
+                    f"d={point['d']} is not a point of the sweep (fit.heads x fit.alphas x fit.ds)"
+                )
+            if point["solver"] not in config["fit"]["solvers"]:
+                raise ConfigError(f"config key 'fit.{key}[{i}]': solver '{point['solver']}' is not in fit.solvers")
     copy_task = config["copy_task"]
     if copy_task["d_model"] % copy_task["n_head"] or (copy_task["d_model"] // copy_task["n_head"]) % 2:
         raise ConfigError(

@@ -1,24 +1,27 @@
-"""Rule fit: every user of one shard x every solver, at one sweep point (head, alpha, d)."""
+"""Rule fit: the personal and residual arms of every sweep point and solver, the dose-response and the
+baselines, for the users of one cache shard (each user's base distribution computed once)."""
 
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from uph.io import write_parquet
-from uph.lm.sweep import fit_users, load_point, point_label
+from uph.lm.sweep import build_heads, fit_shard, global_thetas, load_users, sweep_points
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
-    point = point_label(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
-    head, users, device = load_point(
-        point,
+    fit = snakemake.params.fit
+    layer, users, device = load_users(
         Path(snakemake.input.model).parent,
-        snakemake.input.basis,
         [snakemake.input.shard],
-        snakemake.params.head,
+        snakemake.input.users,
         snakemake.params.cache,
         snakemake.params.device,
     )
-    log.info("%s: %d users, solvers %s", point, len(users), snakemake.params.fit["solvers"])
-    write_parquet(fit_users(users, head, snakemake.params.fit, point, device), snakemake.output[0])
+    heads = build_heads(sweep_points(fit), layer, snakemake.input.basis, snakemake.params.heads)
+    log.info("%d users x %d points x solvers %s", len(users), len(heads), fit["solvers"])
+    tables = fit_shard(users, heads, global_thetas(pd.read_parquet(snakemake.input.global_fit)), layer, fit, device)
+    for table, path in zip(tables, (snakemake.output.fits, snakemake.output.dose, snakemake.output.baselines)):
+        write_parquet(table, path)

@@ -1,4 +1,5 @@
-"""Rule cross_user: theta of user u scored on the held-out text of user v, for every (u, v)."""
+"""Rule cross_user: every user's residual theta (on top of the global one) scored on every user's held-out
+text, at one sweep point."""
 
 from pathlib import Path
 
@@ -6,28 +7,28 @@ import pandas as pd
 import torch
 
 from uph.io import write_parquet
-from uph.lm.evaluate import cross_user
-from uph.lm.fit import prepare
-from uph.lm.sweep import load_point, point_label
+from uph.lm.sweep import Point, build_heads, cross_user, global_thetas, load_users
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
-    point = point_label(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
+    point = Point.of(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
     solver = snakemake.params.solver
     fits = pd.concat(map(pd.read_parquet, snakemake.input.fits))
+    fits = fits[(fits["head"] == point.head) & (fits["alpha"] == point.alpha) & (fits["d"] == point.d)]
     fits = fits[fits["solver"] == solver]
-    thetas = {user: torch.tensor(theta) for user, theta in zip(fits["user"], fits["theta"])}
-    head, users, device = load_point(
-        point,
+    residuals = {
+        user: torch.tensor(theta, dtype=torch.float64) for user, theta in zip(fits["user"], fits["theta_residual"])
+    }
+    layer, users, device = load_users(
         Path(snakemake.input.model).parent,
-        snakemake.input.basis,
         snakemake.input.shards,
-        snakemake.params.head,
+        snakemake.input.users,
         snakemake.params.cache,
         snakemake.params.device,
     )
-    tests = {user: prepare(s.test_hidden, s.test_targets, head.W, head.b, device=device) for user, s in users.items()}
-    log.info("%s, solver %s: %d x %d cross-user scores", point, solver, len(thetas), len(tests))
-    table = cross_user(thetas, tests, head).assign(**point, solver=solver)
+    head = build_heads([point], layer, snakemake.input.basis, {point.head: snakemake.params.head})[point]
+    theta_g = global_thetas(pd.read_parquet(snakemake.input.global_fit))[(point, solver)]
+    log.info("%s, solver %s: %d x %d cross-user scores", point.label, solver, len(residuals), len(users))
+    table = cross_user(users, head, theta_g, residuals, layer, device).assign(**point.columns, solver=solver)
     write_parquet(table, snakemake.output[0])

@@ -1,105 +1,275 @@
-"""The personalization sweep on cached users: one sweep point (head, alpha, d) at a time.
+"""The personalization study on cached users: every sweep point, p0 computed once per user.
 
-Each user's train and held-out tokens are prepared once per job (the only V×H products, see
-uph.lm.fit), then every solver fits theta on the train split and is scored on the held-out split.
-A job reads only the fit keys its head reads (`head_settings`) and those of its solvers
-(`SOLVER_KEYS`), so changing one head's settings reruns only that head's jobs.
+A point is (head, alpha, d); every point is fitted with every solver, in three arms whose
+held-out NLLs sit side by side in one row per (user, point, solver):
+
+    global     theta_g fitted on the pooled train tokens of all users (the domain-adaptation control)
+    personal   theta_u fitted on the user's train tokens from zero (seed 002's setting)
+    residual   theta_r fitted on the user's train tokens on top of theta_g (held fixed): the
+               personal gain beyond domain adaptation is nll(theta_g + theta_r) - nll(theta_g)
+
+Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all points:
+`fit_global` pools each user's first ceil(global_max_tokens / N) train tokens (all when null),
+so its memory does not grow with the number of users; `fit_shard` runs the personal and residual
+arms, the dose-response (residual fits on the first k train tokens) and the baselines
+(uph.lm.baselines) for the users of one cache shard; `cross_user` scores every user's residual
+theta on each user's held-out text (N x N evaluations, no fits).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from uph.device import resolve_device
+from uph.lm.baselines import unigram_interpolation
 from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
-from uph.lm.evaluate import user_metrics
-from uph.lm.fit import Tokens, fit_theta, prepare
-from uph.lm.heads import Head, make_head
-from uph.lm.models import read_output_layer
+from uph.lm.evaluate import HeldOut
+from uph.lm.fit import FitResult, SolverSettings, Tokens, fit_theta, pool, prepare
+from uph.lm.heads import Head, full_bias_head, make_head
+from uph.lm.models import OutputLayer, read_output_layer
 
 log = logging.getLogger(__name__)
 
 
-def point_label(head: str, alpha: float, d: int) -> dict:
-    return {"head": head, "alpha": float(alpha), "d": int(d)}
+@dataclass(frozen=True)
+class Point:
+    head: str
+    alpha: float
+    d: int
+
+    @classmethod
+    def of(cls, head: str, alpha, d) -> Point:
+        return cls(head, float(alpha), int(d))
+
+    @property
+    def columns(self) -> dict:
+        return {"head": self.head, "alpha": self.alpha, "d": self.d}
+
+    @property
+    def label(self) -> str:
+        return f"head={self.head} alpha={self.alpha:g} d={self.d}"
 
 
-def load_point(
-    point: dict, model_dir: str | Path, basis_path: str | Path, shards, settings: dict, cache: dict, device: str
-) -> tuple[Head, dict[str, UserStates], torch.device]:
-    """What every job at one sweep point needs: the point's head (`settings` from `head_settings`)
-    on the model's lm_head (float32) and SVD basis, the users of `shards` (checked against the
-    cache identity that `cache`, the extract keys context and dtype, asks for), the device."""
-    layer = read_output_layer(model_dir)
-    W, b = layer.W, layer.b
-    head = make_head(
-        point["head"], W, svd=load_basis(basis_path), d=point["d"], alpha=point["alpha"], bias=b, **settings
-    )
-    users = read_users(shards, model_dir, Path(model_dir).parent / "corpus" / "users.parquet", cache)
-    return head, users, resolve_device(device)
+def sweep_points(fit: dict) -> list[Point]:
+    return [Point.of(h, a, d) for h in fit["heads"] for a in fit["alphas"] for d in fit["ds"]]
 
 
-def prepared(states: UserStates, head: Head, device: torch.device) -> tuple[Tokens, Tokens]:
-    """(train, test) tokens of one user with their base distributions, on `device`."""
+def build_heads(points, layer: OutputLayer, basis_path: str | Path, head_settings: dict) -> dict[Point, Head]:
+    """Each point's head on the model's output layer and SVD basis; `head_settings`: head name ->
+    make_head's keyword arguments (uph.config.head_settings)."""
+    svd = load_basis(basis_path)
+    return {
+        point: make_head(
+            point.head, layer.W, svd=svd, d=point.d, alpha=point.alpha, bias=layer.b, **head_settings[point.head]
+        )
+        for point in points
+    }
+
+
+def load_users(
+    model_dir: str | Path, shards, users_path: str | Path, cache: dict, device: str
+) -> tuple[OutputLayer, dict[str, UserStates], torch.device]:
+    """The model's output layer, the users of the cache files `shards` (each checked against the
+    model, the users table `users_path` and `cache`, the job's extract keys) and the device."""
+    users = read_users(shards, model_dir, users_path, cache)
+    return read_output_layer(model_dir), users, resolve_device(device)
+
+
+def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tuple[Tokens, Tokens]:
+    """(train, held-out) tokens of one user with their base distributions, on `device`."""
     return (
-        prepare(states.train_hidden, states.train_targets, head.W, head.b, device=device),
-        prepare(states.test_hidden, states.test_targets, head.W, head.b, device=device),
+        prepare(states.train_hidden, states.train_targets, layer, device=device),
+        prepare(states.test_hidden, states.test_targets, layer, device=device),
     )
 
 
-def fit_and_score(
-    train: Tokens, tests: dict[str, Tokens], head: Head, fit: dict, solver: str, user: str, point: dict
-) -> tuple[torch.Tensor, list[dict]]:
-    """Fit theta on `train` with `solver` (settings: the SOLVER_KEYS of `fit`); one row per held-out
-    split in `tests` it is scored on."""
-    theta, result = fit_theta(
-        train,
-        head,
-        solver,
-        beta=fit["beta"],
-        lam=fit["lam"],
-        max_norm=fit["max_norm"],
-        lr=fit["lr"],
-        steps=fit["steps"],
-        tol=fit["tol"],
-        max_iter=fit["max_iter"],
-        user=user,
-        config=point,
+def _fit_columns(prefix: str, result: FitResult) -> dict:
+    return {f"{prefix}_{key}": value for key, value in result.as_dict().items() if key != "solver"}
+
+
+def fit_global(
+    users: dict[str, UserStates], heads: dict[Point, Head], layer: OutputLayer, fit: dict, device: torch.device
+) -> pd.DataFrame:
+    """The global theta of every (point, solver) on the pooled train tokens (module docstring)."""
+    cap = fit["global_max_tokens"]
+    share = None if cap is None else math.ceil(cap / len(users))
+    train = pool(
+        [
+            prepare(states.train_hidden[:share], states.train_targets[:share], layer, device=device)
+            for states in users.values()
+        ]
     )
-    fit_columns = {f"fit_{k}": v for k, v in result.as_dict().items() if k != "solver"}
-    rows = [
-        {
-            **point,
-            "solver": solver,
-            "user": text_user,
-            **fit_columns,
-            **user_metrics(test, head, theta),
-            "theta": theta.double().tolist(),
-        }
-        for text_user, test in tests.items()
-    ]
-    return theta, rows
-
-
-def fit_users(users: dict[str, UserStates], head: Head, fit: dict, point: dict, device: torch.device) -> pd.DataFrame:
-    """Every user x solver at one sweep point: fit, certificate and held-out metrics per row."""
+    settings = SolverSettings.from_config(fit)
+    log.info("global theta on %d pooled train tokens of %d users", train.n, len(users))
     rows = []
-    for user, states in users.items():
-        train, test = prepared(states, head, device)
+    for point, head in heads.items():
         for solver in fit["solvers"]:
-            _, scored = fit_and_score(train, {user: test}, head, fit, solver, user, point)
-            rows += scored
-            log.info(
-                "%s %s: delta_nll %+.4f (certificate %.1e, %.1f s)",
-                user,
-                solver,
-                scored[0]["delta_nll"],
-                scored[0]["fit_certificate"],
-                scored[0]["fit_seconds"],
+            theta, result = fit_theta(train, head, solver, settings, user="global", label=point.label)
+            rows.append(
+                {
+                    **point.columns,
+                    "solver": solver,
+                    "pooled_tokens": train.n,
+                    **_fit_columns("fit", result),
+                    "theta": theta.double().tolist(),
+                }
+            )
+            log.info("%s %s: certificate %.1e (%.1f s)", point.label, solver, result.certificate, result.seconds)
+    return pd.DataFrame(rows)
+
+
+def global_thetas(table: pd.DataFrame) -> dict[tuple[Point, str], torch.Tensor]:
+    """(point, solver) -> theta_g from fit_global's table."""
+    return {
+        (Point.of(row.head, row.alpha, row.d), row.solver): torch.tensor(row.theta, dtype=torch.float64)
+        for row in table.itertuples()
+    }
+
+
+def fit_user(
+    user: str,
+    train: Tokens,
+    test: Tokens,
+    heads: dict[Point, Head],
+    thetas_g: dict,
+    fit: dict,
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """One user's rows: (every point x solver with its three arms, dose-response, baselines)."""
+    settings = SolverSettings.from_config(fit)
+    dose_points = {Point.of(p["head"], p["alpha"], p["d"]): p["solver"] for p in fit["dose_response"]["points"]}
+    fits, dose, baselines = [], [], []
+    user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
+    for point, head in heads.items():
+        held_out = HeldOut(test, head)
+        for solver in fit["solvers"]:
+            theta_g = thetas_g[(point, solver)]
+            theta_p, personal = fit_theta(train, head, solver, settings, user=user, label=point.label)
+            theta_r, residual = fit_theta(train, head, solver, settings, offset=theta_g, user=user, label=point.label)
+            global_, personal_, residual_ = held_out(theta_g), held_out(theta_p), held_out(theta_g + theta_r)
+            fits.append(
+                {
+                    **point.columns,
+                    "solver": solver,
+                    **user_columns,
+                    "base_nll": held_out.base_nll,
+                    "global_nll": global_["nll"],
+                    "personal_nll": personal_["nll"],
+                    "residual_nll": residual_["nll"],
+                    "global_kl": global_["kl"],
+                    "personal_kl": personal_["kl"],
+                    "residual_kl": residual_["kl"],
+                    **_fit_columns("personal", personal),
+                    **_fit_columns("residual", residual),
+                    "theta_personal": theta_p.double().tolist(),
+                    "theta_residual": theta_r.double().tolist(),
+                }
+            )
+            if dose_points.get(point) == solver:
+                for k in [k for k in fit["dose_response"]["train_tokens"] if k < train.n] + [train.n]:
+                    theta_k = (
+                        theta_r
+                        if k == train.n
+                        else fit_theta(train.prefix(k), head, solver, settings, offset=theta_g)[0]
+                    )
+                    dose.append(
+                        {
+                            **point.columns,
+                            "solver": solver,
+                            "user": user,
+                            "train_tokens": k,
+                            "all_train_tokens": k == train.n,
+                            "global_nll": global_["nll"],
+                            "residual_nll": held_out(theta_g + theta_k)["nll"],
+                        }
+                    )
+        log.info(
+            "%s %s: beyond global %+.4f, personal %+.4f",
+            user,
+            point.label,
+            fits[-1]["residual_nll"] - fits[-1]["global_nll"],
+            fits[-1]["personal_nll"] - fits[-1]["base_nll"],
+        )
+    vocab_size = train.layer.W.shape[0]
+    row = {**user_columns, "base_nll": test.base_nll}
+    if "unigram" in fit["baselines"]:
+        unigram = unigram_interpolation(train, test, vocab_size)
+        baselines.append(
+            {
+                "baseline": "unigram",
+                "solver": "exact",
+                **row,
+                "nll": unigram["nll"],
+                "lambda": unigram["lambda"],
+                "params_per_user": vocab_size + 1,
+            }
+        )
+    if "full_bias" in fit["baselines"]:
+        head = full_bias_head(train.layer.W, train.layer.b)
+        held_out = HeldOut(test, head)
+        for solver in fit["solvers"]:
+            theta, result = fit_theta(train, head, solver, settings, user=user, label="full_bias")
+            baselines.append(
+                {
+                    "baseline": "full_bias",
+                    "solver": solver,
+                    **row,
+                    "nll": held_out(theta)["nll"],
+                    **_fit_columns("fit", result),
+                    "params_per_user": vocab_size,
+                }
+            )
+    return fits, dose, baselines
+
+
+def fit_shard(
+    users: dict[str, UserStates],
+    heads: dict[Point, Head],
+    thetas_g: dict,
+    layer: OutputLayer,
+    fit: dict,
+    device: torch.device,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Every user of one shard: (fits, dose_response, baselines) tables (module docstring)."""
+    tables = ([], [], [])
+    for user, states in users.items():
+        train, test = prepared(states, layer, device)
+        for table, rows in zip(tables, fit_user(user, train, test, heads, thetas_g, fit)):
+            table.extend(rows)
+    return tuple(pd.DataFrame(rows) for rows in tables)
+
+
+def cross_user(
+    users: dict[str, UserStates],
+    head: Head,
+    theta_g: torch.Tensor,
+    residuals: dict[str, torch.Tensor],
+    layer: OutputLayer,
+    device: torch.device,
+) -> pd.DataFrame:
+    """One row per (theta user u, text user v): theta_g + u's residual theta on v's held-out text,
+    against theta_g alone; one text's held-out p0 in memory at a time."""
+    rows = []
+    for text_user, states in users.items():
+        test = prepare(states.test_hidden, states.test_targets, layer, device=device)
+        held_out = HeldOut(test, head)
+        global_nll = held_out(theta_g)["nll"]
+        for theta_user, theta_r in residuals.items():
+            nll = held_out(theta_g + theta_r)["nll"]
+            rows.append(
+                {
+                    "theta_user": theta_user,
+                    "text_user": text_user,
+                    "base_nll": held_out.base_nll,
+                    "global_nll": global_nll,
+                    "nll": nll,
+                    "delta_nll": nll - global_nll,
+                }
             )
     return pd.DataFrame(rows)
