@@ -12,11 +12,17 @@ import numpy as np
 import pandas as pd
 from conftest import REPO, snakemake
 
-from uph.report.catalog import FIGURES
+from uph.report.catalog import FIGURES, TABLES
 from uph.report.figures import pixel_size
 from uph.report.provenance import config_seeds, git_state
 from uph.report.study import Study
-from uph.report.summary import cross_user_finding, feedback_finding, personalization_finding
+from uph.report.summary import (
+    cross_user_finding,
+    dose_response_finding,
+    feedback_finding,
+    personalization_finding,
+    solver_gap_finding,
+)
 
 OUTPUTS = ["results/tables", "results/figures", "results/summary.md"]
 
@@ -33,7 +39,7 @@ def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, tm
     assert again.returncode == 0, again.stderr[-3000:]
     first, second = files_under(tiny_study.workdir), files_under(tmp_path)
     assert sorted(first) == sorted(second)
-    assert sum(path.endswith(".csv") for path in first) == 5
+    assert sum(path.endswith(".csv") for path in first) == len(TABLES)
     assert [path for path in first if first[path] != second[path]] == []
 
 
@@ -59,9 +65,10 @@ def test_summary_links_every_figure_and_table_with_a_finding(tiny_study):
         assert f"figures/{name}.png" in links and f"figures/{name}.pdf" in links
     assert all((results / link).is_file() for link in links if link != "report.html")
     table = pd.read_csv(results / "tables/personalization.csv")
-    best = table[(table["control"] == "personal") & (table["solver"] == "exact")].nsmallest(1, "delta_nll").iloc[0]
-    assert f"best personal head {best['head']} at α = {best['alpha']:g}, d = {best['d']}" in summary
-    assert f"{best['delta_nll'] * 1e3:+.2f}" in summary
+    beyond = table[(table["control"] == "global+personal") & (table["solver"] == "exact")]
+    best = beyond.nsmallest(1, "delta_nll").iloc[0]
+    assert f"({best['head']} at α = {best['alpha']:g}, d = {best['d']:g}, exact solver)" in summary
+    assert f"NLL by {best['delta_nll'] * 1e3:+.2f} (95 % CI {best['delta_nll_ci_low'] * 1e3:+.2f}" in summary
 
 
 def test_provenance_records_the_run(tiny_study):
@@ -119,6 +126,7 @@ def study(**frames) -> Study:
     empty = dict.fromkeys(
         [
             "personalization",
+            "dose_response",
             "cross_user",
             "copy_task",
             "gram_resilience",
@@ -130,63 +138,159 @@ def study(**frames) -> Study:
     return Study(**{**empty, **frames}, copy_task_vocab=8)
 
 
-def personalization_table(delta_a, delta_b, global_a):
-    rows = []
-    for head, control, delta in (
-        ("cvh", "personal", delta_a),
-        ("uncond", "personal", delta_b),
-        ("cvh", "global", global_a),
-        ("uncond", "global", 0.0),
-    ):
-        rows.append(
+def lm_row(head, control, delta, solver="exact", alpha=1.0, d=8, half_width=0.002, objective=3.0) -> dict:
+    """A personalization.csv row of 24 users, 18 improved, its interval delta ± half_width."""
+    return {
+        "model": "m",
+        "head": head,
+        "alpha": alpha,
+        "d": d,
+        "solver": solver,
+        "control": control,
+        "reference": "global" if control == "global+personal" else "base",
+        "n_users": 24,
+        "delta_nll": delta,
+        "delta_nll_ci_low": delta - half_width,
+        "delta_nll_ci_high": delta + half_width,
+        "n_users_improved": 18,
+        "frac_users_improved": 0.75,
+        "sign_test_p": 0.023,
+        "fit_objective": objective,
+        "fit_certificate_max": 1e-7 if solver == "exact" else 1e-3,
+    }
+
+
+def personalization_table(beyond_cvh, beyond_uncond, solvers=("exact",)) -> pd.DataFrame:
+    """Heads cvh and uncond at alpha 1, d 8 with their personal gain beyond global as given; global
+    -10e-3 and personal -8e-3 (cvh) or -6e-3 (uncond) against base; the unigram (exact only) and
+    full_bias (each solver) baselines at -3e-3 and -5e-3."""
+    rows = [lm_row("unigram", "personal", -0.003, alpha=np.nan, d=np.nan)]
+    for solver in solvers:
+        rows.append(lm_row("full_bias", "personal", -0.005, solver=solver, alpha=np.nan, d=np.nan))
+        for head, personal, beyond in (("cvh", -0.008, beyond_cvh), ("uncond", -0.006, beyond_uncond)):
+            rows += [
+                lm_row(head, "global", -0.010, solver),
+                lm_row(head, "personal", personal, solver, objective=3.0 + (solver == "adam") * 0.002),
+                lm_row(head, "global+personal", beyond, solver),
+            ]
+    return pd.DataFrame(rows)
+
+
+def cross_matrix(head, own, other, solver="exact", users=("a", "b", "c")) -> pd.DataFrame:
+    """cross_user.csv of one point: delta_nll `own` on the diagonal, `other` elsewhere."""
+    return pd.DataFrame(
+        [
             {
                 "model": "m",
                 "head": head,
                 "alpha": 1.0,
                 "d": 8,
-                "solver": "exact",
-                "control": control,
-                "n_users": 4,
-                "delta_nll": delta,
-                "delta_nll_ci_low": delta - 0.002,
-                "delta_nll_ci_high": delta + 0.002,
-                "frac_users_improved": 0.75,
+                "solver": solver,
+                "theta_user": u,
+                "text_user": v,
+                "delta_nll": own if u == v else other,
             }
+            for u in users
+            for v in users
+        ]
+    )
+
+
+def test_personalization_finding_states_the_answer_from_the_numbers():
+    line = personalization_finding(
+        study(
+            personalization=personalization_table(-0.004, -0.001), cross_user=cross_matrix("cvh", -0.01, 0.0).iloc[:0]
         )
-    return pd.DataFrame(rows)
+    )
+    assert "help beyond domain adaptation? yes: at the best of 2 points (cvh at α = 1, d = 8, exact solver)" in line
+    assert (
+        "NLL by -4.00 (95 % CI -6.00 to -2.00) × 10⁻³ nats/token, 18 of 24 users improved, sign test p = 0.023" in line
+    )
+    assert "1 of 2 points have an interval excluding 0 (1 below, 0 above)" in line
+    assert "global θ -10.00 (95 % CI -12.00 to -8.00), personal θ -8.00" in line
+    assert "the best head (cvh at α = 1, d = 8) -8.00 (95 % CI -10.00 to -6.00) vs the baselines unigram -3.00" in line
+    assert "full_bias -5.00" in line and "No cross-user point at the exact solver" in line
+    swapped = personalization_finding(
+        study(personalization=personalization_table(-0.001, -0.004), cross_user=cross_matrix("cvh", 0, 0).iloc[:0])
+    )
+    assert "? yes: at the best of 2 points (uncond at α = 1" in swapped
+    null = personalization_finding(
+        study(personalization=personalization_table(0.0005, -0.001), cross_user=cross_matrix("cvh", 0, 0).iloc[:0])
+    )
+    assert "? no, not distinguishable from 0: at the best of 2 points (uncond" in null
+    assert "0 of 2 points have an interval excluding 0" in null
+    worse = personalization_finding(
+        study(personalization=personalization_table(0.004, 0.005), cross_user=cross_matrix("cvh", 0, 0).iloc[:0])
+    )
+    assert "? no, it is worse: at the best of 2 points (cvh" in worse and "(0 below, 2 above)" in worse
 
 
-def test_personalization_finding_follows_the_numbers():
-    line = personalization_finding(study(personalization=personalization_table(-0.010, -0.005, -0.002)))
-    assert "best personal head cvh" in line and "-10.00 × 10⁻³" in line and "3 of 4 users" in line
-    assert "beats the pooled global θ by 8.00" in line and "2 of 2 sweep points" in line
-    swapped = personalization_finding(study(personalization=personalization_table(-0.005, -0.010, -0.002)))
-    assert "best personal head uncond" in swapped and "beats the pooled global θ by 10.00" in swapped
-    pooled_wins = personalization_finding(study(personalization=personalization_table(-0.010, -0.005, -0.012)))
-    assert "domain adaptation" in pooled_wins and "beats" not in pooled_wins
+def test_personalization_finding_quotes_the_headline_solver_and_the_diagonal_dominance():
+    table = personalization_table(-0.004, -0.001, solvers=("adam",))  # the unigram baseline is always exact
+    line = personalization_finding(study(personalization=table, cross_user=cross_matrix("cvh", -0.01, 0.0, "adam")))
+    assert "(cvh at α = 1, d = 8, adam solver)" in line and "unigram -3.00" in line and "full_bias -5.00" in line
+    # own theta best on all 3 texts: 1 of the 3! = 6 matchings is as good, p = 1/6 up to permutation noise
+    assert (
+        "Cross-user residual θs at cvh at α = 1, d = 8: own θ mean rank 1.00 of 3 (chance 2, permutation p = 0.17)"
+        in line
+    )
+    assert "the best on 3 of 3 users' texts (1 by chance)" in line
+    elsewhere = personalization_finding(
+        study(personalization=table, cross_user=cross_matrix("uncond", 0.01, 0.0, "adam"))
+    )
+    assert "Cross-user residual θs at uncond at α = 1, d = 8: own θ mean rank 3.00 of 3" in elsewhere
+    assert "the best on 0 of 3 users' texts" in elsewhere
 
 
-def test_cross_user_finding_counts_texts_where_the_own_theta_is_best():
-    def matrix(own, other):
-        return pd.DataFrame(
-            [
-                {
-                    "head": "svd_cvh",
-                    "alpha": 1.0,
-                    "d": 8,
-                    "solver": "exact",
-                    "theta_user": u,
-                    "text_user": v,
-                    "delta_nll": own if u == v else other,
-                }
-                for u in ("a", "b", "c")
-                for v in ("a", "b", "c")
-            ]
-        )
+def test_cross_user_finding_quotes_the_diagonal_dominance():
+    assert "the best on 3 of 3 users' texts" in cross_user_finding(
+        study(cross_user=cross_matrix("svd_cvh", -0.02, -0.01))
+    )
+    line = cross_user_finding(study(cross_user=cross_matrix("svd_cvh", -0.01, -0.02)))
+    assert "own residual θ Δ NLL -10.00 vs other users' -20.00 × 10⁻³ nats/token against the global θ" in line
+    assert "own θ mean rank 3.00 of 3 (chance 2, permutation p = 1)" in line and "the best on 0 of 3" in line
+    assert cross_user_finding(study(cross_user=cross_matrix("svd_cvh", 0, 0).iloc[:0])).startswith(
+        "no cross-user point"
+    )
 
-    assert "the own θ is the best on 3 of 3" in cross_user_finding(study(cross_user=matrix(-0.02, -0.01)))
-    line = cross_user_finding(study(cross_user=matrix(-0.01, -0.02)))
-    assert "the own θ is the best on 0 of 3" in line and "own θ Δ NLL -10.00 vs other users' θ -20.00" in line
+
+def dose_table(deltas, head="cvh", tokens=(256, 512, 1024, 1600.0)) -> pd.DataFrame:
+    return pd.DataFrame(
+        [{**lm_row(head, "global+personal", delta), "train_tokens": t} for t, delta in zip(tokens, deltas)]
+    )
+
+
+def test_dose_response_finding_follows_the_numbers():
+    table = personalization_table(-0.004, -0.001)
+    line = dose_response_finding(
+        study(personalization=table, dose_response=dose_table([0.001, -0.001, -0.003, -0.004]))
+    )
+    assert "beyond the global θ at cvh at α = 1, d = 8 (exact solver): +1.00 (95 % CI -1.00 to +3.00)" in line
+    assert (
+        "from the first 256 train tokens per user, -4.00 (95 % CI -6.00 to -2.00) from all of them (1600 on average)"
+        in line
+    )
+    assert "the interval lies below 0 at 2 of 4 train sizes, the smallest 1024 tokens" in line
+    flat = dose_response_finding(study(personalization=table, dose_response=dose_table([0.001, 0.0, 0.0, -0.001])))
+    assert "the interval lies below 0 at none of the 4 train sizes" in flat
+    # no dose-response curve at the headline point: the one with the best gain on all train tokens
+    other = pd.concat(
+        [dose_table([0.0, 0.0, 0.0, -0.001], "svd_cvh"), dose_table([0.0, 0.0, 0.0, -0.002], "uncond")],
+        ignore_index=True,
+    )
+    assert "at uncond at α = 1" in dose_response_finding(study(personalization=table, dose_response=other))
+    assert dose_response_finding(study(personalization=table, dose_response=dose_table([0.0]).iloc[:0])).startswith(
+        "no dose"
+    )
+
+
+def test_solver_gap_finding_compares_adam_to_exact():
+    line = solver_gap_finding(study(personalization=personalization_table(-0.004, -0.001, solvers=("adam", "exact"))))
+    assert (
+        "Adam schedule (adam) stops on average 2.00 × 10⁻³ nats above" in line
+        and "norm 1.0e-03 (adam) vs 1.0e-07" in line
+    )
+    assert solver_gap_finding(study(personalization=personalization_table(-0.004, -0.001))).startswith("needs both")
 
 
 def test_feedback_finding_orders_methods_by_loss():
@@ -206,5 +310,5 @@ def test_feedback_finding_orders_methods_by_loss():
 def test_provenance_helpers_tolerate_no_git_and_find_every_seed(tmp_path):
     assert git_state(tmp_path) == {"commit": None, "dirty": None}
     assert git_state(REPO)["commit"] is not None
-    config = {"fit": {"basis_seed": 1, "solvers": ["seed"]}, "copy_task": {"seeds": [0, 1]}, "seed": 3}
+    config = {"fit": {"basis_seed": 1, "solvers": ["adam"]}, "copy_task": {"seeds": [0, 1]}, "seed": 3}
     assert config_seeds(config) == {"fit.basis_seed": 1, "copy_task.seeds": [0, 1], "seed": 3}

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TABLES = ("personalization", "cross_user", "copy_task", "gram_resilience", "feedback")  # results/tables/<name>.csv
+TABLES = (  # results/tables/<name>.csv
+    "personalization",
+    "dose_response",
+    "cross_user",
+    "copy_task",
+    "gram_resilience",
+    "feedback",
+)
 
 FULL_WIDTH = 7.0  # inches: the text width of a two-column paper
 COLUMN_WIDTH = 3.4
@@ -23,9 +30,16 @@ class FigureSpec:
 
 
 FIGURES = {
-    "personalization": FigureSpec("Held-out NLL change by head against d", (FULL_WIDTH, 2.8), "User prior heads"),
-    "cross_user": FigureSpec("Cross-user matrix", (FULL_WIDTH, 4.2), "User prior heads"),
-    "solver_gap": FigureSpec("Seed vs exact solver", (FULL_WIDTH, 2.6), "User prior heads"),
+    "personalization": FigureSpec(
+        "Held-out NLL change by head against d: global, personal, personal beyond global",
+        (FULL_WIDTH, 5.6),
+        "User prior heads",
+    ),
+    "dose_response": FigureSpec(
+        "Personal gain beyond global against the user's train tokens", (FULL_WIDTH, 2.6), "User prior heads"
+    ),
+    "cross_user": FigureSpec("Cross-user matrix of residual thetas", (FULL_WIDTH, 4.2), "User prior heads"),
+    "solver_gap": FigureSpec("Adam vs exact solver", (FULL_WIDTH, 2.6), "User prior heads"),
     "copy_task_curves": FigureSpec("Copy-task learning curves", (FULL_WIDTH, 2.6), "Copy task"),
     "copy_task_lengths": FigureSpec("Copy-task accuracy against evaluation length", (FULL_WIDTH, 2.6), "Copy task"),
     "gram_resilience": FigureSpec("Gram-score resilience", (COLUMN_WIDTH, 2.6), "Copy task"),

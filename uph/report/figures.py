@@ -29,7 +29,8 @@ from uph.feedback.training import METHODS
 from uph.io import atomic_path
 from uph.lm.heads import HEADS
 from uph.report.catalog import FIGURES
-from uph.report.study import Study, headline_solver, ordered
+from uph.report.study import Study, baselines_at, headline_solver, ordered, split_baselines
+from uph.stats import diagonal_dominance
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 DPI = 200
@@ -86,53 +87,111 @@ def _seeds(curves: pd.DataFrame) -> str:
     return f"{n} seed" + ("s" if n != 1 else "")
 
 
+COMPARISONS = {  # personalization.csv control -> what its delta_nll compares, drawn left to right
+    "global": "base → global θ\n(domain adaptation)",
+    "personal": "base → personal θ\n(lines, bands: the baselines)",
+    "global+personal": "global → global + personal θ\n(the personal gain)",
+}
+BASELINE_STYLES = {"unigram": "--", "full_bias": ":"}  # reference lines in the base → personal panel
+
+
+def _errorbar(ax, rows: pd.DataFrame, x, color, label=None, **style) -> None:
+    """delta_nll of `rows` with its 95 % interval, in millinats."""
+    y = rows["delta_nll"] * MILLI
+    yerr = [y - rows["delta_nll_ci_low"] * MILLI, rows["delta_nll_ci_high"] * MILLI - y]
+    ax.errorbar(x, y, yerr=yerr, color=color, marker="o", capsize=2, label=label, **style)
+
+
 def personalization(fig: Figure, study: Study) -> None:
-    """Held-out NLL change per head against d, one panel per alpha; personal fits with their 95 %
-    bootstrap interval over users, the pooled global control dashed."""
+    """Three comparisons side by side (columns), one row per alpha, each head against d with its 95 %
+    paired bootstrap interval over users: base -> global theta, base -> personal theta (with the
+    unigram and full_bias baselines as lines with bands) and global -> global + personal theta."""
     solver = headline_solver(study.personalization)
-    table = study.personalization[study.personalization["solver"] == solver]
-    alphas, ds = sorted(table["alpha"].unique()), sorted(table["d"].unique())
+    heads, _ = split_baselines(study.personalization)
+    table = heads[heads["solver"] == solver]
+    baselines = baselines_at(study.personalization, solver)
+    alphas, ds = sorted(table["alpha"].unique()), sorted(table["d"].astype(int).unique())
     colors = palette(table["head"], HEADS)
+    axes = fig.subplots(len(alphas), len(COMPARISONS), sharex=True, sharey=True, squeeze=False)
+    for row, alpha in enumerate(alphas):
+        at_alpha = table[table["alpha"] == alpha]
+        for ax, (control, title) in zip(axes[row], COMPARISONS.items()):
+            for i, head in enumerate(colors):
+                rows = at_alpha[(at_alpha["head"] == head) & (at_alpha["control"] == control)].sort_values("d")
+                _errorbar(ax, rows, rows["d"] * _dodge(i, len(colors), spread=0.1), colors[head])
+            if control == "personal":
+                for _, baseline in baselines.iterrows():
+                    ax.axhline(
+                        baseline["delta_nll"] * MILLI, color="0.2", linestyle=BASELINE_STYLES.get(baseline["head"])
+                    )
+                    ax.axhspan(
+                        baseline["delta_nll_ci_low"] * MILLI,
+                        baseline["delta_nll_ci_high"] * MILLI,
+                        color="0.5",
+                        alpha=0.15,
+                        linewidth=0,
+                    )
+            ax.axhline(0, color="0.4", linewidth=0.8)
+            _log2_axis(ax, ds)
+            if row == 0:
+                ax.set_title(title)
+        axes[row, 0].set_ylabel(f"Δ NLL, α = {alpha:g}\n(10⁻³ nats/token)")
+    for ax in axes[-1]:
+        ax.set_xlabel("d (parameters per user)")
+    handles = [Line2D([], [], color=color, marker="o", label=head) for head, color in colors.items()]
+    handles += [
+        Line2D([], [], color="0.2", linestyle=BASELINE_STYLES.get(head), label=f"{head} baseline")
+        for head in baselines["head"]
+    ]
+    fig.legend(handles=handles, loc="outside right center")
+    users = int(table["n_users"].max())
+    fig.suptitle(
+        f"{table['model'].iloc[0]}, {solver} solver, {users} users: mean over users with 95 % paired bootstrap "
+        "interval (lower is better)"
+    )
+
+
+def dose_response(fig: Figure, study: Study) -> None:
+    """The personal gain beyond global (global -> global + personal) against the user's train tokens
+    the residual theta was fitted on, one panel per alpha: a line per head and d, its 95 % interval a band."""
+    solver = headline_solver(study.personalization)
+    table = study.dose_response[study.dose_response["solver"] == solver]
+    if table.empty:
+        fig.subplots().text(0.5, 0.5, f"no dose-response point for the {solver} solver", ha="center")
+        return
+    alphas = sorted(table["alpha"].unique())
+    colors = palette(table["head"], HEADS)
+    linestyles = dict(zip(sorted(table["d"].unique()), ["-", "--", ":", "-."] * len(table)))
+    ticks = sorted(round(tokens) for tokens in table["train_tokens"].unique())
     axes = fig.subplots(1, len(alphas), sharey=True, squeeze=False)[0]
     for ax, alpha in zip(axes, alphas):
-        at_alpha = table[table["alpha"] == alpha]
-        for i, head in enumerate(colors):
-            for j, (control, style) in enumerate((("personal", "-"), ("global", "--"))):
-                rows = at_alpha[(at_alpha["head"] == head) & (at_alpha["control"] == control)].sort_values("d")
-                x = rows["d"] * _dodge(2 * i + j, 2 * len(colors), spread=0.07)
-                y = rows["delta_nll"] * MILLI
-                if control == "personal":
-                    ax.errorbar(
-                        x,
-                        y,
-                        yerr=[y - rows["delta_nll_ci_low"] * MILLI, rows["delta_nll_ci_high"] * MILLI - y],
-                        color=colors[head],
-                        marker="o",
-                        linestyle=style,
-                        capsize=2,
-                        label=head,
-                    )
-                else:
-                    ax.plot(x, y, color=colors[head], marker="o", markerfacecolor="white", linestyle=style)
+        for (head, d), rows in table[table["alpha"] == alpha].groupby(["head", "d"], sort=True):
+            rows = rows.sort_values("train_tokens")
+            x, color = rows["train_tokens"], colors[head]
+            ax.plot(x, rows["delta_nll"] * MILLI, color=color, linestyle=linestyles[d], marker="o")
+            ax.fill_between(
+                x,
+                rows["delta_nll_ci_low"] * MILLI,
+                rows["delta_nll_ci_high"] * MILLI,
+                color=color,
+                alpha=0.2,
+                linewidth=0,
+            )
         ax.axhline(0, color="0.4", linewidth=0.8)
-        _log2_axis(ax, ds)
-        ax.set_xlabel("d (parameters per user)")
+        _log2_axis(ax, ticks)
+        ax.set_xlabel("user's train tokens (largest: all, mean over users)")
         ax.set_title(f"α = {alpha:g}")
-    axes[0].set_ylabel(DNLL_LABEL)
-    styles = [
-        Line2D([], [], color="0.3", marker="o", label="personal θ (95 % CI over users)"),
-        Line2D(
-            [], [], color="0.3", marker="o", markerfacecolor="white", linestyle="--", label="global θ (pooled control)"
-        ),
-    ]
-    handles = [Line2D([], [], color=color, marker="o", label=head) for head, color in colors.items()]
-    fig.legend(handles=handles + styles, loc="outside right center")
-    fig.suptitle(f"{table['model'].iloc[0]}, {solver} solver (lower is better)")
+    axes[0].set_ylabel("Δ NLL beyond global θ\n(10⁻³ nats/token)")
+    handles = [Line2D([], [], color=color, label=head) for head, color in colors.items()]
+    handles += [Line2D([], [], color="0.3", linestyle=style, label=f"d = {d:g}") for d, style in linestyles.items()]
+    fig.legend(handles=handles, loc="outside right center")
+    fig.suptitle(f"Personal gain beyond the global θ, {solver} solver: mean over users, 95 % interval band")
 
 
 def cross_user(fig: Figure, study: Study) -> None:
-    """theta of user u (rows) scored on the held-out text of user v (columns); a personal gain shows
-    as a diagonal bluer than its column."""
+    """Residual theta of user u (rows, on top of the global theta) scored on the held-out text of user v
+    (columns), against the global theta alone; a personal gain shows as a diagonal bluer than its column.
+    Each title carries the diagonal dominance (uph.stats.diagonal_dominance)."""
     points = list(study.cross_user.groupby(["head", "alpha", "d", "solver"], sort=True))
     if not points:
         fig.subplots().text(0.5, 0.5, "no cross-user point configured (fit.cross_user)", ha="center")
@@ -162,22 +221,28 @@ def cross_user(fig: Figure, study: Study) -> None:
         else:
             ax.set_xticks([]), ax.set_yticks([])
         ax.set_xlabel("held-out text of user")
-        ax.set_ylabel("θ fitted on user")
-        ax.set_title(f"{head}, α = {alpha:g}, d = {d} ({solver})")
-    fig.colorbar(image, ax=axes.tolist(), label=DNLL_LABEL, shrink=0.8)
+        ax.set_ylabel("residual θ fitted on user")
+        dominance = diagonal_dominance(pairs)
+        ax.set_title(
+            f"{head}, α = {alpha:g}, d = {d:g} ({solver})\nown θ: mean rank {dominance['mean_rank']:.2f} "
+            f"(chance {dominance['mean_rank_chance']:g}, p = {dominance['mean_rank_p']:.2g}),\nthe best on "
+            f"{round(dominance['frac_own_best'] * len(users))} of {len(users)} texts (chance 1)"
+        )
+    fig.colorbar(image, ax=axes.tolist(), label="Δ NLL against the global θ (10⁻³ nats/token)", shrink=0.8)
 
 
 def solver_gap(fig: Figure, study: Study) -> None:
-    """How far seed 002's Adam schedule (solver `seed`) stops from the certified optimum (`exact`):
+    """How far seed 002's Adam schedule (solver `adam`) stops from the certified optimum (`exact`):
     the mean fit objective's excess, and the worst user's projected-gradient norm per solver."""
-    table = study.personalization[study.personalization["control"] == "personal"]
+    heads, _ = split_baselines(study.personalization)
+    table = heads[heads["control"] == "personal"]
     objective = table.pivot_table(index=["head", "alpha", "d"], columns="solver", values="fit_objective")
     colors = palette(table["head"], HEADS)
     markers = dict(zip(sorted(table["alpha"].unique()), itertools.cycle("os^Dv")))
     gap_ax, certificate_ax = fig.subplots(1, 2, width_ratios=[3, 2])
-    if {"seed", "exact"} <= set(objective.columns):
-        gap = (objective["seed"] - objective["exact"]) * MILLI
-        ds = sorted(table["d"].unique())
+    if {"adam", "exact"} <= set(objective.columns):
+        gap = (objective["adam"] - objective["exact"]) * MILLI
+        ds = sorted(table["d"].astype(int).unique())
         for i, head in enumerate(colors):
             for alpha, marker in markers.items():
                 rows = gap.xs((head, alpha), level=["head", "alpha"])
@@ -186,11 +251,11 @@ def solver_gap(fig: Figure, study: Study) -> None:
                 )
         _log2_axis(gap_ax, ds)
     else:
-        gap_ax.text(0.5, 0.5, "needs fit.solvers seed and exact", ha="center", transform=gap_ax.transAxes)
+        gap_ax.text(0.5, 0.5, "needs fit.solvers adam and exact", ha="center", transform=gap_ax.transAxes)
     gap_ax.set_xlabel("d (parameters per user)")
-    gap_ax.set_ylabel("objective excess, seed − exact (10⁻³ nats)")
+    gap_ax.set_ylabel("objective excess, adam − exact (10⁻³ nats)")
     gap_ax.set_title("mean fit objective J(θ) above the optimum")
-    solvers = ordered(table["solver"], ("seed", "exact"))
+    solvers = ordered(table["solver"], ("adam", "exact"))
     for i, solver in enumerate(solvers):
         rows = table[table["solver"] == solver]
         jitter = np.linspace(-0.15, 0.15, len(rows)) if len(rows) > 1 else np.zeros(1)
@@ -312,6 +377,7 @@ def feedback(fig: Figure, study: Study) -> None:
 
 DRAW: dict[str, Callable[[Figure, Study], None]] = {  # one per figure of uph.report.catalog.FIGURES
     "personalization": personalization,
+    "dose_response": dose_response,
     "cross_user": cross_user,
     "solver_gap": solver_gap,
     "copy_task_curves": copy_task_curves,

@@ -2,7 +2,7 @@
 training curves, nothing else (no model, no cache), so figures and summary can be rebuilt from them.
 
 `headline_solver` picks the solver whose numbers the figures and the summary quote: `exact`, the
-certified optimum of the convex fit objective, when it ran; else the configured one.
+certified optimum of the convex fit objective, when it ran for the heads; else the configured one.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pandas as pd
 @dataclass(frozen=True)
 class Study:
     personalization: pd.DataFrame  # results/tables/personalization.csv
+    dose_response: pd.DataFrame  # results/tables/dose_response.csv
     cross_user: pd.DataFrame  # results/tables/cross_user.csv
     copy_task: pd.DataFrame  # results/tables/copy_task.csv
     gram_resilience: pd.DataFrame  # results/tables/gram_resilience.csv
@@ -35,9 +36,22 @@ def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy
     )
 
 
+def split_baselines(personalization: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(head rows, baseline rows) of personalization.csv: the baselines (unigram, full_bias) have no alpha, d."""
+    baseline = personalization["d"].isna()
+    return personalization[~baseline], personalization[baseline]
+
+
 def headline_solver(personalization: pd.DataFrame) -> str:
-    solvers = set(personalization["solver"])
+    solvers = set(split_baselines(personalization)[0]["solver"])
     return "exact" if "exact" in solvers else sorted(solvers)[0]
+
+
+def baselines_at(personalization: pd.DataFrame, solver: str) -> pd.DataFrame:
+    """One row per baseline to quote beside `solver`'s heads: its row at that solver, else its only one
+    (unigram's lambda is a 1-D search, fitted the same whatever fit.solvers says)."""
+    baselines = split_baselines(personalization)[1]
+    return baselines.sort_values("solver", key=lambda solvers: solvers != solver, kind="stable").drop_duplicates("head")
 
 
 def ordered(values, order) -> list:

@@ -10,75 +10,146 @@ from __future__ import annotations
 
 import pandas as pd
 
+from uph.feedback.comparison import paired_difference
 from uph.report.catalog import FIGURES, TABLES
 from uph.report.figures import MILLI
-from uph.report.study import Study, headline_solver
+from uph.report.study import Study, baselines_at, headline_solver, split_baselines
+from uph.stats import diagonal_dominance
 
 
 def _milli(value: float) -> str:
     return f"{value * MILLI:+.2f}"
 
 
+POINT = ["head", "alpha", "d"]  # a sweep point
+
+
+def _point(row) -> str:
+    return f"{row['head']} at α = {row['alpha']:g}, d = {row['d']:g}"
+
+
+def _at(table: pd.DataFrame, row) -> pd.Series:
+    """Which rows of `table` are at the sweep point of `row`."""
+    return (table[POINT] == row[POINT]).all(axis=1)
+
+
+def _delta(row) -> str:
+    """A comparison's mean change with its interval, in millinats."""
+    return (
+        f"{_milli(row['delta_nll'])} (95 % CI {_milli(row['delta_nll_ci_low'])} to {_milli(row['delta_nll_ci_high'])})"
+    )
+
+
+def _answer(row) -> str:
+    """Does the arm beat its reference? Only an interval that excludes 0 says yes (or no, it is worse)."""
+    if row["delta_nll_ci_high"] < 0:
+        return "yes"
+    if row["delta_nll_ci_low"] > 0:
+        return "no, it is worse"
+    return "no, not distinguishable from 0"
+
+
+def _dominance(cross: pd.DataFrame) -> str:
+    stats = diagonal_dominance(cross)
+    return (
+        f"own θ mean rank {stats['mean_rank']:.2f} of {stats['n_users']} (chance {stats['mean_rank_chance']:g}, "
+        f"permutation p = {stats['mean_rank_p']:.2g}), the best on {round(stats['frac_own_best'] * stats['n_users'])} "
+        f"of {stats['n_users']} users' texts (1 by chance)"
+    )
+
+
 def personalization_finding(study: Study) -> str:
-    """The best personal sweep point with its interval, how many points are reliably below zero, and
-    whether the pooled global control reaches the same gain (then it is not personal)."""
+    """The answer at the headline point (the headline solver's best personal-beyond-global point):
+    the gain of the user's residual theta over the global theta, its users improved and sign test,
+    how many points have an interval excluding 0, the cross-user diagonal dominance, and the
+    unigram / full_bias baselines against the best head, base -> personal."""
     solver = headline_solver(study.personalization)
-    table = study.personalization[study.personalization["solver"] == solver]
+    heads, _ = split_baselines(study.personalization)
+    table = heads[heads["solver"] == solver]
+    beyond = table[table["control"] == "global+personal"]
+    best = beyond.loc[beyond["delta_nll"].idxmin()]
+    below, above = (beyond["delta_nll_ci_high"] < 0).sum(), (beyond["delta_nll_ci_low"] > 0).sum()
+    control = table[_at(table, best)].set_index("control")
     personal = table[table["control"] == "personal"]
-    best = personal.loc[personal["delta_nll"].idxmin()]
-    point = f"{best['head']} at α = {best['alpha']:g}, d = {best['d']}"
+    best_personal = personal.loc[personal["delta_nll"].idxmin()]
+    baselines = "; ".join(
+        f"{row['head']} {_delta(row)}" for _, row in baselines_at(study.personalization, solver).iterrows()
+    )
     line = (
-        f"best personal head {point} ({solver} solver): Δ NLL {_milli(best['delta_nll'])} × 10⁻³ nats/token "
-        f"(95 % CI {_milli(best['delta_nll_ci_low'])} to {_milli(best['delta_nll_ci_high'])}), "
-        f"{round(best['frac_users_improved'] * best['n_users'])} of {best['n_users']} users improved; "
-        f"{(personal['delta_nll_ci_high'] < 0).sum()} of {len(personal)} sweep points have an interval below zero"
+        f"does a personal head help beyond domain adaptation? {_answer(best)}: at the best of {len(beyond)} "
+        f"points ({_point(best)}, {solver} solver) the user's residual θ on top of the global θ changes held-out "
+        f"NLL by {_delta(best)} × 10⁻³ nats/token, {int(best['n_users_improved'])} of {int(best['n_users'])} "
+        f"users improved, sign test p = {best['sign_test_p']:.2g}; {below + above} of {len(beyond)} points have "
+        f"an interval excluding 0 ({below} below, {above} above). At that point, against the frozen model: "
+        f"global θ {_delta(control.loc['global'])}, personal θ {_delta(control.loc['personal'])}. "
+        f"Base → personal, the best head ({_point(best_personal)}) {_delta(best_personal)}"
+        + (f" vs the baselines {baselines}" if baselines else "")
+        + "."
     )
-    same_point = (
-        (table["control"] == "global")
-        & (table["head"] == best["head"])
-        & (table["alpha"] == best["alpha"])
-        & (table["d"] == best["d"])
+    cross = study.cross_user[study.cross_user["solver"] == solver]
+    if cross.empty:
+        return line + f" No cross-user point at the {solver} solver (fit.cross_user)."
+    cross = cross[_at(cross, best if _at(cross, best).any() else cross.iloc[0])]
+    return line + f" Cross-user residual θs at {_point(cross.iloc[0])}: {_dominance(cross)}."
+
+
+def dose_response_finding(study: Study) -> str:
+    """The personal gain beyond global against the user's train tokens at the headline point (else
+    the dose-response point with the best gain on all train tokens): smallest and all train tokens,
+    and at which train sizes the interval lies below 0."""
+    solver = headline_solver(study.personalization)
+    table = study.dose_response[study.dose_response["solver"] == solver]
+    if table.empty:
+        return f"no dose-response point at the {solver} solver."
+    heads, _ = split_baselines(study.personalization)
+    beyond = heads[(heads["solver"] == solver) & (heads["control"] == "global+personal")]
+    point = beyond.loc[beyond["delta_nll"].idxmin()]
+    if not _at(table, point).any():
+        all_tokens = table.loc[table.groupby(POINT)["train_tokens"].idxmax()]
+        point = all_tokens.loc[all_tokens["delta_nll"].idxmin()]
+    curve = table[_at(table, point)].sort_values("train_tokens")
+    first, last = curve.iloc[0], curve.iloc[-1]
+    reliable = curve.loc[curve["delta_nll_ci_high"] < 0, "train_tokens"]
+    where = (
+        f"the interval lies below 0 at {len(reliable)} of {len(curve)} train sizes, the smallest {reliable.iloc[0]:.0f} tokens"
+        if len(reliable)
+        else f"the interval lies below 0 at none of the {len(curve)} train sizes"
     )
-    if not same_point.any():
-        return line + "."
-    pooled = table.loc[same_point, "delta_nll"].iloc[0]
-    verdict = (
-        "it does at least as well, so the gain here is shared by all users (domain adaptation), not personal"
-        if pooled <= best["delta_nll"]
-        else f"the personal θ beats the pooled global θ by {(pooled - best['delta_nll']) * MILLI:.2f} × 10⁻³"
+    return (
+        f"personal gain beyond the global θ at {_point(first)} ({solver} solver): {_delta(first)} × 10⁻³ "
+        f"nats/token from the first {first['train_tokens']:.0f} train tokens per user, {_delta(last)} from all of "
+        f"them ({last['train_tokens']:.0f} on average); {where}."
     )
-    return f"{line}; at that point the pooled global θ reaches {_milli(pooled)}: {verdict}."
 
 
 def cross_user_finding(study: Study) -> str:
-    """Per cross-user point: own theta (diagonal) against other users' thetas on the same text, and on
-    how many users' texts the own theta is the best one."""
+    """Per cross-user point: own residual theta (diagonal) against the other users' on the same text,
+    both against the global theta alone, and the diagonal dominance (uph.stats.diagonal_dominance)."""
     parts = []
-    for (head, alpha, d, solver), pairs in study.cross_user.groupby(["head", "alpha", "d", "solver"], sort=True):
+    for (head, alpha, d, solver), pairs in study.cross_user.groupby([*POINT, "solver"], sort=True):
         own = pairs["theta_user"] == pairs["text_user"]
-        best = pairs.loc[pairs.groupby("text_user")["delta_nll"].idxmin()]
         parts.append(
-            f"{head} at α = {alpha:g}, d = {d} ({solver}): own θ Δ NLL {_milli(pairs.loc[own, 'delta_nll'].mean())} "
-            f"vs other users' θ {_milli(pairs.loc[~own, 'delta_nll'].mean())} × 10⁻³ nats/token on the same "
-            f"texts; the own θ is the best on {(best['theta_user'] == best['text_user']).sum()} of "
-            f"{len(best)} users' texts"
+            f"{head} at α = {alpha:g}, d = {d:g} ({solver}): own residual θ Δ NLL {_milli(pairs.loc[own, 'delta_nll'].mean())} "
+            f"vs other users' {_milli(pairs.loc[~own, 'delta_nll'].mean())} × 10⁻³ nats/token against the global θ "
+            f"on the same texts; {_dominance(pairs)}"
         )
     return "; ".join(parts) + "." if parts else "no cross-user point configured (fit.cross_user)."
 
 
 def solver_gap_finding(study: Study) -> str:
-    """Mean and worst excess of the seed solver's objective over the exact optimum; worst certificates."""
-    table = study.personalization[study.personalization["control"] == "personal"]
-    if not {"seed", "exact"} <= set(table["solver"]):
-        return "needs both fit.solvers (seed and exact) to compare."
-    objective = table.pivot_table(index=["head", "alpha", "d"], columns="solver", values="fit_objective")
-    gap = objective["seed"] - objective["exact"]
+    """Mean and worst excess of the adam solver's objective over the exact optimum; worst certificates."""
+    heads, _ = split_baselines(study.personalization)
+    table = heads[heads["control"] == "personal"]
+    if not {"adam", "exact"} <= set(table["solver"]):
+        return "needs both fit.solvers (adam and exact) to compare."
+    objective = table.pivot_table(index=POINT, columns="solver", values="fit_objective")
+    gap = objective["adam"] - objective["exact"]
     head, alpha, d = gap.idxmax()
     certificate = table.groupby("solver")["fit_certificate_max"].max()
     return (
-        f"seed 002's Adam schedule stops on average {gap.mean() * MILLI:.2f} × 10⁻³ nats above the certified "
-        f"optimum (most: {gap.max() * MILLI:.2f} at {head}, α = {alpha:g}, d = {d}); worst projected-gradient "
-        f"norm {certificate['seed']:.1e} (seed) vs {certificate['exact']:.1e} (exact)."
+        f"seed 002's Adam schedule (adam) stops on average {gap.mean() * MILLI:.2f} × 10⁻³ nats above the certified "
+        f"optimum (most: {gap.max() * MILLI:.2f} at {head}, α = {alpha:g}, d = {d:g}); worst projected-gradient "
+        f"norm {certificate['adam']:.1e} (adam) vs {certificate['exact']:.1e} (exact)."
     )
 
 
