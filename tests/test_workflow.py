@@ -4,6 +4,7 @@ import subprocess
 import time
 
 import pandas as pd
+import pytest
 from conftest import REPO, SNAKEMAKE, snakemake
 
 
@@ -19,19 +20,38 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     workdir, run = tiny_study.workdir, tiny_study.rest
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
-    personal = table[table["control"] == "personal"]
-    assert len(personal) == 5 * 1 * 1 * 2  # heads x alphas x ds x solvers of config/test.yaml
-    assert set(table["control"]) == {"personal", "global"}
-    assert (personal["n_users"] == 4).all() and (personal["params_per_user"] == 8).all()
-    numbers = table.select_dtypes("number")
+    heads, baselines = table[table["alpha"].notna()], table[table["alpha"].isna()]
+    assert len(heads) == 5 * 1 * 1 * 2 * 3  # heads x alphas x ds x solvers x controls of config/test.yaml
+    assert set(heads["control"]) == {"global", "personal", "global+personal"}
+    assert set(heads.groupby("control")["reference"].unique().map(tuple)) == {("base",), ("global",)}
+    assert sorted(zip(baselines["head"], baselines["solver"])) == [
+        ("full_bias", "adam"),
+        ("full_bias", "exact"),
+        ("unigram", "exact"),
+    ]
+    assert (table["n_users"] == 4).all() and (heads["params_per_user"] == 8).all()
+    numbers = heads.select_dtypes("number")
     assert numbers.notna().all().all() and numbers.abs().lt(float("inf")).all().all()
-    assert (personal["delta_nll_ci_low"] <= personal["delta_nll"]).all()
-    assert (personal["delta_nll"] <= personal["delta_nll_ci_high"]).all()
+    assert (table["delta_nll_ci_low"] <= table["delta_nll"]).all()
+    assert (table["delta_nll"] <= table["delta_nll_ci_high"]).all()
+    assert table["sign_test_p"].between(0, 1).all()
+    personal = heads[heads["control"] == "personal"]
     exact = personal[personal["solver"] == "exact"].set_index("head")
-    seed = personal[personal["solver"] == "seed"].set_index("head")
-    assert (exact["fit_objective"] <= seed["fit_objective"] + 1e-9).all()
+    adam = personal[personal["solver"] == "adam"].set_index("head")
+    assert (exact["fit_objective"] <= adam["fit_objective"] + 1e-9).all()
+    dose = pd.read_csv(workdir / "results/tables/dose_response.csv")
+    assert list(dose["train_tokens"].iloc[:2]) == [512, 1024] and dose["all_train_tokens"].tolist() == [
+        False,
+        False,
+        True,
+    ]
     cross = pd.read_csv(workdir / "results/tables/cross_user.csv")
-    assert len(cross) == 16 and {"theta_user", "text_user", "delta_nll"} <= set(cross.columns)
+    assert len(cross) == 16 and {"theta_user", "text_user", "global_nll", "delta_nll"} <= set(cross.columns)
+    own = cross[cross["theta_user"] == cross["text_user"]].set_index("text_user")
+    beyond = heads[
+        (heads["control"] == "global+personal") & (heads["head"] == "svd_cvh") & (heads["solver"] == "exact")
+    ]
+    assert own["delta_nll"].mean() == pytest.approx(beyond["delta_nll"].iloc[0])  # the diagonal is the headline
     for suffix in (".md", ".tex"):
         assert (workdir / "results/tables" / f"personalization{suffix}").stat().st_size > 0
 
