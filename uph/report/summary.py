@@ -2,7 +2,8 @@
 
 Every finding is computed from the study's tables and curves (`uph.report.study.Study`), never typed in:
 rerun the aggregate rule and the lines follow the numbers. NLL changes are quoted in 10^-3 nats per
-token, negative = better than the frozen model; the personalization lines quote the solver
+token, negative = better than the reference (the frozen model; the global theta for the personal gain
+beyond it); the personalization lines quote the solver
 `headline_solver` picks, the copy-task and feedback lines means over seeds.
 """
 
