@@ -8,8 +8,8 @@ the Okabe-Ito palette (distinguishable with every common colour-vision deficienc
 names in a fixed order so a head, attention or method keeps its colour in every figure; the
 cross-user heatmap uses ColorBrewer's diverging RdBu, also colour-blind safe.
 
-Units: NLL changes are in 10^-3 nats per token (millinats), negative = the personalized head
-predicts the held-out text better than the frozen model. Spread over seeds is min to max.
+Units: NLL changes are in 10^-3 nats per token (millinats), negative = the arm predicts the held-out
+text better than its reference (the frozen model; the global theta for the personal gain beyond it). Spread over seeds is min to max.
 """
 
 from __future__ import annotations
