@@ -104,3 +104,50 @@ def test_corpus_files(tmp_path):
     (tmp_path / "broken.jsonl").write_text('{"user_id": "u", "text": \n')
     with pytest.raises(CorpusError, match="broken.jsonl' cannot be read"):
         read_corpus_file(tmp_path / "broken.jsonl")
+
+
+def _jsonl(tmp_path, *lines) -> str:
+    path = tmp_path / "users.jsonl"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (
+            ['{"user_id": "a", "text": "x"}', "[1, 2]"],
+            'line 2 is a JSON list, not an object; write one object per line: {"user_id": ..., "text": ...}',
+        ),
+        (
+            ['{"user_id": 1, "text": "x"}', '{"user_id": "1", "text": "y"}'],
+            "user ids 1 (row 1) and '1' (row 2) are both '1'; write every user_id as a string",
+        ),
+        (
+            ['{"user_id": "a", "text": "x", "order": "10"}', '{"user_id": "a", "text": "y", "order": "ten"}'],
+            "row 2: order 'ten' is not a number; rows of a user are sorted by it",
+        ),
+    ],
+    ids=["line-not-an-object", "ids-1-and-string-1", "order-not-a-number"],
+)
+def test_corpus_rows_that_cannot_be_read_as_meant_are_refused_naming_the_line_or_rows(tmp_path, lines, message):
+    path = _jsonl(tmp_path, *lines)
+    with pytest.raises(CorpusError) as error:
+        read_corpus_file(path)
+    assert str(error.value) in (f"corpus file '{path}' {message}", f"corpus file '{path}': {message}")
+
+
+def test_order_and_timestamps_written_as_text_sort_as_numbers_and_dates(tmp_path):
+    path = _jsonl(
+        tmp_path,
+        '{"user_id": "a", "text": "ten", "order": "10"}',
+        '{"user_id": "a", "text": "nine", "order": 9}',
+        '{"user_id": "a", "text": "two", "order": "2"}',
+    )
+    assert read_corpus_file(path)["text"].tolist() == ["two\nnine\nten"]  # as text, "10" < "2" < 9 would not sort
+    path = _jsonl(
+        tmp_path,
+        '{"user_id": "a", "text": "late", "timestamp": "2024-02-01T00:00:00Z"}',
+        '{"user_id": "a", "text": "early", "timestamp": "2024-01-05T10:00:00+00:00"}',
+    )
+    assert read_corpus_file(path)["text"].tolist() == ["early\nlate"]
