@@ -32,7 +32,7 @@ class FigureSpec:
 FIGURES = {
     "personalization": FigureSpec(
         "Held-out NLL change by head against d: global, personal, personal beyond global",
-        (FULL_WIDTH, 5.6),
+        (FULL_WIDTH, 4.2),
         "User prior heads",
     ),
     "dose_response": FigureSpec(
