@@ -97,9 +97,9 @@ def corpus_file():
 
 
 def model_folder_files():
-    """The files of a local model folder (replacing its weights or tokenizer reruns the model rule)."""
+    """The files of a local model folder (replacing its weights or tokenizer reruns the model job)."""
     source = config["model"]["source"]
-    if not source.startswith(("/", ".", "~")):
+    if not source.startswith((os.sep, ".", "~")):
         return []
     return sorted(str(path) for path in Path(source).expanduser().iterdir() if path.is_file())
 
@@ -117,7 +117,7 @@ def feedback_targets():
 
 
 def benchmark_patterns():
-    """rule name -> its `benchmark:` file pattern (with wildcard constraints), for every rule with one."""
+    """Name of each rule with a benchmark file -> the file's pattern (with wildcard constraints)."""
     return {rule.name: str(rule.benchmark) for rule in workflow.rules if rule.benchmark}
 
 
