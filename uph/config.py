@@ -282,7 +282,7 @@ def _check_across_keys(config: dict) -> None:
     cut = corpus["max_tokens"] is not None and corpus["max_tokens"] < corpus["min_tokens"]
     key = "max_tokens" if cut else "min_tokens"
     n_tokens = corpus[key]  # the fewest tokens a kept user has: each has min_tokens or more, cut to max_tokens
-    held_out = int(n_tokens * (1 - corpus["train_fraction"]))
+    held_out = n_tokens - int(n_tokens * corpus["train_fraction"])  # as uph.lm.corpus.temporal_split cuts
     if held_out < context + 2:
         raise ConfigError(
             f"config key 'corpus.{key}': {n_tokens} leaves {held_out} held-out tokens, "
