@@ -60,7 +60,7 @@ def test_held_out_nll_and_kl_match_explicit_computation(planted):
 
 def test_residual_fit_recovers_a_planted_personal_theta_on_top_of_a_planted_global_one(planted):
     head, _, trains, tests, stars = planted
-    settings = SolverSettings(tol=1e-7)
+    settings = SolverSettings.defaults(tol=1e-7)
     theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", settings)
     assert float((theta_g - SHARED).norm()) < 0.35 * float(SHARED.norm())  # the shared part
     for user, sign in (("romeo", 1.0), ("juliet", -1.0)):
@@ -79,9 +79,9 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
         "solvers": ["exact"],
         "dose_response": {"points": [{**point.columns, "solver": "exact"}], "train_tokens": [160, 320]},
         "baselines": [],
-        **SolverSettings().__dict__,
+        **SolverSettings.defaults().__dict__,
     }
-    theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact")
+    theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", SolverSettings.defaults())
     thetas_g = {(point, "exact"): theta_g.double()}
     rows = {user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, fit) for user in trains}
     residuals = {}

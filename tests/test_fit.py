@@ -130,7 +130,9 @@ def test_adam_solver_reproduces_seed_002(lm, name, max_norm):
     h, y, W, b, svd = lm
     head = make_head(name, W, svd=svd, d=D, alpha=2.0, bias=b)
     expected = seed_002_written_out(h, y, W, b, head, D, max_norm=max_norm)
-    theta, result = fit_theta(prepare(h, y, OutputLayer(W, b)), head, "adam", SolverSettings(max_norm=max_norm))
+    theta, result = fit_theta(
+        prepare(h, y, OutputLayer(W, b)), head, "adam", SolverSettings.defaults(max_norm=max_norm)
+    )
     torch.testing.assert_close(theta, expected, rtol=1e-8, atol=1e-10)
     assert (result.iterations, result.evaluations) == (30, 31)
 
@@ -140,7 +142,7 @@ def test_exact_solver_certifies_an_optimum_no_worse_than_adam(lm, name, max_norm
     h, y, W, b, svd = lm
     tokens = prepare(h, y, OutputLayer(W, b))
     head = make_head(name, W, svd=svd, d=D, alpha=2.0, bias=b)
-    settings = SolverSettings(max_norm=max_norm, tol=1e-7)
+    settings = SolverSettings.defaults(max_norm=max_norm, tol=1e-7)
     _, adam = fit_theta(tokens, head, "adam", settings)
     theta, exact = fit_theta(tokens, head, "exact", settings)
     assert exact.objective <= adam.objective and exact.certificate <= 1e-7 < adam.certificate
@@ -174,7 +176,9 @@ def test_planted_user_is_recovered(model):
     planted = 3.0 * F.normalize(torch.randn(D, dtype=W.dtype, generator=torch.Generator().manual_seed(5)), dim=0)
     ids = sample_text(model, lambda h: head.logits(h, planted), batch=20, length=97, seed=6)
     (h_train, y_train), (h_test, y_test) = user_split(model, ids)
-    theta, result = fit_theta(prepare(h_train, y_train, OutputLayer(W)), head, "exact", SolverSettings(tol=1e-7))
+    theta, result = fit_theta(
+        prepare(h_train, y_train, OutputLayer(W)), head, "exact", SolverSettings.defaults(tol=1e-7)
+    )
     held_out = Objective(prepare(h_test, y_test, OutputLayer(W)), head, beta=0.0, lam=0.0)
     base, fitted, truth = held_out.tokens.base_nll, held_out(theta).ce, held_out(planted).ce
     assert truth < base - 0.1  # the planted signal is there to find
@@ -197,14 +201,17 @@ def test_nan_stops_the_fit_naming_user_and_configuration(lm):
                 prepare(broken, y, OutputLayer(W, b)),
                 head,
                 solver,
+                SolverSettings.defaults(),
                 user="hamlet/Hamlet",
                 label="head=cvh alpha=0.5 d=8",
             )
     exploding = make_head("cvh", W, d=D, alpha=float("inf"), bias=b)
     with pytest.raises(FitDivergedError, match="user 'u1'"):
-        fit_theta(prepare(h, y, OutputLayer(W, b)), exploding, "adam", user="u1", label="cvh/inf")
+        fit_theta(
+            prepare(h, y, OutputLayer(W, b)), exploding, "adam", SolverSettings.defaults(), user="u1", label="cvh/inf"
+        )
     with pytest.raises(ConfigError, match=r"'fit\.solvers'.*'lbfgs'"):
-        fit_theta(prepare(h, y, OutputLayer(W, b)), head, "lbfgs")
+        fit_theta(prepare(h, y, OutputLayer(W, b)), head, "lbfgs", SolverSettings.defaults())
 
 
 def test_pooled_users_fit_one_global_theta(lm):
@@ -220,7 +227,7 @@ def test_pooled_users_fit_one_global_theta(lm):
     assert Objective(pooled, head)(theta).objective == pytest.approx(
         Objective(together, head)(theta).objective, rel=1e-13
     )
-    _, result = fit_theta(pooled, head, "exact")
+    _, result = fit_theta(pooled, head, "exact", SolverSettings.defaults())
     assert result.certificate <= 1e-5
 
 
@@ -261,7 +268,7 @@ def test_full_vocabulary_bias_is_the_unconditional_head_at_d_equal_v(lm):
     value = Objective(tokens, head)(bias.detach())
     assert value.objective == pytest.approx(float(expected), rel=1e-10)
     torch.testing.assert_close(value.grad, bias.grad, rtol=1e-8, atol=1e-12)
-    theta, result = fit_theta(tokens, head, "exact", SolverSettings(tol=1e-6, max_iter=2000))
+    theta, result = fit_theta(tokens, head, "exact", SolverSettings.defaults(tol=1e-6, max_iter=2000))
     assert result.certificate <= 1e-6 and result.objective < Objective(tokens, head)(torch.zeros_like(theta)).objective
 
 
@@ -278,10 +285,13 @@ def test_logits_spanning_over_100_nats_fit_without_minus_inf(lm):
     expected = F.cross_entropy(reference, y)
     value = Objective(tokens, head, beta=0.0)(theta)
     assert math.isfinite(value.objective) and value.ce == pytest.approx(float(expected), rel=1e-5)
-    _, result = fit_theta(tokens, head, "exact")
+    _, result = fit_theta(tokens, head, "exact", SolverSettings.defaults())
     layer64 = OutputLayer(60 * W, 60 * b)
     _, exact64 = fit_theta(
-        prepare(h, y, layer64), make_head("uncond", layer64.W, d=D, alpha=40.0, bias=layer64.b), "exact"
+        prepare(h, y, layer64),
+        make_head("uncond", layer64.W, d=D, alpha=40.0, bias=layer64.b),
+        "exact",
+        SolverSettings.defaults(),
     )
     assert exact64.certificate <= 1e-5
     # float32 carries ~7 digits of a 120-nat objective: the same optimum to that precision

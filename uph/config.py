@@ -56,6 +56,12 @@ def _with_defaults(validator_class, registry: Registry):
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
 
 
+def schema_defaults(section: str, schema_dir: Path | str = SCHEMA_DIR) -> dict:
+    """The defaults schemas/<section>.schema.yaml gives the section's keys: the one place they are written."""
+    properties = yaml.safe_load((Path(schema_dir) / f"{section}.schema.yaml").read_text())["properties"]
+    return {key: spec["default"] for key, spec in properties.items() if "default" in spec}
+
+
 def key_path(path) -> str:
     """('fit', 'alphas', 0) -> 'fit.alphas[0]'."""
     out = ""
@@ -278,6 +284,7 @@ def _check_across_keys(config: dict) -> None:
             f"config key 'copy_task.d_model': {copy_task['d_model']} must split into "
             f"copy_task.n_head={copy_task['n_head']} heads of even width (RoPE turns pairs)"
         )
+    _check_attention(config["attention"])
     corpus, context = config["corpus"], config["extract"]["context"]
     cut = corpus["max_tokens"] is not None and corpus["max_tokens"] < corpus["min_tokens"]
     key = "max_tokens" if cut else "min_tokens"
@@ -288,4 +295,37 @@ def _check_across_keys(config: dict) -> None:
             f"config key 'corpus.{key}': {n_tokens} leaves {held_out} held-out tokens, "
             f"fewer than the train/test gap of extract.context={context} plus 2; raise it to at least "
             f"{int((context + 2) / (1 - corpus['train_fraction'])) + 1}"
+        )
+
+
+def _check_attention(study: dict) -> None:
+    """The attention study's sizes fit together (uph.attention.tasks)."""
+    if study["d_model"] % study["n_head"] or (study["d_model"] // study["n_head"]) % 2:
+        raise ConfigError(
+            f"config key 'attention.d_model': {study['d_model']} must split into "
+            f"attention.n_head={study['n_head']} heads of even width (RoPE turns pairs)"
+        )
+    if study["sweep_seeds"] > len(study["seeds"]):
+        raise ConfigError(
+            f"config key 'attention.sweep_seeds': {study['sweep_seeds']} is more than the "
+            f"{len(study['seeds'])} attention.seeds"
+        )
+    vocab, length = study["vocab"], study["train_len"]
+    copies = {"offset_copy": 0, "loud_copy": study["distractors"]}
+    for task, distractors in copies.items():
+        if task in study["tasks"] and study["items"] + distractors > vocab - 1:
+            raise ConfigError(
+                f"config key 'attention.items': {task} needs items + distractors = {study['items'] + distractors} "
+                f"distinct content tokens, more than attention.vocab - 1 = {vocab - 1}"
+            )
+        if task in study["tasks"] and 2 * study["items"] + distractors > length + 1:
+            raise ConfigError(
+                f"config key 'attention.items': {task} needs 2 x items + distractors <= train_len + 1 "
+                f"= {length + 1}, got {2 * study['items'] + distractors}"
+            )
+    most = max(study["pairs"])
+    if "mqar" in study["tasks"] and (3 * most > length or most > (vocab - 1) // 2):
+        raise ConfigError(
+            f"config key 'attention.pairs': mqar with {most} pairs needs attention.train_len >= {3 * most} "
+            f"and attention.vocab >= {2 * most + 1}"
         )

@@ -6,6 +6,9 @@ import torch
 
 from uph.errors import ConfigError
 
+DEVICES = ("auto", "cpu", "cuda")  # config key `device`
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # config key `extract.dtype`
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """'auto' -> cuda when present, else cpu; 'cuda' without a GPU is an error naming the key."""

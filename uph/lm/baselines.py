@@ -18,6 +18,7 @@ import torch
 
 from uph.lm.fit import Tokens
 
+BASELINES = ("unigram", "full_bias")  # config key fit.baselines
 GOLDEN = (math.sqrt(5) - 1) / 2
 
 

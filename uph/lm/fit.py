@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from uph.config import schema_defaults
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
 from uph.lm.models import OutputLayer
@@ -64,19 +65,24 @@ DENSE_MAX_D = 1024  # the exact solver keeps a d×d BFGS model up to this d
 
 @dataclass(frozen=True)
 class SolverSettings:
-    """The fit section's solver keys (schemas/fit.schema.yaml documents each)."""
+    """The fit section's solver keys (schemas/fit.schema.yaml documents each and holds the defaults)."""
 
-    beta: float = 0.05
-    lam: float = 1e-4
-    max_norm: float = 5.0
-    lr: float = 0.05
-    steps: int = 30
-    tol: float = 1e-5
-    max_iter: int = 300
+    beta: float
+    lam: float
+    max_norm: float
+    lr: float
+    steps: int
+    tol: float
+    max_iter: int
 
     @classmethod
     def from_config(cls, fit: dict) -> SolverSettings:
         return cls(**{key: fit[key] for key in cls.__dataclass_fields__})
+
+    @classmethod
+    def defaults(cls, **changes) -> SolverSettings:
+        """The schema's defaults, with `changes`."""
+        return cls.from_config({**schema_defaults("fit"), **changes})
 
 
 @dataclass
@@ -378,7 +384,7 @@ def fit_theta(
     tokens: Tokens,
     head: Head,
     solver: str,
-    settings: SolverSettings = SolverSettings(),
+    settings: SolverSettings,
     offset: torch.Tensor | None = None,
     user: str = "?",
     label: str = "?",
