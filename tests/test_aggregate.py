@@ -293,18 +293,33 @@ def test_solver_gap_finding_compares_adam_to_exact():
     assert solver_gap_finding(study(personalization=personalization_table(-0.004, -0.001))).startswith("needs both")
 
 
-def test_feedback_finding_orders_methods_by_loss():
-    table = pd.DataFrame(
-        {
-            "method": ["backprop", "dfa", "feedback_learned"] * 2,
-            "seed": [0] * 3 + [1] * 3,
-            "final_loss": [2.0, 2.5, 2.2, 2.0, 2.5, 2.3],
-            "mean_alignment": [1.0, 0.3, 0.7] * 2,
-        }
-    )
-    line = feedback_finding(study(feedback=table, feedback_curves=pd.DataFrame({"step": [100, 300]})))
-    assert "after 300 steps: backprop 2.000 < feedback_learned 2.250 < dfa 2.500" in line
-    assert "feedback_learned 0.70, dfa 0.30" in line
+def test_feedback_finding_answers_from_paired_seeds():
+    def table(learned):  # per-seed final losses of feedback_learned; the others fixed
+        losses = {"backprop": [2.0, 2.1, 2.0], "dfa": [2.5, 2.4, 2.6], "feedback_learned_oracle": [2.2] * 3}
+        losses["feedback_learned"] = learned
+        rows = [
+            {
+                "method": method,
+                "seed": seed,
+                "signal": "node_perturbation" if method == "feedback_learned" else "x",
+                "final_loss": loss,
+                "mean_alignment": {"backprop": 1.0, "dfa": 0.3}.get(method, 0.6),
+            }
+            for method, values in losses.items()
+            for seed, loss in enumerate(values)
+        ]
+        return pd.DataFrame(rows)
+
+    curves = pd.DataFrame({"step": [100, 300]})
+    line = feedback_finding(study(feedback=table([2.3, 2.3, 2.4]), feedback_curves=curves))
+    assert "after 300 steps, mean over 3 seeds: backprop 2.033 < feedback_learned_oracle 2.200" in line
+    assert "beat dfa? yes: -0.167 nats/character" in line and "lower on 3 of 3 seeds" in line
+    assert "feedback_frozen" not in line  # not run: no claim
+    assert "its distance to the oracle feedback_learned_oracle (U trained on the true gradient): +0.133" in line
+    worse = feedback_finding(study(feedback=table([2.6, 2.5, 2.7]), feedback_curves=curves))
+    assert "beat dfa? no, it is worse: +0.100" in worse
+    mixed = feedback_finding(study(feedback=table([2.4, 2.5, 2.7]), feedback_curves=curves))
+    assert "beat dfa? no, the interval includes 0" in mixed
 
 
 def test_provenance_helpers_tolerate_no_git_and_find_every_seed(tmp_path):

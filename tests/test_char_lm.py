@@ -24,7 +24,7 @@ def batch(vocab=11, context=4, n=9, seed=1):
 
 
 def test_char_corpus_encodes_with_a_sorted_vocabulary_and_holds_out_the_tail():
-    text = "hello world, hello you"
+    text = "hello wörld, hello yóu 🙂"  # beyond ASCII too: ids come from code points
     corpus = char_corpus(text, test_fraction=0.25, context=3)
     assert corpus.vocab == "".join(sorted(set(text)))
     decoded = "".join(corpus.vocab[i] for i in torch.cat([corpus.train, corpus.test]))

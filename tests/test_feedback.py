@@ -1,19 +1,22 @@
-"""Seed 003's feedback system, the four training methods, and the feedback stage of the workflow."""
+"""Seed 003's feedback system, the five training methods, node perturbation, and the feedback stage of the workflow."""
 
 from __future__ import annotations
 
-import subprocess
+import dataclasses
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from conftest import REPO
 
 from uph.config import validate
 from uph.errors import ConfigError
 from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error
+from uph.feedback.comparison import paired_difference
+from uph.feedback.node_perturbation import node_perturbation
 from uph.feedback.subspace import (
     FeedbackLayer,
     FeedbackSystem,
@@ -22,8 +25,32 @@ from uph.feedback.subspace import (
     random_stiefel,
     tangent_projection,
 )
-from uph.feedback.training import METHODS, Adam, TrainConfig, evaluate, make_method, summarize, train, train_config
+from uph.feedback.training import (
+    METHODS,
+    Adam,
+    Batch,
+    evaluate,
+    learn,
+    make_method,
+    summarize,
+    train,
+    train_config,
+)
 from uph.lm.corpus import load_shakespeare_roles
+
+SCHEMA_FEEDBACK = validate({**yaml.safe_load((REPO / "config" / "test.yaml").read_text()), "feedback": {}})[
+    "feedback"
+]  # the schema's defaults
+
+
+def update_config(**changes) -> UpdateConfig:
+    """The schema's default update settings with `changes`."""
+    return UpdateConfig(**{**SCHEMA_FEEDBACK["update"], **changes})
+
+
+def settings(**changes):
+    """A TrainConfig: the schema's defaults with `changes`."""
+    return dataclasses.replace(train_config(SCHEMA_FEEDBACK), **changes)
 
 
 def gen(seed=0):
@@ -70,7 +97,7 @@ def test_qr_retraction_is_orthonormal_with_a_positive_r_diagonal():
 
 
 def test_one_update_matches_the_seed_formulas_step_by_step():
-    layer, config = FeedbackLayer(9, 3, gen()), UpdateConfig(eta_B=0.5, tau=0.9, max_step_frob=0.05)
+    layer, config = FeedbackLayer(9, 3, gen()), update_config(eta_B=0.5, tau=0.9, max_step_frob=0.05)
     layer.ema_G = torch.randn(9, 3, generator=gen(2))
     U, alpha, ema = layer.U.clone(), layer.alpha.item(), layer.ema_G.clone()
     g_hat, c = torch.randn(16, 9, generator=gen(3)), torch.randn(16, 3, generator=gen(4))
@@ -94,17 +121,13 @@ def test_one_update_matches_the_seed_formulas_step_by_step():
     assert diagnostics["rho"] == pytest.approx(rho.item(), rel=1e-5)
 
 
-def test_frozen_mode_only_accumulates_the_cross_covariance():
-    layer = FeedbackLayer(8, 2, gen())
-    U, alpha = layer.U.clone(), layer.alpha.clone()
-    expected = torch.zeros(8, 2)
-    for step in range(5):
-        g_hat, c = torch.randn(10, 8, generator=gen(10 + step)), torch.randn(10, 2, generator=gen(20 + step))
-        diagnostics = layer.update(g_hat, c, UpdateConfig(eta_B=1.0), frozen=True)
-        expected = 0.99 * expected + 0.01 * g_hat.T @ c / 10
-    assert torch.equal(layer.U, U) and torch.equal(layer.alpha, alpha)
-    torch.testing.assert_close(layer.ema_G, expected)
-    assert diagnostics["alpha"] == pytest.approx(0.1)
+def test_the_update_defaults_live_in_the_schema_with_the_seeds_eta_B_documented():
+    schema = yaml.safe_load((REPO / "schemas" / "feedback.schema.yaml").read_text())
+    eta_B = schema["properties"]["update"]["properties"]["eta_B"]
+    assert eta_B["default"] == 1.0 and "3e-5" in eta_B["description"]
+    assert SCHEMA_FEEDBACK["update"]["eta_B"] == 1.0
+    with pytest.raises(TypeError):
+        UpdateConfig()  # no second set of defaults in Python
 
 
 def test_U_stays_orthonormal_after_1000_updates():
@@ -114,7 +137,7 @@ def test_U_stays_orthonormal_after_1000_updates():
         layer.update(
             torch.randn(8, 64, generator=g) + c @ torch.randn(16, 64, generator=g),
             c,
-            UpdateConfig(eta_B=5.0, alpha_max=100.0),
+            update_config(eta_B=5.0, alpha_max=100.0),
         )
     assert (layer.U.T @ layer.U - torch.eye(16)).abs().max() < 1e-5
 
@@ -126,7 +149,7 @@ def test_learned_U_and_alpha_recover_a_planted_expander_and_gain():
     assert principal_cosines(layer.U, U_star).min() < 0.5
     for _ in range(600):
         c = torch.randn(64, r, generator=g)
-        diagnostics = layer.update(gain * c @ U_star.T, c, UpdateConfig(eta_B=1.0, tau=0.9))
+        diagnostics = layer.update(gain * c @ U_star.T, c, update_config(eta_B=1.0, tau=0.9))
     assert principal_cosines(layer.U, U_star).min() > 0.99
     assert layer.alpha.item() == pytest.approx(gain, rel=0.01)
     assert diagnostics["alpha_star"] == pytest.approx(gain, rel=1e-4)
@@ -146,25 +169,151 @@ def test_adam_matches_torch_optim_adam():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
-def test_each_method_delivers_its_own_deltas():
-    vocab, dims, config = 13, [6, 5], TrainConfig(hidden=(6, 5), rank=4)
-    e = output_error(torch.randn(7, vocab, generator=gen()), torch.arange(7))
-    true = [torch.randn(7, d, generator=gen(d)) for d in dims]
-    deltas, _ = make_method("backprop", vocab, config, gen()).deltas(e, true)
-    assert deltas is true
+# --- node perturbation ----------------------------------------------------------------------------
+
+
+def test_node_perturbation_is_unbiased_on_a_planted_quadratic():
+    """L(h_1, h_2) = 1/2 h^T H h + <b, h> over both layers' outputs stacked (H couples the layers), so
+    the gradient at h is H h + b. Each of the M = 200,000 rows is one independent draw at the same h,
+    with a large sigma = 0.5 (unbiased for any sigma on a quadratic). Var of a row's estimate per
+    coordinate is |g|^2 + g_i^2 + O(sigma^2), so the mean's standard error is about |g| / sqrt(M);
+    tolerance: 5 standard errors, 5 |g| / sqrt(M) (about 0.011 |g|), per coordinate."""
+    dims, draws, g = [5, 3], 200_000, gen(7)
+    A = torch.randn(8, 8, generator=g, dtype=torch.float64)
+    H, b, h = A @ A.T / 8, torch.randn(8, generator=g, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    true = H @ h + b
+
+    def losses(noise):
+        perturbed = h + torch.cat(noise, dim=1)  # (M, 8)
+        return 0.5 * ((perturbed @ H) * perturbed).sum(1) + perturbed @ b
+
+    clean = losses([torch.zeros(draws, d, dtype=torch.float64) for d in dims])
+    noise = gen(8)
+    estimate = node_perturbation(losses, clean, [(draws, d) for d in dims], 0.5, noise)
+    estimate = [e.double() for e in estimate]
+    mean = torch.cat([e.mean(0) for e in estimate])
+    tolerance = 5 * torch.linalg.norm(true) / draws**0.5
+    assert (mean - true).abs().max() < tolerance
+    # one draw alone is far off: the average is what recovers the gradient
+    single = torch.cat([e[0] for e in estimate])
+    assert (single - true).abs().max() > 10 * tolerance
+    # without the 1 / sigma the mean would be sigma times the gradient: the test can tell
+    assert ((0.5 * mean) - true).abs().max() > 10 * tolerance
+
+
+def test_node_perturbation_on_the_network_averages_to_backprops_deltas():
+    """One example repeated 40,000 times through the character MLP: the mean estimate at each hidden
+    output is the backprop delta within 5 standard errors (|g| / sqrt(M) per coordinate), sigma = 1e-3."""
+    model = CharMLP(7, 3, [6, 4], gen(0))
+    model.params = [p.double() for p in model.params]
+    x, y = torch.tensor([[1, 5, 2]]).repeat(40_000, 1), torch.tensor([3]).repeat(40_000)
+    hs, z = model.forward(x)
+    true = model.backprop_deltas(hs, output_error(z, y))
+    estimate = node_perturbation(
+        lambda noise: F.cross_entropy(model.forward(x, noise)[1], y, reduction="none"),
+        F.cross_entropy(z, y, reduction="none"),
+        [h.shape for h in hs],
+        1e-3,
+        gen(1),
+    )
+    g_norm = torch.cat([t[0] for t in true]).norm()
+    for e, t in zip(estimate, true):
+        assert (e.double().mean(0) - t[0]).abs().max() < 5 * g_norm / 40_000**0.5
+
+
+# --- the five methods -----------------------------------------------------------------------------
+
+
+def tiny_batch(model: CharMLP, vocab: int, context: int, n: int = 7) -> Batch:
+    g = gen(11)
+    x, y = torch.randint(vocab, (n, context), generator=g), torch.randint(vocab, (n,), generator=g)
+    hs, z = model.forward(x)
+    return Batch(x, y, hs, z, output_error(z, y))
+
+
+def test_each_method_delivers_its_own_deltas_and_feedback_update():
+    vocab, context, config = 13, 4, settings(hidden=(6, 5), rank=4, sigma=0.01)
+    model = CharMLP(vocab, context, [6, 5], gen(0))
+    batch = tiny_batch(model, vocab, context)
+    true = model.backprop_deltas(batch.hs, batch.e)
+    deltas, _ = make_method("backprop", vocab, config, gen()).step(model, batch)
+    for delta, g in zip(deltas, true):
+        torch.testing.assert_close(delta, g)
     dfa = make_method("dfa", vocab, config, gen())
-    deltas, _ = dfa.deltas(e, true)
+    deltas, _ = dfa.step(model, batch)
     for delta, B in zip(deltas, dfa.B):
-        torch.testing.assert_close(delta, e @ B.T)
-    for method, moves in (("feedback_frozen", False), ("feedback_learned", True)):
-        rule = make_method(method, vocab, config, gen())
-        before = [layer.U.clone() for layer in rule.system.layers]
-        deltas, diagnostics = rule.deltas(e, true)
-        c = e @ rule.system.C.T
-        for delta, U in zip(deltas, before):  # computed before the update
-            torch.testing.assert_close(delta, 0.1 * c @ U.T)
+        torch.testing.assert_close(delta, batch.e @ B.T)
+    for method, signal in (
+        ("feedback_frozen", None),
+        ("feedback_learned", "noise"),
+        ("feedback_learned_oracle", "true"),
+    ):
+        rule = make_method(method, vocab, config, gen(5))
+        reference = FeedbackSystem(vocab, [6, 5], 4, gen(5))  # the same draws: C, then each U
+        deltas, diagnostics = rule.step(model, batch)
+        c = batch.e @ reference.C.T
+        for delta, layer in zip(deltas, reference.layers):  # computed before the update
+            torch.testing.assert_close(delta, 0.1 * c @ layer.U.T)
+        if signal is None:
+            assert set(diagnostics) == {"alpha_l1", "alpha_l2"}
+            assert all(torch.equal(a.U, b.U) for a, b in zip(rule.system.layers, reference.layers))
+            continue
+        if signal == "true":
+            g_hat = true
+        else:  # the rule's generator has drawn C and the U's; its next draws are the noise
+            noise = gen(5)
+            FeedbackSystem(vocab, [6, 5], 4, noise)
+            g_hat = node_perturbation(
+                lambda n: F.cross_entropy(model.forward(batch.x, n)[1], batch.y, reduction="none"),
+                F.cross_entropy(batch.z, batch.y, reduction="none"),
+                [h.shape for h in batch.hs],
+                0.01,
+                noise,
+            )
+        reference.update_all(g_hat, c, config.update)
+        for layer, expected in zip(rule.system.layers, reference.layers):
+            torch.testing.assert_close(layer.U, expected.U)
+            torch.testing.assert_close(layer.alpha, expected.alpha)
         assert set(diagnostics) == {f"{k}_l{l}" for k in ("alpha", "alpha_star", "rho", "tangent_norm") for l in (1, 2)}
-        assert all(not torch.equal(U, layer.U) for U, layer in zip(before, rule.system.layers)) == moves
+
+
+@pytest.fixture
+def no_backward(monkeypatch):
+    """Every way to a gradient by backward pass raises: autograd's (Tensor.backward, autograd.backward,
+    autograd.grad) and the network's hand-written one (CharMLP.backprop_deltas)."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a backward pass")
+
+    for owner, name in (
+        (torch.Tensor, "backward"),
+        (torch.autograd, "backward"),
+        (torch.autograd, "grad"),
+        (CharMLP, "backprop_deltas"),
+    ):
+        monkeypatch.setattr(owner, name, forbidden)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_backprop_free_methods_learn_without_any_backward_pass(method, no_backward):
+    """The whole learning step after the forward pass (rule, feedback update, gradients, Adam) runs
+    with autograd off and no graph (inference mode) and every backward pass forbidden, for each method
+    whose row says needs_backward False; the two that say True fail exactly there."""
+    vocab, context, config = 11, 4, settings(hidden=(6, 5), rank=4)
+    model = CharMLP(vocab, context, [6, 5], gen(0))
+    rule = make_method(method, vocab, config, gen(1))
+    before = [p.clone() for p in model.params]
+    with torch.inference_mode():
+        batch = tiny_batch(model, vocab, context)
+        assert not any(t.requires_grad for t in [*batch.hs, batch.z, *model.params])
+        if rule.needs_backward:
+            with pytest.raises(AssertionError, match="a backward pass"):
+                learn(model, rule, Adam(model.params, lr=0.01), batch)
+            return
+        deltas, _ = learn(model, rule, Adam(model.params, lr=0.01), batch)
+    assert [d.shape for d in deltas] == [(7, 6), (7, 5)]
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.params))
+    assert method in ("dfa", "feedback_frozen", "feedback_learned")
 
 
 @pytest.fixture(scope="module")
@@ -172,37 +321,57 @@ def hamlet():
     return char_corpus("\n".join(load_shakespeare_roles(["hamlet"])["text"]), 0.1, 8)
 
 
+TINY_RUN = dict(context=8, hidden=(32, 32), batch_size=32, lr=3e-3, log_every=20, eval_windows=256, rank=8)
+
+
+def test_the_oracle_reproduces_the_learned_method_before_issue_17(hamlet):
+    """Until issue 17 `feedback_learned` trained U on the true gradient; these are its curves on this
+    run at commit f84eb23. The oracle must reproduce them (feedback_frozen ends at 3.7167, so they
+    tell the two apart)."""
+    run = train(hamlet, "feedback_learned_oracle", 3, settings(steps=60, **TINY_RUN))
+    assert run["step"].tolist() == [20, 40, 60]
+    expected = {
+        "test_loss": [4.16160393, 3.99233675, 3.73476815],
+        "alignment_l1": [-0.084782985, -0.064263996, -0.0281419942],
+        "alignment_l2": [-0.0935508643, -0.076294725, -0.0422394302],
+        "alpha_l1": [0.0901459191, 0.0737491436, 0.0613820313],
+    }
+    for column, values in expected.items():
+        assert run[column].tolist() == pytest.approx(values, rel=1e-5, abs=1e-7), column
+    assert (run["signal"] == "oracle").all() and run["needs_backward"].all()
+
+
 def test_training_curves_are_finite_and_share_the_initial_network_and_batches(hamlet):
-    config = TrainConfig(
-        context=8,
-        hidden=(32, 32),
-        steps=40,
-        batch_size=32,
-        lr=3e-3,
-        log_every=20,
-        eval_windows=256,
-        rank=8,
-        update=UpdateConfig(eta_B=1.0),
-    )
-    curves = {method: train(hamlet, method, 3, config) for method in METHODS}
+    curves = {method: train(hamlet, method, 3, settings(steps=40, **TINY_RUN)) for method in METHODS}
     initial = CharMLP(len(hamlet.vocab), 8, [32, 32], gen(3))
     initial_loss, _ = evaluate(initial, *evenly_spaced_windows(hamlet.test, 8, 256))
     for method, run in curves.items():
         assert run["step"].tolist() == [20, 40] and (run["method"] == method).all()
-        numeric = run.drop(columns=["method"])
+        numeric = run.drop(columns=["method", "signal"])
         assert np.isfinite(numeric.to_numpy(dtype=float)).all(), method
         assert run["test_loss"].iloc[-1] < initial_loss - 0.2, method
+        assert (run["update_seconds"].diff().dropna() > 0).all() and (run["update_seconds"] < run["seconds"]).all()
     assert curves["backprop"][["alignment_l1", "alignment_l2"]].to_numpy() == pytest.approx(1.0)
     assert "alpha_l1" in curves["feedback_learned"] and "alpha_l1" not in curves["dfa"]
     assert curves["feedback_frozen"]["alpha_l2"].to_numpy() == pytest.approx(0.1)
+    properties = {
+        m: tuple(run.iloc[0][["signal", "needs_backward", "forward_passes_per_step"]]) for m, run in curves.items()
+    }
+    assert properties == {
+        "backprop": ("backprop", True, 1),
+        "dfa": ("none", False, 1),
+        "feedback_frozen": ("none", False, 1),
+        "feedback_learned": ("node_perturbation", False, 2),
+        "feedback_learned_oracle": ("oracle", True, 1),
+    }
     # same seed: same network and batches, so the first step's training loss is shared
     first = [
-        train(hamlet, method, 3, TrainConfig(context=8, hidden=(32, 32), steps=1, log_every=1, eval_windows=8, rank=8))[
+        train(hamlet, method, 3, settings(steps=1, log_every=1, eval_windows=8, context=8, hidden=(32, 32), rank=8))[
             "train_loss"
         ].item()
         for method in METHODS
     ]
-    assert first == pytest.approx([first[0]] * 4)
+    assert first == pytest.approx([first[0]] * len(METHODS))
 
 
 def test_summarize_takes_the_last_row_and_averages_alignment_over_layers_and_run():
@@ -212,18 +381,48 @@ def test_summarize_takes_the_last_row_and_averages_alignment_over_layers_and_run
             "seed": [1, 1, 0, 0],
             "step": [10, 20, 10, 20],
             "seconds": [1.0, 2.0, 1.0, 2.0],
+            "update_seconds": [0.5, 0.8, 0.6, 1.2],
             "train_loss": [3.0, 2.5, 3.0, 2.0],
             "test_loss": [3.1, 2.6, 3.0, 2.1],
             "test_acc": [0.1, 0.2, 0.1, 0.3],
             "alignment_l1": [0.1, 0.3, 1.0, 1.0],
             "alignment_l2": [0.2, 0.6, 1.0, 1.0],
+            "signal": ["none"] * 2 + ["backprop"] * 2,
+            "needs_backward": [False] * 2 + [True] * 2,
+            "forward_passes_per_step": [1] * 4,
         }
     )
     table = summarize(curves)
     assert table["method"].tolist() == ["backprop", "dfa"]
+    assert list(table.columns[:6]) == [
+        "method",
+        "seed",
+        "signal",
+        "needs_backward",
+        "forward_passes_per_step",
+        "seconds_per_step",
+    ]
     dfa = table.iloc[1]
     assert (dfa["final_loss"], dfa["final_acc"], dfa["steps"]) == (2.6, 0.2, 20)
     assert dfa["mean_alignment"] == pytest.approx(0.3) and dfa["final_alignment"] == pytest.approx(0.45)
+    assert (dfa["signal"], dfa["needs_backward"], dfa["seconds_per_step"]) == ("none", False, pytest.approx(0.04))
+
+
+def test_paired_difference_over_seeds():
+    table = pd.DataFrame(
+        {
+            "method": ["a"] * 4 + ["b"] * 4,
+            "seed": [0, 1, 2, 3] * 2,
+            "final_loss": [1.0, 1.1, 1.2, 1.3, 1.5, 1.2, 1.4, 1.6],
+        }
+    )
+    difference = paired_difference(table, "a", "b")
+    assert difference.mean == pytest.approx(-0.275) and (difference.lower, difference.seeds) == (4, 4)
+    assert difference.ci_low <= -0.3 + 1e-9 and difference.ci_high <= -0.1 + 1e-9
+    assert difference.sign_test_p == pytest.approx(0.125) and difference.verdict() == "lower"
+    assert paired_difference(table, "b", "a").verdict() == "higher"
+    assert paired_difference(table, "a", "missing") is None
+    assert paired_difference(table[table["seed"] == 0], "b", "a").verdict() == "one seed"
 
 
 def test_config_errors_name_the_key():
@@ -231,33 +430,33 @@ def test_config_errors_name_the_key():
     config["feedback"]["update"] = {"alpha_min": 2.0, "alpha_max": 1.0}
     with pytest.raises(ConfigError, match=r"'feedback.update.alpha_min': 2.0 is above feedback.update.alpha_max=1.0"):
         train_config(validate(config)["feedback"])
-    config["feedback"]["methods"] = ["backprop", "sgd"]
+    config["feedback"]["signal"] = "reconstruction"
+    with pytest.raises(ConfigError, match=r"config key 'feedback.signal': 'reconstruction' is not one of"):
+        validate(config)
+    config["feedback"].update(signal="node_perturbation", methods=["backprop", "sgd"])
     with pytest.raises(ConfigError, match=r"config key 'feedback.methods\[1\]'"):
         validate(config)
 
 
-def test_feedback_stage_runs_through_snakemake(tmp_path):
-    results = tmp_path / "results"
-    command = [
-        str(REPO / ".venv" / "bin" / "snakemake"),
-        "-s",
-        str(REPO / "Snakefile"),
-        "--directory",
-        str(tmp_path),
-        "--configfile",
-        str(REPO / "config" / "test.yaml"),
-        "--config",
-        f"results={results}",
-        "--cores",
-        "2",
-        str(results / "tables" / "feedback.csv"),
-    ]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
+def test_the_tiny_studys_feedback_table_has_a_row_per_method_and_seed(tiny_study):
+    results = tiny_study.workdir / "results"
+    assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
+    config = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["feedback"]
     table = pd.read_csv(results / "tables" / "feedback.csv")
-    assert list(table.columns[:5]) == ["method", "seed", "final_loss", "final_acc", "mean_alignment"]
-    assert table["method"].tolist() == list(METHODS) and (table["seed"] == 0).all()
+    assert table["method"].tolist() == config["methods"] and (table["seed"] == 0).all()
+    required = ["method", "signal", "needs_backward", "forward_passes_per_step", "seconds_per_step"]
+    assert set(required + ["final_loss", "final_acc", "mean_alignment"]) <= set(table.columns)
+    assert (table["seconds_per_step"] > 0).all()
+    learned = table.set_index("method").loc["feedback_learned"]
+    assert (learned["signal"], learned["needs_backward"], learned["forward_passes_per_step"]) == (
+        "node_perturbation",
+        False,
+        2,
+    )
     assert (results / "tables" / "feedback.md").exists() and (results / "tables" / "feedback.tex").exists()
     curves = pd.read_parquet(results / "feedback" / "method~feedback_learned" / "seed~0" / "curves.parquet")
     assert curves["step"].tolist() == [10, 20, 30]
     assert (results / "benchmarks" / "feedback_train-method~dfa-seed~0.tsv").exists()
+    summary = (results / "summary.md").read_text()
+    assert "does backprop-free feedback_learned (node_perturbation) beat dfa? not decided, one seed" in summary
+    assert "the oracle feedback_learned_oracle" in summary

@@ -498,6 +498,10 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
         {"fit": 2, "fit_global": 1, "personalization_table": 1},
     ),
     "one-more-copy-seed": (lambda c: c["copy_task"]["seeds"].append(1), {"copy_task_train": 2, "copy_task_table": 1}),
+    "feedback-sigma": (  # node perturbation's noise: only feedback_learned reads it
+        lambda c: c["feedback"].update(node_perturbation={"sigma": 0.02}),
+        {"feedback_train": 1, "feedback_table": 1},
+    ),
 }
 
 

@@ -8,6 +8,7 @@ from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     table = summarize(pd.concat([pd.read_parquet(path) for path in snakemake.input], ignore_index=True))
-    means = table.groupby("method", sort=False)[["final_loss", "final_acc", "mean_alignment"]].mean()
+    columns = ["final_loss", "final_acc", "mean_alignment", "seconds_per_step"]
+    means = table.groupby("method", sort=False)[columns].mean()
     log.info("means over seeds:\n%s", means.to_string(float_format="%.4f"))
     write_table(table, snakemake.output.csv)

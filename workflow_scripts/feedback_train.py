@@ -26,5 +26,12 @@ with rule_logging(snakemake) as log:
     )
     curves = train(corpus, method, seed, config, resolve_device(snakemake.params.device))
     last = curves.iloc[-1]
-    log.info("after %d steps: held-out loss %.4f, accuracy %.4f", last["step"], last["test_loss"], last["test_acc"])
+    log.info(
+        "after %d steps (signal %s, %.2f ms per step): held-out loss %.4f, accuracy %.4f",
+        last["step"],
+        last["signal"],
+        1000 * last["update_seconds"] / last["step"],
+        last["test_loss"],
+        last["test_acc"],
+    )
     write_parquet(curves, snakemake.output[0])

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from uph.errors import ConfigError
@@ -42,8 +43,9 @@ class CharCorpus:
 def char_corpus(text: str, test_fraction: float, context: int) -> CharCorpus:
     """Encode `text` by its sorted character vocabulary; hold out the last `test_fraction`."""
     vocab = "".join(sorted(set(text)))
-    lookup = {char: i for i, char in enumerate(vocab)}
-    ids = torch.tensor([lookup[char] for char in text], dtype=torch.long)
+    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    vocab_points = np.frombuffer(vocab.encode("utf-32-le"), dtype=np.uint32)  # sorted: str order is code point order
+    ids = torch.from_numpy(np.searchsorted(vocab_points, code_points).astype(np.int64))
     split = int(len(ids) * (1 - test_fraction))
     for part, tokens in (("train", ids[:split]), ("held-out", ids[split:])):
         if len(tokens) <= context:
@@ -103,13 +105,18 @@ class CharMLP:
         """(weight, bias) of each hidden layer; the first weight is E."""
         return list(zip(self.params[:-2:2], self.params[1:-2:2]))
 
-    def forward(self, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """x (N, T) -> the hidden outputs [h_1..h_L] and the logits z (N, V)."""
+    def forward(
+        self, x: torch.Tensor, noise: list[torch.Tensor] | None = None
+    ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """x (N, T) -> the hidden outputs [h_1..h_L] and the logits z (N, V). With `noise` (one (N, d_l)
+        tensor per hidden layer) each hidden output is h_l = tanh(a_l) + noise_l, and the layers above
+        read the perturbed h_l: the noisy pass of node perturbation (uph.feedback.node_perturbation)."""
         (E, b_1), *rest = self.hidden_weights
-        h = torch.tanh(E[torch.arange(x.shape[1], device=x.device), x].sum(1) + b_1)
+        noise = noise or [0.0] * len(self.hidden_weights)
+        h = torch.tanh(E[torch.arange(x.shape[1], device=x.device), x].sum(1) + b_1) + noise[0]
         hs = [h]
-        for W, b in rest:
-            h = torch.tanh(h @ W.T + b)
+        for (W, b), noise_l in zip(rest, noise[1:]):
+            h = torch.tanh(h @ W.T + b) + noise_l
             hs.append(h)
         W_out, b_out = self.params[-2:]
         return hs, h @ W_out.T + b_out

@@ -8,7 +8,7 @@ row-orthonormal (C C^T = I_r; r is clipped to V), and sent to hidden layer l as
 `update` moves U_l and alpha_l towards an alignment signal g_hat (d_l per example), in this order:
 
     G      = g_hat^T c / N                               cross-covariance of this batch (d x r)
-    ema_G <- tau ema_G + (1 - tau) G                     (accumulated even when frozen)
+    ema_G <- tau ema_G + (1 - tau) G
     Delta  = ema_G - U sym(U^T ema_G)                    tangent projection, U^T Delta + Delta^T U = 0
     Delta <- Delta * max_step_frob / (|Delta|_F + eps)   when |Delta|_F > max_step_frob
     U     <- qr(U + eta_B alpha Delta).Q, columns signed so that diag(R) > 0   (retraction)
@@ -16,15 +16,17 @@ row-orthonormal (C C^T = I_r; r is clipped to V), and sent to hidden layer l as
     alpha <- (1 - beta_alpha) alpha + beta_alpha alpha*
     rho    = <G, U> / (|G|_F sqrt(r) + eps)
 
-With `frozen` only ema_G moves; U and alpha stay. If g_hat = a c U*^T and c is white, then
-G = a U* Cov(c), the ascent of <U, ema_G> drives U to U* and alpha* to a.
+If g_hat = a c U*^T and c is white, then G = a U* Cov(c), the ascent of <U, ema_G> drives U to U* and
+alpha* to a. Which g_hat trains U is the caller's choice (uph.feedback.training: node perturbation,
+backprop-free, or the true gradient as an oracle); the seed calls it a local proxy signal.
 
 Adaptation to this project: the seed's (B, T, .) tensors are (N, .) here (one row per example of
-an MLP over a context window; the seed flattens B*T to N anyway). In frozen mode the diagnostics
-alpha_star (not applied), rho and the tangent norm (the seed's Delta_frob) are still reported,
-for comparison with the learned mode; the seed returns only alpha there. Random draws (C first,
-then each U_l) come from an explicit generator. r may not exceed any d_l (St(d, r) is empty
-then); the seed does not check.
+an MLP over a context window; the seed flattens B*T to N anyway). The seed's `frozen` mode (only
+ema_G moves) is left out: the frozen-U ablation never reads ema_G, so it makes no update call and
+needs no g_hat. The diagnostics are alpha_star, alpha, rho and the tangent norm (the seed's
+Delta_frob). Random draws (C first, then each U_l) come from an explicit generator. r may not
+exceed any d_l (St(d, r) is empty then); the seed does not check. The step sizes and bounds have no
+defaults here: they live in schemas/feedback.schema.yaml (eps is a constant, not a setting).
 """
 
 from __future__ import annotations
@@ -35,18 +37,19 @@ import torch
 
 from uph.errors import ConfigError
 
+EPS = 1e-8  # the seed's eps, in the step clipping and the alpha target's denominator
+
 
 @dataclass(frozen=True)
 class UpdateConfig:
-    """Step sizes and bounds of `FeedbackLayer.update`; the defaults are the seed's."""
+    """Step sizes and bounds of `FeedbackLayer.update` (the config section `feedback.update`)."""
 
-    eta_B: float = 3e-5
-    tau: float = 0.99
-    beta_alpha: float = 0.01
-    eps: float = 1e-8
-    alpha_min: float = 1e-4
-    alpha_max: float = 10.0
-    max_step_frob: float | None = 1.0
+    eta_B: float
+    tau: float
+    beta_alpha: float
+    alpha_min: float
+    alpha_max: float
+    max_step_frob: float | None
 
 
 def random_stiefel(rows: int, cols: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -84,9 +87,7 @@ class FeedbackLayer:
         return self.alpha * (c @ self.U.T)
 
     @torch.no_grad()
-    def update(
-        self, g_hat: torch.Tensor, c: torch.Tensor, config: UpdateConfig = UpdateConfig(), frozen: bool = False
-    ) -> dict[str, float]:
+    def update(self, g_hat: torch.Tensor, c: torch.Tensor, config: UpdateConfig) -> dict[str, float]:
         """One step of the module docstring's update from g_hat (N, d) and c (N, r); returns
         the diagnostics alpha_star, alpha, rho and tangent_norm (|Delta|_F before clipping)."""
         n, r = c.shape
@@ -94,16 +95,14 @@ class FeedbackLayer:
         self.ema_G.mul_(config.tau).add_(G, alpha=1.0 - config.tau)
         Delta = tangent_projection(self.U, self.ema_G)
         tangent_norm = torch.linalg.norm(Delta)
-        if not frozen:
-            if config.max_step_frob is not None and tangent_norm > config.max_step_frob:
-                Delta = Delta * (config.max_step_frob / (tangent_norm + config.eps))
-            self.U = qr_retraction(self.U + (config.eta_B * self.alpha) * Delta)
+        if config.max_step_frob is not None and tangent_norm > config.max_step_frob:
+            Delta = Delta * (config.max_step_frob / (tangent_norm + EPS))
+        self.U = qr_retraction(self.U + (config.eta_B * self.alpha) * Delta)
         mean_c2 = c.square().sum() / max(n, 1)
         alignment = (self.U * G).sum()
-        alpha_star = (alignment / (mean_c2 + config.eps)).clamp(config.alpha_min, config.alpha_max)
-        if not frozen:
-            self.alpha.mul_(1.0 - config.beta_alpha).add_(alpha_star, alpha=config.beta_alpha)
-        rho = alignment / (torch.linalg.norm(G) * r**0.5 + config.eps)
+        alpha_star = (alignment / (mean_c2 + EPS)).clamp(config.alpha_min, config.alpha_max)
+        self.alpha.mul_(1.0 - config.beta_alpha).add_(alpha_star, alpha=config.beta_alpha)
+        rho = alignment / (torch.linalg.norm(G) * r**0.5 + EPS)
         return {
             "alpha_star": alpha_star.item(),
             "alpha": self.alpha.item(),
@@ -140,7 +139,5 @@ class FeedbackSystem:
     def compute_deltas(self, c: torch.Tensor) -> list[torch.Tensor]:
         return [layer.compute_delta(c) for layer in self.layers]
 
-    def update_all(
-        self, g_hats: list[torch.Tensor], c: torch.Tensor, config: UpdateConfig = UpdateConfig(), frozen: bool = False
-    ) -> list[dict[str, float]]:
-        return [layer.update(g_hat, c, config, frozen) for layer, g_hat in zip(self.layers, g_hats)]
+    def update_all(self, g_hats: list[torch.Tensor], c: torch.Tensor, config: UpdateConfig) -> list[dict[str, float]]:
+        return [layer.update(g_hat, c, config) for layer, g_hat in zip(self.layers, g_hats)]

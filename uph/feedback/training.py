@@ -1,19 +1,34 @@
-"""Training the character MLP (uph.feedback.char_lm) four ways, which differ only in each hidden layer's delta:
+"""Training the character MLP (uph.feedback.char_lm) five ways, which differ only in each hidden layer's delta:
 
-    backprop          delta_l = g_l, the true gradient at h_l (propagated back through the network)
-    dfa               delta_l = e_L B_l^T, B_l (d_l x V) fixed Gaussian with variance 1/V (direct feedback alignment)
-    feedback_frozen   delta_l = alpha_l (e_L C^T) U_l^T with the random U_l and alpha_l frozen (uph.feedback.subspace)
-    feedback_learned  the same with U_l and alpha_l updated every step towards g_hat = g_l
+    backprop                 delta_l = g_l, the true gradient at h_l (propagated back through the network)
+    dfa                      delta_l = e_L B_l^T, B_l (d_l x V) fixed Gaussian with variance 1/V (direct feedback alignment)
+    feedback_frozen          delta_l = alpha_l (e_L C^T) U_l^T with the random U_l and alpha_l frozen (uph.feedback.subspace)
+    feedback_learned         the same with U_l and alpha_l updated every step towards a backprop-free g_hat, the
+                             config's `signal`: node_perturbation (uph.feedback.node_perturbation, one extra
+                             forward pass with noise on every h_l at once)
+    feedback_learned_oracle  the same updated towards g_hat = g_l, the true gradient: an oracle upper bound that
+                             needs backprop's full backward pass every step, so it is no backprop-free rule
+
+The seed's other suggested signal, a local reconstruction error, is not offered: the seed names no
+reconstruction (what from what, with which weights), and a reconstruction error with fixed local
+weights (h_l against a decoding of an encoding of it) does not depend on the loss, so its
+cross-covariance with c carries no gradient information; making it carry some needs learned
+inverses whose targets are propagated down (difference target propagation), a learning rule of its
+own with its own weights, not a g_hat for seed 003.
 
 The output layer always learns from its own local gradient. Each step: forward, output error
-e_L, the true g_l (the oracle alignment signal, and the reference every delta is measured
-against), the method's deltas (computed before its feedback update), parameter gradients,
-one Adam step. The same seed gives every method the same initial network and the same batches.
+e_L, the true g_l (the reference every delta is measured against; measured for every method, not
+timed, and never passed to a rule), then the learning step `learn`: the rule's deltas (computed
+before its feedback update) and feedback update, parameter gradients, one Adam step. Only the
+forward pass and `learn` are timed: `update_seconds`. The same seed gives every method the same
+initial network and batches, and the factored methods the same C and initial U_l.
 
 Every `log_every` steps a curve row holds the means over the steps since the last row of the
 training loss and accuracy, the per-layer alignment (the batch mean of the per-example cosine
-between delta_l and g_l) and, for the factored methods, alpha_l, alpha_star_l, rho_l and
-tangent_norm_l; plus the held-out loss and accuracy on fixed evenly spaced windows of the tail.
+between delta_l and g_l) and, for the learned factored methods, alpha_l, alpha_star_l, rho_l and
+tangent_norm_l (alpha_l alone for the frozen one); plus the held-out loss and accuracy on fixed
+evenly spaced windows of the tail, and the method's signal, whether it needs a backward pass and
+its forward passes per step.
 """
 
 from __future__ import annotations
@@ -21,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -29,9 +44,11 @@ import torch.nn.functional as F
 
 from uph.errors import ConfigError, TrainingDivergedError
 from uph.feedback.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
+from uph.feedback.node_perturbation import node_perturbation
 from uph.feedback.subspace import FeedbackSystem, UpdateConfig
 
-METHODS = ("backprop", "dfa", "feedback_frozen", "feedback_learned")
+METHODS = ("backprop", "dfa", "feedback_frozen", "feedback_learned", "feedback_learned_oracle")
+SIGNALS = ("node_perturbation",)  # the backprop-free g_hat of feedback_learned (config key feedback.signal)
 
 
 class Adam:
@@ -58,72 +75,110 @@ class Adam:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    context: int = 32
-    hidden: tuple[int, ...] = (256, 256)
-    steps: int = 3000
-    batch_size: int = 64
-    lr: float = 1e-3
-    log_every: int = 100
-    eval_windows: int = 2048
-    rank: int = 32
-    update: UpdateConfig = field(default_factory=UpdateConfig)
+    """The `feedback:` config section's training keys (defaults: schemas/feedback.schema.yaml); None for
+    a key the method does not read (rank: the factored methods, update: the learned ones, signal and
+    sigma: feedback_learned)."""
+
+    context: int
+    hidden: tuple[int, ...]
+    steps: int
+    batch_size: int
+    lr: float
+    log_every: int
+    eval_windows: int
+    rank: int | None
+    signal: str | None
+    sigma: float | None
+    update: UpdateConfig | None
+
+
+@dataclass
+class Batch:
+    """One step's batch and the clean forward pass through the network."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    hs: list[torch.Tensor]
+    z: torch.Tensor
+    e: torch.Tensor  # output error e_L
 
 
 class Backprop:
-    def to(self, device: torch.device) -> Backprop:
-        return self
+    signal, needs_backward, forward_passes = "backprop", True, 1
 
-    def deltas(self, e: torch.Tensor, true: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
-        return true, {}
+    def step(self, model: CharMLP, batch: Batch) -> tuple[list[torch.Tensor], dict]:
+        return model.backprop_deltas(batch.hs, batch.e), {}
 
 
 class DirectFeedback:
-    def __init__(self, vocab_size: int, dims: list[int], generator: torch.Generator):
-        self.B = [torch.randn(d, vocab_size, generator=generator) / vocab_size**0.5 for d in dims]
+    signal, needs_backward, forward_passes = "none", False, 1
 
-    def to(self, device: torch.device) -> DirectFeedback:
-        self.B = [B.to(device) for B in self.B]
-        return self
+    def __init__(self, vocab_size: int, dims: list[int], generator: torch.Generator, device: torch.device):
+        self.B = [(torch.randn(d, vocab_size, generator=generator) / vocab_size**0.5).to(device) for d in dims]
 
-    def deltas(self, e: torch.Tensor, true: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
-        return [e @ B.T for B in self.B], {}
+    def step(self, model: CharMLP, batch: Batch) -> tuple[list[torch.Tensor], dict]:
+        return [batch.e @ B.T for B in self.B], {}
 
 
 class FactoredFeedback:
+    """Seed 003's feedback; `signal` picks the g_hat its update reads: none (frozen U and alpha),
+    node_perturbation (backprop-free) or oracle (the true gradient, by a full backward pass)."""
+
     def __init__(
         self,
         vocab_size: int,
         dims: list[int],
-        rank: int,
-        update: UpdateConfig,
-        frozen: bool,
+        config: TrainConfig,
+        signal: str,
         generator: torch.Generator,
+        device: torch.device,
     ):
-        self.system = FeedbackSystem(vocab_size, dims, rank, generator)
-        self.update, self.frozen = update, frozen
+        self.system = FeedbackSystem(vocab_size, dims, config.rank, generator).to(device)
+        self.update, self.sigma, self.generator = config.update, config.sigma, generator
+        self.signal = signal
+        self.needs_backward = signal == "oracle"
+        self.forward_passes = 2 if signal == "node_perturbation" else 1
 
-    def to(self, device: torch.device) -> FactoredFeedback:
-        self.system.to(device)
-        return self
+    def g_hat(self, model: CharMLP, batch: Batch) -> list[torch.Tensor]:
+        if self.signal == "oracle":
+            return model.backprop_deltas(batch.hs, batch.e)
+        return node_perturbation(
+            lambda noise: F.cross_entropy(model.forward(batch.x, noise)[1], batch.y, reduction="none"),
+            F.cross_entropy(batch.z, batch.y, reduction="none"),
+            [h.shape for h in batch.hs],
+            self.sigma,
+            self.generator,
+        )
 
-    def deltas(self, e: torch.Tensor, true: list[torch.Tensor]) -> tuple[list[torch.Tensor], dict]:
-        c = self.system.compress_error(e)
+    def step(self, model: CharMLP, batch: Batch) -> tuple[list[torch.Tensor], dict]:
+        c = self.system.compress_error(batch.e)
         deltas = self.system.compute_deltas(c)
-        diagnostics = self.system.update_all(true, c, self.update, self.frozen)
+        if self.signal == "none":
+            return deltas, {f"alpha_l{l}": layer.alpha.item() for l, layer in enumerate(self.system.layers, 1)}
+        diagnostics = self.system.update_all(self.g_hat(model, batch), c, self.update)
         return deltas, {
             f"{name}_l{l}": value for l, layer in enumerate(diagnostics, 1) for name, value in layer.items()
         }
 
 
-def make_method(method: str, vocab_size: int, config: TrainConfig, generator: torch.Generator):
-    dims = list(config.hidden)
+def make_method(method: str, vocab_size: int, config: TrainConfig, generator: torch.Generator, device="cpu"):
+    dims, device = list(config.hidden), torch.device(device)
     if method == "backprop":
         return Backprop()
     if method == "dfa":
-        return DirectFeedback(vocab_size, dims, generator)
-    if method in ("feedback_frozen", "feedback_learned"):
-        return FactoredFeedback(vocab_size, dims, config.rank, config.update, method == "feedback_frozen", generator)
+        return DirectFeedback(vocab_size, dims, generator, device)
+    signals = {"feedback_frozen": "none", "feedback_learned": config.signal, "feedback_learned_oracle": "oracle"}
+    if method in signals:
+        return FactoredFeedback(vocab_size, dims, config, signals[method], generator, device)
     raise ValueError(f"unknown method {method!r} (known: {', '.join(METHODS)})")
+
+
+def learn(model: CharMLP, rule, optimizer: Adam, batch: Batch) -> tuple[list[torch.Tensor], dict]:
+    """The learning step after the forward pass: the rule's deltas and feedback update, the parameter
+    gradients from the deltas, one Adam step. Returns the deltas and the rule's diagnostics."""
+    deltas, diagnostics = rule.step(model, batch)
+    optimizer.step(model.gradients(batch.x, batch.hs, batch.e, deltas))
+    return deltas, diagnostics
 
 
 @torch.no_grad()
@@ -137,26 +192,42 @@ def evaluate(model: CharMLP, x: torch.Tensor, y: torch.Tensor, chunk: int = 1024
     return loss / len(y), correct / len(y)
 
 
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @torch.no_grad()
 def train(
     corpus: CharCorpus, method: str, seed: int, config: TrainConfig, device: torch.device | str = "cpu"
 ) -> pd.DataFrame:
     """Train one network with one method; returns its curves (one row per log step). A NaN or inf
     training loss raises TrainingDivergedError: no table holds a diverged run."""
-    vocab_size = len(corpus.vocab)
+    vocab_size, device = len(corpus.vocab), torch.device(device)
     model = CharMLP(vocab_size, config.context, list(config.hidden), torch.Generator().manual_seed(seed)).to(device)
-    rule = make_method(method, vocab_size, config, torch.Generator().manual_seed(seed + 1_000_000)).to(device)
+    rule = make_method(method, vocab_size, config, torch.Generator().manual_seed(seed + 1_000_000), device)
     batches = torch.Generator().manual_seed(seed + 2_000_000)
     optimizer = Adam(model.params, lr=config.lr)
     x_test, y_test = (t.to(device) for t in evenly_spaced_windows(corpus.test, config.context, config.eval_windows))
-    rows, sums, since, start = [], defaultdict(float), 0, time.perf_counter()
+    properties = {
+        "signal": rule.signal,
+        "needs_backward": rule.needs_backward,
+        "forward_passes_per_step": rule.forward_passes,
+    }
+    rows, sums, since, update_seconds, start = [], defaultdict(float), 0, 0.0, time.perf_counter()
     for step in range(1, config.steps + 1):
         x, y = (t.to(device) for t in sample_batch(corpus.train, config.context, config.batch_size, batches))
+        _synchronize(device)
+        timer = time.perf_counter()
         hs, z = model.forward(x)
-        e = output_error(z, y)
-        true = model.backprop_deltas(hs, e)
-        deltas, diagnostics = rule.deltas(e, true)
-        optimizer.step(model.gradients(x, hs, e, deltas))
+        batch = Batch(x, y, hs, z, output_error(z, y))
+        _synchronize(device)
+        forward_seconds = time.perf_counter() - timer
+        true = model.backprop_deltas(hs, batch.e)  # the alignment reference only: never reaches the rule
+        timer = time.perf_counter()
+        deltas, diagnostics = learn(model, rule, optimizer, batch)
+        _synchronize(device)
+        update_seconds += forward_seconds + time.perf_counter() - timer
 
         loss = F.cross_entropy(z, y).item()
         if not math.isfinite(loss):
@@ -179,9 +250,11 @@ def train(
                     "seed": seed,
                     "step": step,
                     "seconds": time.perf_counter() - start,
+                    "update_seconds": update_seconds,
                     **{name: total / since for name, total in sums.items()},
                     "test_loss": test_loss,
                     "test_acc": test_acc,
+                    **properties,
                 }
             )
             sums, since = defaultdict(float), 0
@@ -189,8 +262,10 @@ def train(
 
 
 def summarize(curves: pd.DataFrame) -> pd.DataFrame:
-    """One row per (method, seed): final held-out loss and accuracy, the mean over the run and the
-    final value of the alignment averaged over hidden layers."""
+    """One row per (method, seed): what the rule learns its feedback from (signal), whether it needs a
+    backward pass, its forward passes and measured seconds per step (forward pass and learning step,
+    `update_seconds` over steps), the final held-out loss and accuracy, and the mean over the run and
+    the final value of the alignment averaged over hidden layers."""
     rows = []
     for (method, seed), run in curves.groupby(["method", "seed"], sort=False):
         run = run.sort_values("step")
@@ -200,6 +275,10 @@ def summarize(curves: pd.DataFrame) -> pd.DataFrame:
             {
                 "method": method,
                 "seed": seed,
+                "signal": last["signal"],
+                "needs_backward": bool(last["needs_backward"]),
+                "forward_passes_per_step": int(last["forward_passes_per_step"]),
+                "seconds_per_step": last["update_seconds"] / last["step"],
                 "final_loss": last["test_loss"],
                 "final_acc": last["test_acc"],
                 "mean_alignment": alignment.mean(),
@@ -216,12 +295,21 @@ def summarize(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def train_config(section: dict) -> TrainConfig:
-    """The validated `feedback:` config section as a TrainConfig."""
-    update = UpdateConfig(**section["update"])
-    if update.alpha_min > update.alpha_max:
+    """The validated `feedback:` config section as a TrainConfig. A training job gets only the keys its
+    method reads (rules/feedback.smk): rank, update, signal and node_perturbation may be missing, and
+    are None then."""
+    update = UpdateConfig(**section["update"]) if "update" in section else None
+    if update and update.alpha_min > update.alpha_max:
         raise ConfigError(
             f"config key 'feedback.update.alpha_min': {update.alpha_min} is above "
             f"feedback.update.alpha_max={update.alpha_max}"
         )
-    keys = ("context", "steps", "batch_size", "lr", "log_every", "eval_windows", "rank")
-    return TrainConfig(hidden=tuple(section["hidden"]), update=update, **{key: section[key] for key in keys})
+    keys = ("context", "steps", "batch_size", "lr", "log_every", "eval_windows")
+    return TrainConfig(
+        hidden=tuple(section["hidden"]),
+        rank=section.get("rank"),
+        signal=section.get("signal"),
+        sigma=section.get("node_perturbation", {}).get("sigma"),
+        update=update,
+        **{key: section[key] for key in keys},
+    )

@@ -359,7 +359,8 @@ def feedback(fig: Figure, study: Study) -> None:
     loss_ax, align_ax = fig.subplots(1, 2)
     for method, color in colors.items():
         run = curves[curves["method"] == method]
-        _mean_and_spread(loss_ax, run, "step", "test_loss", color, label=method)
+        label = f"{method}\n(g_hat: {run['signal'].iloc[0]})" if method == "feedback_learned" else method
+        _mean_and_spread(loss_ax, run, "step", "test_loss", color, label=label)
         for layer in layers:
             _mean_and_spread(align_ax, run, "step", layer, color, linestyle=linestyles[layer])
     loss_ax.set_ylabel("held-out loss (nats/character)")

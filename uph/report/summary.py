@@ -201,19 +201,51 @@ def gram_resilience_finding(study: Study) -> str:
     )
 
 
-def feedback_finding(study: Study) -> str:
-    """Methods in order of final held-out loss, and their mean alignment with the true gradient."""
-    means = study.feedback.groupby("method")[["final_loss", "mean_alignment"]].mean()
-    by_loss = means.sort_values("final_loss")
-    steps = study.feedback_curves["step"].max()
-    alignment = means["mean_alignment"].drop("backprop", errors="ignore").sort_values(ascending=False)
+def _paired(difference) -> str:
     return (
-        f"held-out loss after {steps} steps: "
-        + " < ".join(f"{m} {v:.3f}" for m, v in by_loss["final_loss"].items())
-        + " nats/character; mean alignment with the true gradient: "
-        + ", ".join(f"{m} {v:.2f}" for m, v in alignment.items())
-        + "."
+        f"{difference.mean:+.3f} nats/character (95 % paired bootstrap CI {difference.ci_low:+.3f} to "
+        f"{difference.ci_high:+.3f}; lower on {difference.lower} of {difference.seeds} seeds, sign test "
+        f"p = {difference.sign_test_p:.2g})"
     )
+
+
+def feedback_finding(study: Study) -> str:
+    """Methods in order of final held-out loss; whether backprop-free feedback_learned beats dfa and
+    feedback_frozen (paired over seeds: yes only when the whole interval of the difference is below 0);
+    how far it stays above backprop and the oracle; mean alignment with the true gradient."""
+    table = study.feedback
+    means = table.groupby("method")[["final_loss", "mean_alignment"]].mean()
+    steps = study.feedback_curves["step"].max()
+    line = (
+        f"held-out loss after {steps} steps, mean over {table['seed'].nunique()} seeds: "
+        + " < ".join(f"{m} {v:.3f}" for m, v in means["final_loss"].sort_values().items())
+        + " nats/character"
+    )
+    learned = table[table["method"] == "feedback_learned"]
+    if not learned.empty:
+        signal = learned["signal"].iloc[0]
+        answers = {
+            "lower": "yes",
+            "higher": "no, it is worse",
+            "undecided": "no, the interval includes 0",
+            "one seed": "not decided, one seed gives no interval",
+        }
+        for reference in ("dfa", "feedback_frozen"):
+            difference = paired_difference(table, "feedback_learned", reference)
+            if difference is not None:
+                line += (
+                    f"; does backprop-free feedback_learned ({signal}) beat {reference}? "
+                    f"{answers[difference.verdict()]}: {_paired(difference)}"
+                )
+        for reference, name in (
+            ("backprop", "backprop"),
+            ("feedback_learned_oracle", "the oracle feedback_learned_oracle (U trained on the true gradient)"),
+        ):
+            difference = paired_difference(table, "feedback_learned", reference)
+            if difference is not None:
+                line += f"; its distance to {name}: {_paired(difference)}"
+    alignment = means["mean_alignment"].drop("backprop", errors="ignore").sort_values(ascending=False)
+    return f"{line}; mean alignment with the true gradient: {', '.join(f'{m} {v:.2f}' for m, v in alignment.items())}."
 
 
 FINDINGS = {
