@@ -18,10 +18,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from uph.attention.model import attention_stats
 from uph.attention.self_attention import OneLayerModel
 from uph.errors import TrainingDivergedError
 
 EVAL_STREAM = 1_000_003  # eval sets come from generators seeded seed * EVAL_STREAM + length
+PROBE_SIZE = 16  # eval sequences at train_len on which a curve row measures the score magnitude
 
 
 def copy_batch(batch_size: int, length: int, vocab: int, generator: torch.Generator):
@@ -70,7 +72,9 @@ def train(
     """Train seed 004's one-layer model on the copy task with AdamW.
 
     Returns the learning curves (one row per logged step: mean training loss since the last row,
-    and the copy metrics on the fixed eval set at train_len) and the final evaluation (one row
+    the copy metrics on the fixed eval set at train_len, and uph.attention.model.attention_stats:
+    the score magnitude on its first PROBE_SIZE sequences and the attention weights' gradient
+    norm of that step's batch, NaN at step 0) and the final evaluation (one row
     per eval length). Model init uses torch.manual_seed(seed), training batches a generator
     seeded with seed, eval sets generators seeded seed * EVAL_STREAM + length. A NaN or inf mean
     training loss at a logged step raises TrainingDivergedError: no table holds a diverged run
@@ -100,6 +104,7 @@ def train(
             "step": step,
             "train_loss": train_loss,
             **evaluate(model, *eval_sets[L], cfg["batch_size"], autocast),
+            **attention_stats(model, eval_sets[L][0][:PROBE_SIZE]),
         }
 
     rows, running, start = [curve_row(0, float("nan"))], [], time.perf_counter()

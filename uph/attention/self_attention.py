@@ -1,4 +1,5 @@
-"""Causal self-attention with RoPE: the standard dot-product score and seed 004's triple product.
+"""Causal self-attention with RoPE: the standard dot-product score, seed 004's triple product and the
+trilinear 2-simplicial score.
 
 RoPE (seed 004's layout): the pairs (x[2m], x[2m+1]) of a head vector at position t turn by the
 angle t * 10000^(-2m/D) and are written back as [all first components | all second components].
@@ -29,15 +30,32 @@ M2 = (H⊙rk) k, and the row sums Σ_j H qk² = q·M1, Σ_j H rk² = r·M2, Σ_j
 (the polynomial form, free of the forward's division by rr). `triple_normed` is a third attention
 kind, not in the seed: the same score on q, k, r rescaled to norm sqrt(D), which bounds it to
 [-D^1.5, 0]; the seed's degree-6 score otherwise grows with the sixth power of the activations.
+
+`simplicial` is the trilinear 2-simplicial score (Clift et al. 2019; Roy et al. 2025, "Fast and
+Simplex") over the same q, k, r: query i attends to pairs of earlier keys (j, l), j, l <= i,
+
+    s_ijl = Σ_d q_id k_jd r_ld / sqrt(D),   A_ijl = softmax_(j,l)(s_ijl),   y_i = Σ_jl A_ijl v_j ,
+
+Roy et al.'s value v_j ∘ v'_l with v' = 1, so the kind has the triple product's four projections.
+RoPE turns q and k, not r: with r_l constant the score is the standard RoPE dot product, so the
+kind contains standard attention. The attention of i to j is the marginal P_ij = Σ_l A_ijl. The
+forward computes s one block of queries at a time in float32 and keeps only the log-normalizer
+lse_i; the backward recomputes the block and, with G_ijl = A_ijl (dP_ij - Σ_j' P_ij' dP_ij') / sqrt(D),
+
+    dL/dq_i = Σ_jl G_ijl k_j ∘ r_l,   dL/dk_j = Σ_il G_ijl q_i ∘ r_l,   dL/dr_l = Σ_ij G_ijl q_i ∘ k_j .
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ATTENTIONS = ("standard", "triple", "triple_normed")
+ATTENTIONS = ("standard", "triple", "triple_normed", "simplicial")
+SIMPLICIAL_BLOCK = 2**22  # most score entries in one block of queries of the 2-simplicial kernel (16 MiB in float32)
+SIMPLICIAL_QUERIES = 8  # most queries in one block
 ROPE_BASE = 10000.0
 
 
@@ -130,16 +148,107 @@ def triple_product_attention(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, 
     return probs.to(v.dtype) @ v
 
 
+def _simplicial_blocks(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor):
+    """Blocks of the 2-simplicial scores: (start, end, qk, s, causal) for queries start..end-1 over keys
+    j, l < end (q, k, r flat [N, T, D]): qk = q_i ∘ k_j [N, c·end, D] (rows (i, j)), s_ijl [N, c·end, end]
+    unmasked, causal [c·end, end] 1.0 where j, l <= i, else 0.0. Small blocks skip most of the
+    non-causal cube."""
+    N, T, D = q.shape
+    step = max(1, min(SIMPLICIAL_QUERIES, SIMPLICIAL_BLOCK // (N * T * T)))
+    for start in range(0, T, step):
+        end = min(T, start + step)
+        qk = (q[:, start:end, None, :] * k[:, None, :end, :]).flatten(1, 2)
+        scores = torch.bmm(qk, r[:, :end].transpose(-2, -1)).mul_(D**-0.5)
+        query, keys = torch.arange(start, end, device=q.device)[:, None, None], torch.arange(end, device=q.device)
+        causal = ((keys[:, None] <= query) & (keys <= query)).flatten(0, 1).to(scores.dtype)
+        yield start, end, qk, scores, causal
+
+
+def _softmax_numerators(scores: torch.Tensor, causal: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """exp(s - shift_i) on causal entries, 0 elsewhere, in place (shift [N, c], s [N, c·end, end]);
+    exponents are clamped to [-80, 0]: the vectorized exp slows down many times on -inf and
+    underflow, and e^-80 < 2e-35 of the largest term."""
+    rows = scores.view(*shift.shape, -1)
+    return rows.sub_(shift[..., None]).clamp_(-80, 0).exp_().view_as(scores).mul_(causal)
+
+
+class _SimplicialProbs(torch.autograd.Function):
+    """P_ij = Σ_l softmax_(j,l)(s_ijl) [..., T, T]; saves q, k, r and lse_i, recomputes s block by block."""
+
+    @staticmethod
+    def forward(ctx, q_in, k_in, r_in):
+        with torch.autocast(q_in.device.type, enabled=False):
+            dtype = torch.promote_types(q_in.dtype, torch.float32)
+            q, k, r = (_flat(x).to(dtype) for x in (q_in, k_in, r_in))
+            N, T, _ = q.shape
+            probs, lse = q.new_zeros(N, T, T), q.new_empty(N, T)
+            for start, end, _, scores, causal in _simplicial_blocks(q, k, r):
+                top = (scores + causal.log()).view(N, end - start, -1).amax(-1)  # max over causal entries
+                numerators = _softmax_numerators(scores, causal, top).view(N, end - start, end, end)
+                total = numerators.sum((-2, -1))
+                lse[:, start:end] = top + total.log()
+                probs[:, start:end, :end] = numerators.sum(-1) / total[..., None]
+        ctx.save_for_backward(q_in, k_in, r_in, lse)
+        return probs.view(*q_in.shape[:-1], T)
+
+    @staticmethod
+    def backward(ctx, grad_probs):
+        q_in, k_in, r_in, lse = ctx.saved_tensors
+        with torch.autocast(lse.device.type, enabled=False):
+            q, k, r = (_flat(x).to(lse.dtype) for x in (q_in, k_in, r_in))
+            dP = _flat(grad_probs).to(lse.dtype)
+            N, T, D = q.shape
+            grad_q, grad_k, grad_r = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(r)
+            for start, end, qk, scores, causal in _simplicial_blocks(q, k, r):
+                c = end - start
+                A = _softmax_numerators(scores, causal, lse[:, start:end]).view(N, c, end, end)
+                dP_block = dP[:, start:end, :end]
+                centered = dP_block - (A.sum(-1) * dP_block).sum(-1, keepdim=True)
+                G = A.mul_(centered[..., None].mul_(D**-0.5)).view(N, c * end, end)  # rows (i, j), columns l
+                Gr = torch.bmm(G, r[:, :end]).view(N, c, end, D)  # Σ_l G_ijl r_l
+                grad_q[:, start:end] = (Gr * k[:, None, :end, :]).sum(-2)
+                grad_k[:, :end] += (Gr * q[:, start:end, None, :]).sum(1)
+                grad_r[:, :end] += torch.bmm(G.transpose(-2, -1), qk)
+        return tuple(g.view(x.shape).to(x.dtype) for g, x in ((grad_q, q_in), (grad_k, k_in), (grad_r, r_in)))
+
+
+def simplicial_attention(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention [..., T, D] with the 2-simplicial score, values v_j (RoPE already applied to q, k)."""
+    probs = _SimplicialProbs.apply(q, k, r)
+    return probs.to(v.dtype) @ v
+
+
 def standard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal softmax(q·k / sqrt(D)) v (RoPE already applied to q, k)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def score_magnitude(kind: str, q: torch.Tensor, k: torch.Tensor, r: torch.Tensor | None = None) -> float:
+    """Mean |score| over the causal entries (i, j), or (i, j, l) for simplicial, of turned head vectors."""
+    with torch.no_grad():
+        if kind == "simplicial":
+            blocks = [
+                s.masked_fill(c == 0, -math.inf)
+                for *_, s, c in _simplicial_blocks(*(_flat(x).float() for x in (q, k, r)))
+            ]
+        elif kind == "standard":
+            blocks = [
+                (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).masked_fill(_future(q.shape[-2], q.device), -math.inf)
+            ]
+        else:
+            blocks = [triple_scores(q, k, r)]
+        causal = [s[s.isfinite()] for s in blocks]
+        return (sum(s.abs().sum() for s in causal) / sum(s.numel() for s in causal)).item()
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with RoPE inside, as seed 004 builds both kinds.
 
-    One bias-free projection makes q, k, v (standard) or q, k, r, v (triple) for every head,
-    RoPE turns q, k (and r), the heads attend, one bias-free projection mixes them back.
+    One bias-free projection makes q, k, v (standard) or q, k, r, v (the other kinds) for every
+    head, RoPE turns q, k (and r for the triple kinds), the heads attend, one bias-free projection
+    mixes them back. `loud` [B, T] (optional) multiplies each position's input first: a loud token's
+    q, k, r and v all grow by its factor. With `measure_scores` set, each forward stores the mean
+    |score| over causal entries in `score_abs` (an extra score computation; for probes only).
     """
 
     def __init__(self, d_model: int, n_head: int, kind: str):
@@ -150,23 +259,32 @@ class CausalSelfAttention(nn.Module):
         self.n_proj = 3 if kind == "standard" else 4
         self.proj = nn.Linear(d_model, self.n_proj * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
+        self.measure_scores, self.score_abs = False, None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
         B, T, C = x.shape
+        if loud is not None:
+            x = x * loud[..., None].to(x.dtype)
         heads = self.proj(x).view(B, T, self.n_proj, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        turned, v = rope(heads[:-1]), heads[-1]
+        n_turned = 2 if self.kind == "simplicial" else self.n_proj - 1
+        q, k, *r = [*rope(heads[:n_turned]), *heads[n_turned:-1]]
+        v = heads[-1]
+        if self.kind == "triple_normed":
+            q, k, r[0] = (t * (t.shape[-1] ** 0.5 / t.norm(dim=-1, keepdim=True).clamp_min(1e-6)) for t in (q, k, r[0]))
+        if self.measure_scores:
+            self.score_abs = score_magnitude(self.kind, q, k, *r)
         if self.kind == "standard":
-            y = standard_attention(*turned, v)
+            y = standard_attention(q, k, v)
+        elif self.kind == "simplicial":
+            y = simplicial_attention(q, k, *r, v)
         else:
-            if self.kind == "triple_normed":
-                turned = turned * (turned.shape[-1] ** 0.5 / turned.norm(dim=-1, keepdim=True).clamp_min(1e-6))
-            y = triple_product_attention(*turned, v)
+            y = triple_product_attention(q, k, *r, v)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
 class OneLayerModel(nn.Module):
     """Seed 004's model: token embedding -> attention -> unembedding; no positional embedding,
-    no residual, no norm: position enters only through RoPE."""
+    no residual, no norm: position enters only through RoPE. `loud` scales the embeddings."""
 
     def __init__(self, vocab: int, d_model: int, n_head: int, attention: str):
         super().__init__()
@@ -174,5 +292,5 @@ class OneLayerModel(nn.Module):
         self.attention = CausalSelfAttention(d_model, n_head, attention)
         self.unembed = nn.Linear(d_model, vocab, bias=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.unembed(self.attention(self.embed(tokens)))
+    def forward(self, tokens: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
+        return self.unembed(self.attention(self.embed(tokens), loud))

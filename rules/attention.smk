@@ -1,0 +1,55 @@
+# Attention study (issue 13): one training job per (model, attention) runs every task, its lr
+# sweep and seeds (uph.attention.training); one table rule gathers them. Independent of the LM branch.
+
+ATTENTION = config["attention"]
+ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}")
+
+
+def attention_runs(name):
+    """`name` (curves, sweep or eval .parquet) of every configured (model, attention) job."""
+    return expand(f"{ATTENTION_JOB}/{name}", model=ATTENTION["models"], attention=ATTENTION["attentions"])
+
+
+def attention_targets():
+    return [results("tables", "attention.csv"), results("tables", "attention_curves.csv")]
+
+
+rule attention_train:
+    output:
+        curves=f"{ATTENTION_JOB}/curves.parquet",
+        sweep=f"{ATTENTION_JOB}/sweep.parquet",
+        evaluation=f"{ATTENTION_JOB}/eval.parquet",
+    log:
+        results("logs", "attention_train", "model~{model}-attention~{attention}.log"),
+    benchmark:
+        results("benchmarks", "attention_train-model~{model}-attention~{attention}.tsv")
+    wildcard_constraints:
+        model="|".join(ATTENTION["models"]),
+        attention="|".join(ATTENTION["attentions"]),
+    threads: 1
+    resources:
+        gpu=gpus(),
+    params:
+        attention=job_settings(ATTENTION, "models", "attentions"),
+        device=config["device"],
+    script:
+        "../workflow_scripts/attention_train.py"
+
+
+rule attention_table:
+    input:
+        evaluations=attention_runs("eval.parquet"),
+        sweeps=attention_runs("sweep.parquet"),
+        curves=attention_runs("curves.parquet"),
+    output:
+        csv=report(results("tables", "attention.csv"), caption="../report/attention.rst", category="Attention study"),
+        md=results("tables", "attention.md"),
+        tex=results("tables", "attention.tex"),
+        sweep=results("tables", "attention_sweep.csv"),
+        curves=results("tables", "attention_curves.csv"),
+    log:
+        results("logs", "attention_table.log"),
+    benchmark:
+        results("benchmarks", "attention_table.tsv")
+    script:
+        "../workflow_scripts/attention_table.py"

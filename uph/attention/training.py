@@ -1,0 +1,211 @@
+"""Training and evaluation of one cell of the attention study: a (task, model, attention kind).
+
+Each kind gets its own learning-rate sweep: every lr of `lrs` trains on the first `sweep_seeds`
+seeds, the lr with the best mean validation token accuracy (ties: lower validation loss; an lr
+with a diverged run never wins) is the cell's lr, and the remaining seeds train at it only. The
+runs at the chosen lr are then tested at train_len and every eval factor times it, on each level
+of the task (uph.attention.tasks.levels). Validation and test sets are disjoint streams of fresh
+sequences: training batches come from a generator seeded with the seed, validation from
+seed * STREAM + 1, the test set of (length, level index i) from seed * STREAM + 2 + 64 * length + i.
+
+AdamW, linear warmup over `warmup` of the steps, then constant or cosine decay to 0 (`schedule`);
+the loss is the mean cross-entropy over scored targets. Every `log_every` steps a curve row holds
+the mean training loss since the last row, the validation loss and token accuracy, the mean
+|score| over causal entries of every attention layer on `probe_size` validation sequences
+(score_abs, mean over layers) and the L2 norm of the gradient of all attention weights at that
+step (attention_grad_norm). A NaN or inf training loss ends the run as diverged.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from uph.attention.model import attention_stats, build_model
+from uph.attention.tasks import IGNORE, Batch, levels, make_batch
+from uph.errors import TrainingDivergedError
+
+STREAM = 1_000_003
+
+
+def eval_lengths(cfg: dict) -> list[int]:
+    return [cfg["train_len"] * factor for factor in [1, *cfg["eval_factors"]]]
+
+
+def schedule(cfg: dict):
+    """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then 1 or cosine to 0."""
+    steps, warmup = cfg["steps"], max(1, round(cfg["warmup"] * cfg["steps"]))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg["schedule"] == "constant":
+            return 1.0
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    return factor
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batch: Batch, chunk: int) -> dict[str, float]:
+    """Loss, token accuracy and sequence accuracy (every scored target right) on the scored targets."""
+    model.eval()
+    logits = torch.cat(
+        [model(inputs, loud).float() for inputs, loud in zip(batch.inputs.split(chunk), batch.loud.split(chunk))]
+    )
+    model.train()
+    scored = batch.targets != IGNORE
+    right = (logits.argmax(-1) == batch.targets) | ~scored
+    return {
+        "loss": F.cross_entropy(logits[scored], batch.targets[scored]).item(),
+        "token_acc": (right & scored).sum().item() / scored.sum().item(),
+        "seq_acc": right.all(dim=1).float().mean().item(),
+    }
+
+
+def _on(batch: Batch, device: torch.device) -> Batch:
+    return Batch(*(t.to(device) for t in batch))
+
+
+def train_run(cfg: dict, task: str, model_name: str, attention: str, lr: float, seed: int, device: torch.device):
+    """Train one run; returns (model, curve rows, final validation metrics, diverged)."""
+    torch.manual_seed(seed)
+    model = build_model(model_name, attention, cfg["vocab"], cfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg["weight_decay"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(cfg))
+    batches = torch.Generator().manual_seed(seed)
+    L = cfg["train_len"]
+    val = _on(make_batch(task, cfg, cfg["eval_size"], L, torch.Generator().manual_seed(seed * STREAM + 1)), device)
+    probe = Batch(*(t[: cfg["probe_size"]] for t in val))
+    rows, running = [], []
+    for step in range(1, cfg["steps"] + 1):
+        batch = _on(make_batch(task, cfg, cfg["batch_size"], L, batches), device)
+        logits = model(batch.inputs, batch.loud)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        running.append(loss.detach())
+        if step % cfg["log_every"] == 0 or step == cfg["steps"]:
+            train_loss = torch.stack(running).mean().item()
+            running = []
+            metrics = evaluate(model, val, cfg["batch_size"]) if math.isfinite(train_loss) else {}
+            rows.append(
+                {
+                    "lr": lr,
+                    "seed": seed,
+                    "step": step,
+                    "train_loss": train_loss,
+                    "val_loss": metrics.get("loss", math.nan),
+                    "val_token_acc": metrics.get("token_acc", math.nan),
+                    **attention_stats(model, probe.inputs, probe.loud),
+                }
+            )
+            if not math.isfinite(train_loss):
+                return model, rows, {"val_loss": math.nan, "val_token_acc": math.nan}, True
+        optimizer.step()
+        scheduler.step()
+    return model, rows, {"val_loss": rows[-1]["val_loss"], "val_token_acc": rows[-1]["val_token_acc"]}, False
+
+
+def best_lr(sweep: pd.DataFrame) -> float | None:
+    """The lr with the best mean validation token accuracy over its seeds (ties: lower mean
+    validation loss) among lrs none of whose runs diverged; None when every lr has a diverged run."""
+    ok = sweep.groupby("lr").filter(lambda runs: not runs["diverged"].any())
+    if ok.empty:
+        return None
+    means = ok.groupby("lr")[["val_token_acc", "val_loss"]].mean()
+    return float(means.sort_values(["val_token_acc", "val_loss"], ascending=[False, True], kind="stable").index[0])
+
+
+def test_sets(task: str, cfg: dict, seed: int, device: torch.device) -> dict[tuple[int, float], Batch]:
+    """(eval length, level) -> the fixed test batch of `eval_size` sequences."""
+    return {
+        (length, level): _on(
+            make_batch(
+                task,
+                cfg,
+                cfg["eval_size"],
+                length,
+                torch.Generator().manual_seed(seed * STREAM + 2 + 64 * length + i),
+                level,
+            ),
+            device,
+        )
+        for length in eval_lengths(cfg)
+        for i, level in enumerate(levels(task, cfg))
+    }
+
+
+def run_cell(
+    cfg: dict, task: str, model_name: str, attention: str, device: torch.device, log: logging.Logger | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation)."""
+    log = log or logging.getLogger(__name__)
+    cell = {"task": task, "model": model_name, "attention": attention}
+    curves, sweep, models = [], [], {}
+
+    def run(lr: float, seed: int) -> None:
+        start = time.perf_counter()
+        model, rows, final, diverged = train_run(cfg, task, model_name, attention, lr, seed, device)
+        curves.extend(rows)
+        sweep.append({"lr": lr, "seed": seed, **final, "diverged": diverged})
+        models[lr, seed] = copy.deepcopy(model.state_dict())
+        log.info(
+            "%s %s %s lr %g seed %d: val token acc %.4f%s (%.1f s)",
+            task,
+            model_name,
+            attention,
+            lr,
+            seed,
+            final["val_token_acc"],
+            ", diverged" if diverged else "",
+            time.perf_counter() - start,
+        )
+
+    for lr in cfg["lrs"]:
+        for seed in cfg["seeds"][: cfg["sweep_seeds"]]:
+            run(lr, seed)
+    chosen = best_lr(pd.DataFrame(sweep))
+    if chosen is None:
+        raise TrainingDivergedError(
+            f"{task} with the {model_name} model and {attention} attention: every lr has a diverged run; "
+            f"lower config key 'attention.lrs' ({cfg['lrs']})"
+        )
+    for seed in cfg["seeds"][cfg["sweep_seeds"] :]:
+        run(chosen, seed)
+    final = pd.DataFrame(sweep).set_index(["lr", "seed"])
+    rows = []
+    for seed in cfg["seeds"]:
+        model = build_model(model_name, attention, cfg["vocab"], cfg).to(device)
+        model.load_state_dict(models[chosen, seed])
+        validation = final.loc[(chosen, seed)]
+        for (length, level), batch in test_sets(task, cfg, seed, device).items():
+            metrics = (
+                dict.fromkeys(("loss", "token_acc", "seq_acc"), math.nan)
+                if validation["diverged"]
+                else evaluate(model, batch, cfg["batch_size"])
+            )  # a diverged model's argmax is noise, not an accuracy
+            rows.append(
+                {
+                    **cell,
+                    "lr": chosen,
+                    "seed": seed,
+                    "train_len": cfg["train_len"],
+                    "eval_len": length,
+                    "level": level,
+                    **metrics,
+                    "val_token_acc": validation["val_token_acc"],
+                    "diverged": bool(validation["diverged"]),
+                }
+            )
+    return (
+        pd.DataFrame(curves).assign(**cell),
+        pd.DataFrame(sweep).assign(**cell, chosen=lambda d: d["lr"] == chosen),
+        pd.DataFrame(rows),
+    )

@@ -1,0 +1,50 @@
+"""Rule attention_table: the attention study's tests, lr sweeps and curves as tables.
+
+attention.csv: one row per (task, model, attention, seed, eval_len, level) at the cell's chosen lr.
+attention_sweep.csv: validation metrics of every (lr, seed) run, `chosen` marking the cell's lr.
+attention_curves.csv: the chosen lr's curves (validation accuracy, score magnitude, attention
+gradient norm) per seed and logged step.
+"""
+
+import pandas as pd
+
+from uph.io import write_table
+from uph.logs import rule_logging
+
+KEYS = ["task", "model", "attention"]
+COLUMNS = [
+    *KEYS,
+    "lr",
+    "seed",
+    "train_len",
+    "eval_len",
+    "level",
+    "loss",
+    "token_acc",
+    "seq_acc",
+    "val_token_acc",
+    "diverged",
+]
+
+with rule_logging(snakemake) as log:
+    table = pd.concat(map(pd.read_parquet, snakemake.input.evaluations), ignore_index=True)
+    table = table[COLUMNS].sort_values([*KEYS, "seed", "eval_len", "level"], kind="stable")
+    sweep = pd.concat(map(pd.read_parquet, snakemake.input.sweeps), ignore_index=True)
+    sweep = sweep[[*KEYS, "lr", "seed", "val_loss", "val_token_acc", "diverged", "chosen"]]
+    sweep = sweep.sort_values([*KEYS, "lr", "seed"], kind="stable")
+    chosen = sweep[sweep["chosen"]][[*KEYS, "lr", "seed"]]
+    curves = pd.concat(map(pd.read_parquet, snakemake.input.curves), ignore_index=True).merge(chosen)
+    curves = curves[
+        [*KEYS, "lr", "seed", "step", "train_loss", "val_loss", "val_token_acc", "score_abs", "attention_grad_norm"]
+    ]
+    log.info(
+        "validation token accuracy of the lr sweep, mean over its seeds:\n%s",
+        sweep.groupby([*KEYS, "lr"])["val_token_acc"].mean().unstack("lr").to_string(),
+    )
+    log.info(
+        "test token accuracy at the chosen lr, mean over seeds, per eval length:\n%s",
+        table.groupby([*KEYS, "eval_len"])["token_acc"].mean().unstack("eval_len").to_string(),
+    )
+    write_table(table, snakemake.output.csv)
+    write_table(sweep, snakemake.output.sweep)
+    write_table(curves.sort_values([*KEYS, "seed", "step"], kind="stable"), snakemake.output.curves)
