@@ -13,6 +13,7 @@ include: "rules/model.smk"
 include: "rules/extract.smk"
 include: "rules/fit.smk"
 include: "rules/copy_task.smk"
+include: "rules/attention.smk"
 include: "rules/feedback.smk"
 include: "rules/aggregate.smk"
 
@@ -22,6 +23,7 @@ localrules:
     all,
     personalization_table,
     copy_task_table,
+    attention_table,
     feedback_table,
     aggregate,
     provenance,

@@ -126,4 +126,4 @@ def aggregate_targets():
 
 
 def all_targets():
-    return lm_targets() + copy_task_targets() + feedback_targets() + aggregate_targets()
+    return lm_targets() + copy_task_targets() + attention_targets() + feedback_targets() + aggregate_targets()

@@ -16,6 +16,8 @@ TABLES = (  # results/tables/<name>.csv
     "copy_task",
     "gram_resilience",
     "feedback",
+    "attention",  # the attention study (issue 13): tests at each cell's chosen lr
+    "attention_curves",  # and its curves at that lr
 )
 
 FULL_WIDTH = 7.0  # inches: the text width of a two-column paper
@@ -43,5 +45,13 @@ FIGURES = {
     "copy_task_curves": FigureSpec("Copy-task learning curves", (FULL_WIDTH, 2.6), "Copy task"),
     "copy_task_lengths": FigureSpec("Copy-task accuracy against evaluation length", (FULL_WIDTH, 2.6), "Copy task"),
     "gram_resilience": FigureSpec("Gram-score resilience", (COLUMN_WIDTH, 2.6), "Copy task"),
+    "attention_offset_copy": FigureSpec("Variable-offset copy by attention kind", (FULL_WIDTH, 2.6), "Attention study"),
+    "attention_loud_copy": FigureSpec("Loud-distractor copy by attention kind", (FULL_WIDTH, 2.6), "Attention study"),
+    "attention_mqar": FigureSpec(
+        "Multi-query associative recall by attention kind", (FULL_WIDTH, 2.6), "Attention study"
+    ),
+    "attention_dynamics": FigureSpec(
+        "Attention score magnitude and gradient norm", (FULL_WIDTH, 4.2), "Attention study"
+    ),
     "feedback": FigureSpec("Feedback loss and alignment over training", (FULL_WIDTH, 2.8), "Feedback"),
 }

@@ -29,7 +29,7 @@ from uph.feedback.training import METHODS
 from uph.io import atomic_path
 from uph.lm.heads import HEADS
 from uph.report.catalog import FIGURES
-from uph.report.study import Study, baselines_at, headline_solver, ordered, split_baselines
+from uph.report.study import Study, baselines_at, headline_solver, ordered, over_seeds, split_baselines
 from uph.stats import diagonal_dominance
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -349,6 +349,107 @@ def gram_resilience(fig: Figure, study: Study) -> None:
     ax.legend(loc="upper right")
 
 
+LEVELS = {"loud_copy": "distractor loudness m", "mqar": "key-value pairs"}  # the swept quantity of a task
+MODEL_STYLES = {"residual": "-", "seed": "--"}
+
+
+def _interval(ax, stats: pd.DataFrame, x: str, color, label=None, **style) -> None:
+    """Mean over seeds with its 95 % bootstrap interval (uph.report.study.over_seeds)."""
+    yerr = [stats["mean"] - stats["ci_low"], stats["ci_high"] - stats["mean"]]
+    ax.errorbar(stats[x], stats["mean"], yerr=yerr, color=color, marker="o", capsize=2, label=label, **style)
+
+
+def _attention_task(fig: Figure, study: Study, task: str) -> None:
+    """Test token accuracy of `task` against the evaluation length (mean over its levels) and, for a
+    task with levels, against the level at the training length; sequence accuracy otherwise."""
+    table = study.attention[study.attention["task"] == task] if study.attention is not None else pd.DataFrame()
+    axes = fig.subplots(1, 2)
+    if table.empty:
+        for ax in axes:
+            ax.text(0.5, 0.5, f"{task} not run (attention.tasks)", ha="center", va="center", transform=ax.transAxes)
+        return
+    colors = palette(table["attention"], ATTENTIONS)
+    lengths = sorted(table["eval_len"].unique())
+    at_train = table[table["eval_len"] == table["train_len"]]
+    right = ("level", "token_acc", at_train, LEVELS[task]) if task in LEVELS else ("eval_len", "seq_acc", table, None)
+    for (model, attention), rows in table.groupby(["model", "attention"]):
+        i, n = list(colors).index(attention), len(colors)
+        style = {"color": colors[attention], "linestyle": MODEL_STYLES.get(model, "-")}
+        label = attention if table["model"].nunique() == 1 else f"{attention} ({model})"
+        stats = over_seeds(rows, ["eval_len"], "token_acc")
+        _interval(
+            axes[0], stats.assign(eval_len=stats["eval_len"] * _dodge(i, n, 0.05)), "eval_len", label=label, **style
+        )
+        x, metric, source, _ = right
+        stats = over_seeds(source[(source["model"] == model) & (source["attention"] == attention)], [x], metric)
+        if x == "eval_len":
+            stats[x] = stats[x] * _dodge(i, n, 0.05)
+        _interval(axes[1], stats, x, **style)
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+    _log2_axis(axes[0], lengths)
+    axes[0].axvline(at_train["train_len"].iloc[0], color="0.4", linestyle="--", linewidth=0.8, label="training length")
+    axes[0].set_xlabel("evaluation length (tokens)")
+    axes[0].set_ylabel("test token accuracy")
+    if right[0] == "level":
+        levels = sorted(table["level"].unique())
+        axes[1].set_xscale("log" if task == "loud_copy" else "linear")
+        axes[1].set_xticks(levels, [f"{level:g}" for level in levels])
+        axes[1].minorticks_off()
+        axes[1].set_xlabel(f"{right[3]} (at the training length)")
+        axes[1].set_ylabel("test token accuracy")
+    else:
+        _log2_axis(axes[1], lengths)
+        axes[1].set_xlabel("evaluation length (tokens)")
+        axes[1].set_ylabel("whole-sequence accuracy")
+    fig.legend(loc="outside right center")
+    fig.suptitle(f"{task}: mean and 95 % bootstrap interval over {_seeds(table)}, each kind at its best validation lr")
+
+
+def attention_offset_copy(fig: Figure, study: Study) -> None:
+    _attention_task(fig, study, "offset_copy")
+
+
+def attention_loud_copy(fig: Figure, study: Study) -> None:
+    _attention_task(fig, study, "loud_copy")
+
+
+def attention_mqar(fig: Figure, study: Study) -> None:
+    _attention_task(fig, study, "mqar")
+
+
+def attention_dynamics(fig: Figure, study: Study) -> None:
+    """Mean |score| over causal entries and the attention weights' gradient norm along training: top,
+    seed 004's copy task (one-layer model); bottom, the attention study's first task at each kind's lr."""
+    axes = fig.subplots(2, 2, sharex="row")
+    study_curves = study.attention_curves if study.attention_curves is not None else pd.DataFrame()
+    task = ordered(study_curves["task"], ["offset_copy"])[0] if not study_curves.empty else None
+    rows = (
+        (study.copy_task_curves, "seed 004 copy task"),
+        (study_curves[study_curves["task"] == task] if task else study_curves, f"{task}, {_seeds(study_curves)}"),
+    )
+    names = pd.concat([curves["attention"] for curves, _ in rows if not curves.empty])
+    colors, labeled = palette(names, ATTENTIONS), set()
+    for (curves, title), (score_ax, grad_ax) in zip(rows, axes):
+        if curves.empty or "score_abs" not in curves:
+            score_ax.text(0.5, 0.5, "no curves", ha="center", va="center", transform=score_ax.transAxes)
+            continue
+        for attention, run in curves.groupby("attention"):
+            run = run.dropna(subset=["attention_grad_norm"])
+            label = None if attention in labeled else attention
+            labeled.add(attention)
+            _mean_and_spread(score_ax, run, "step", "score_abs", colors[attention], label=label)
+            _mean_and_spread(grad_ax, run, "step", "attention_grad_norm", colors[attention])
+        for ax in (score_ax, grad_ax):
+            ax.set_yscale("log")
+            ax.set_title(title)
+        score_ax.set_ylabel("mean |score|")
+        grad_ax.set_ylabel("attention grad norm")
+    for ax in axes[1]:
+        ax.set_xlabel("training step")
+    fig.legend(loc="outside right center")
+
+
 def feedback(fig: Figure, study: Study) -> None:
     """Held-out loss per learning rule, and the cosine between each hidden layer's feedback delta and
     the true gradient (backprop's is 1 by definition), over training."""
@@ -384,6 +485,10 @@ DRAW: dict[str, Callable[[Figure, Study], None]] = {  # one per figure of uph.re
     "copy_task_curves": copy_task_curves,
     "copy_task_lengths": copy_task_lengths,
     "gram_resilience": gram_resilience,
+    "attention_offset_copy": attention_offset_copy,
+    "attention_loud_copy": attention_loud_copy,
+    "attention_mqar": attention_mqar,
+    "attention_dynamics": attention_dynamics,
     "feedback": feedback,
 }
 

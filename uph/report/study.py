@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from uph.stats import bootstrap_ci
+
 
 @dataclass(frozen=True)
 class Study:
@@ -23,6 +25,8 @@ class Study:
     copy_task_curves: pd.DataFrame  # every results/copy_task/attention~*/seed~*/curves.parquet
     feedback_curves: pd.DataFrame  # every results/feedback/method~*/seed~*/curves.parquet
     copy_task_vocab: int  # chance accuracy on the copy task is 1 / vocab
+    attention: pd.DataFrame | None = None  # results/tables/attention.csv
+    attention_curves: pd.DataFrame | None = None  # results/tables/attention_curves.csv
 
 
 def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy_task_vocab: int) -> Study:
@@ -52,6 +56,28 @@ def baselines_at(personalization: pd.DataFrame, solver: str) -> pd.DataFrame:
     (unigram's lambda is a 1-D search, fitted the same whatever fit.solvers says)."""
     baselines = split_baselines(personalization)[1]
     return baselines.sort_values("solver", key=lambda solvers: solvers != solver, kind="stable").drop_duplicates("head")
+
+
+def over_seeds(table: pd.DataFrame, keys: list, metric: str) -> pd.DataFrame:
+    """Per group of `keys`: the mean of `metric` over seeds (each seed's rows averaged first), its 95 %
+    bootstrap interval over seeds (uph.stats.bootstrap_ci), and the seeds counted and diverged
+    (a diverged run's metric is NaN and is left out)."""
+    per_seed = table.groupby([*keys, "seed"], dropna=False)[metric].mean().reset_index()
+    rows = []
+    for group, runs in per_seed.groupby(keys, sort=True):
+        values = runs[metric].dropna()
+        low, high = bootstrap_ci(values) if len(values) else (float("nan"), float("nan"))
+        rows.append(
+            {
+                **dict(zip(keys, group)),
+                "mean": values.mean(),
+                "ci_low": low,
+                "ci_high": high,
+                "seeds": len(values),
+                "diverged": len(runs) - len(values),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def ordered(values, order) -> list:

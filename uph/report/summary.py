@@ -14,7 +14,7 @@ import pandas as pd
 from uph.feedback.comparison import paired_difference
 from uph.report.catalog import FIGURES, TABLES
 from uph.report.figures import MILLI
-from uph.report.study import Study, baselines_at, headline_solver, split_baselines
+from uph.report.study import Study, baselines_at, headline_solver, over_seeds, split_baselines
 from uph.stats import diagonal_dominance
 
 
@@ -201,6 +201,100 @@ def gram_resilience_finding(study: Study) -> str:
     )
 
 
+def _attention_cells(table: pd.DataFrame, metric: str = "token_acc") -> str:
+    """'kind mean [95 % CI]' per (model, attention), best first, from the seeds of `table`."""
+    stats = over_seeds(table, ["model", "attention"], metric).sort_values("mean", ascending=False, kind="stable")
+    several = stats["model"].nunique() > 1
+    return ", ".join(
+        f"{row.attention}{f' ({row.model})' if several else ''} {row.mean:.3f} [{row.ci_low:.3f}, {row.ci_high:.3f}]"
+        + (f", {row.diverged} diverged" if row.diverged else "")
+        for row in stats.itertuples()
+    )
+
+
+def _attention_task(study: Study, task: str) -> pd.DataFrame:
+    return study.attention[study.attention["task"] == task] if study.attention is not None else pd.DataFrame()
+
+
+def _lengths(table: pd.DataFrame) -> str:
+    """Test token accuracy at the training length, with the chosen lrs, and at every longer length."""
+    train_len = table["train_len"].iloc[0]
+    lrs = table.groupby(["model", "attention"])["lr"].first()
+    parts = [
+        f"at the training length ({train_len} tokens) test token accuracy, mean [95 % bootstrap CI] over seeds: "
+        + _attention_cells(table[table["eval_len"] == train_len])
+        + " (best validation lrs: "
+        + ", ".join(f"{attention} {lr:g}" for (_, attention), lr in lrs.items())
+        + ")"
+    ]
+    for length in sorted(table["eval_len"].unique()):
+        if length > train_len:
+            parts.append(f"at {length} tokens: " + _attention_cells(table[table["eval_len"] == length]))
+    return "; ".join(parts)
+
+
+def _solved(table: pd.DataFrame, threshold: float = 0.95) -> str:
+    """Whether standard attention reaches `threshold` token accuracy at the training length (mean over seeds)."""
+    at_train = table[(table["eval_len"] == table["train_len"]) & (table["attention"] == "standard")]
+    if at_train.empty:
+        return ""
+    mean = over_seeds(at_train, ["model"], "token_acc").set_index("model")["mean"]
+    return "; standard attention " + ", ".join(
+        f"{'reaches' if value >= threshold else 'does not reach'} {threshold} ({model} model)"
+        for model, value in mean.items()
+    )
+
+
+def attention_offset_copy_finding(study: Study) -> str:
+    table = _attention_task(study, "offset_copy")
+    if table.empty:
+        return "not run (attention.tasks)."
+    return _lengths(table) + _solved(table) + "."
+
+
+def _levels(table: pd.DataFrame, name: str) -> str:
+    """Token accuracy at the training length at the lowest and the highest level of the task."""
+    at_train = table[table["eval_len"] == table["train_len"]]
+    low, high = at_train["level"].min(), at_train["level"].max()
+    return (
+        f"at the training length, {name} {low:g}: {_attention_cells(at_train[at_train['level'] == low])}; "
+        f"{name} {high:g}: {_attention_cells(at_train[at_train['level'] == high])}"
+    )
+
+
+def attention_loud_copy_finding(study: Study) -> str:
+    table = _attention_task(study, "loud_copy")
+    if table.empty:
+        return "not run (attention.tasks)."
+    return _levels(table, "loudness m") + "; " + _lengths(table) + "."
+
+
+def attention_mqar_finding(study: Study) -> str:
+    table = _attention_task(study, "mqar")
+    if table.empty:
+        return "not run (attention.tasks)."
+    return _levels(table, "pairs") + "; " + _lengths(table) + _solved(table) + "."
+
+
+def attention_dynamics_finding(study: Study) -> str:
+    """On seed 004's copy task: each kind's mean |score| and attention gradient norm at its best copy
+    loss and at the end, the mean over seeds."""
+    curves = study.copy_task_curves
+    if "score_abs" not in curves:
+        return "the copy-task curves hold no score magnitude."
+    parts = []
+    for attention, runs in curves.groupby("attention"):
+        best = runs.loc[runs.groupby("seed")["loss"].idxmin()]
+        last = runs.loc[runs.groupby("seed")["step"].idxmax()]
+        parts.append(
+            f"{attention} mean |score| {best['score_abs'].mean():.3g} at its best copy loss (step "
+            f"{best['step'].mean():.0f} on average) and {last['score_abs'].mean():.3g} at the end "
+            f"(×{last['score_abs'].mean() / best['score_abs'].mean():.2f}), gradient norm "
+            f"{best['attention_grad_norm'].mean():.3g} -> {last['attention_grad_norm'].mean():.3g}"
+        )
+    return "seed 004 copy task: " + "; ".join(parts) + "."
+
+
 def _paired(difference) -> str:
     return (
         f"{difference.mean:+.3f} nats/character (95 % paired bootstrap CI {difference.ci_low:+.3f} to "
@@ -255,6 +349,10 @@ FINDINGS = {
     "copy_task_curves": copy_task_curves_finding,
     "copy_task_lengths": copy_task_lengths_finding,
     "gram_resilience": gram_resilience_finding,
+    "attention_offset_copy": attention_offset_copy_finding,
+    "attention_loud_copy": attention_loud_copy_finding,
+    "attention_mqar": attention_mqar_finding,
+    "attention_dynamics": attention_dynamics_finding,
     "feedback": feedback_finding,
 }
 
