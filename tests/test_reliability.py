@@ -15,10 +15,14 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import matplotlib
+import matplotlib.figure
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -31,10 +35,20 @@ from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDiverg
 from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import train as train_feedback
 from uph.feedback.training import train_config
-from uph.io import write_json
-from uph.lm.cache import HiddenStateCache, cache_identity, shard_writer
+from uph.io import code_version, write_json, write_table
+from uph.lm.cache import (
+    cache_identity,
+    check_unique_users,
+    read_record,
+    read_shard,
+    read_users,
+    shard_manifest,
+    shard_writer,
+)
 from uph.lm.fit import fit_theta, prepare
 from uph.lm.heads import make_head
+from uph.report.figures import STYLE
+from uph.report.provenance import table_code
 
 LM_TABLES = ["results/tables/personalization.csv", "results/tables/cross_user.csv"]
 STAGE_RULES = {
@@ -194,10 +208,8 @@ def truncate(shard):
 
 
 def rewrite_for_another_model(shard):
-    table = pq.read_table(shard)
-    metadata = dict(table.schema.metadata)
-    metadata[b"uph"] = json.dumps({**json.loads(metadata[b"uph"]), "weights_sha256": "0" * 64}).encode()
-    pq.write_table(table.replace_schema_metadata(metadata), shard)
+    record = {**read_record(shard), "weights_sha256": "0" * 64}
+    pq.write_table(pq.read_table(shard).replace_schema_metadata({b"uph": json.dumps(record).encode()}), shard)
 
 
 def test_damaged_shards_stop_the_fits_that_read_them(tiny_study, tmp_path):
@@ -206,38 +218,49 @@ def test_damaged_shards_stop_the_fits_that_read_them(tiny_study, tmp_path):
         "shard-0": (rewrite_for_another_model, "was built for something else: weights_sha256="),
         "shard-1": (truncate, "is damaged or truncated ("),
     }
-    fits = []
     for shard, (damage, _) in damages.items():
         path = workdir / f"results/cache/{shard}.parquet"
         stat = path.stat()
         damage(path)
         os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # damage at rest: the file looks up to date
-        fits.append(f"results/fit/head~cvh/alpha~1.0/d~8/{shard}.parquet")
-        (workdir / fits[-1]).unlink()  # so a job reads the shard again
-    run = snakemake(workdir, *fits)  # two jobs, started together
+    run = snakemake(workdir, "--forcerun", "fit", *LM_TABLES)  # one fit job per shard, started together
     assert run.returncode != 0
     errors = sorted(line.split(" fit ERROR ")[1] for line in run.stderr.splitlines() if " fit ERROR " in line)
     assert len(errors) == 2
     for error, (shard, (_, problem)) in zip(errors, damages.items()):
         assert error.startswith(f"cache file 'results/cache/{shard}.parquet' {problem}")
         assert error.endswith("; delete it and run snakemake again (the extract job rebuilds it)")
-    assert not any((workdir / fit).exists() for fit in fits)
+    assert_tables_equal_the_reference(workdir, tiny_study)
+
+
+USERS = pd.DataFrame(  # a users table of two users, ids that Markdown and mathtext would misread
+    {
+        "user_id": ["a|1", "b$2"],
+        "n_tokens": [6, 5],
+        "train_end": [4, 3],
+        "test_start": [5, 4],
+        "tokens": [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5]],
+    }
+)
 
 
 def _identity(**changes):
     model = {"name": "m", "weights_sha256": "w", "tokenizer_sha256": "t", "hidden_size": 4}
-    return {**cache_identity(model, torch.float32, 8), **changes}
+    return {**cache_identity(model, torch.float32, 8), **shard_manifest(USERS, 0, 1), **changes}
 
 
 def _write_shard(path, identity, hidden):
-    with shard_writer(path, identity) as write:
-        write("u1", "train", range(len(hidden)), [1] * len(hidden), hidden)
+    """USERS' tokens, `hidden` [3, 4] each user's train states, one test state of ones."""
+    with shard_writer(path, identity, shard_manifest(USERS, 0, 1)) as write:
+        for user in USERS["user_id"]:
+            write(user, "train", range(1, 4), [2, 3, 4], hidden)
+            write(user, "test", [4], [5], torch.ones(1, 4, dtype=hidden.dtype))
 
 
 @pytest.mark.parametrize(
     "identity, problem",
     [
-        (_identity(schema_version=0), "was built for something else: schema_version=0 (expected 1)"),
+        (_identity(schema_version=1), "was built for something else: schema_version=1 (expected 2)"),
         (None, "has no readable uph metadata: not a hidden-state cache of this suite"),
     ],
     ids=["older-schema", "hand-rewritten"],
@@ -250,7 +273,7 @@ def test_shards_of_another_schema_or_without_metadata_are_refused(tmp_path, iden
     else:
         _write_shard(path, identity, torch.ones(3, 4))
     with pytest.raises(CacheError) as error:
-        HiddenStateCache([path], expect=_identity())
+        read_shard(path, _identity())
     assert str(error.value) == (
         f"cache file '{path}' {problem}; delete it and run snakemake again (the extract job rebuilds it)"
     )
@@ -263,10 +286,105 @@ def test_non_finite_hidden_states_are_refused_naming_the_user_and_the_dtype_key(
     _write_shard(tmp_path / "s.parquet", identity, hidden)
     with pytest.raises(
         CacheError,
-        match=r"^cache file '.*s.parquet' holds NaN or inf hidden states of user 'u1'; "
+        match=r"^cache file '.*s.parquet' holds NaN or inf hidden states of user 'a\|1'; "
         r"bfloat16 overflowed: set config key 'extract.dtype' to float32$",
     ):
-        HiddenStateCache([tmp_path / "s.parquet"], expect=identity).load()
+        read_shard(tmp_path / "s.parquet", identity)
+
+
+def test_every_byte_flip_of_a_shard_footer_is_refused_in_one_line_or_reads_the_same_states(tmp_path):
+    """The footer holds the schema, the page locations and the uph record: a flip there is one
+    CacheError line, or (in bytes no reader uses, e.g. column statistics) the exact same states."""
+    path = tmp_path / "shard-0.parquet"
+    _write_shard(path, _identity(), torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+    states = read_shard(path, _identity())
+    data = path.read_bytes()
+    footer = int.from_bytes(data[-8:-4], "little")
+    outcomes = {"refused": 0, "same": 0}
+    for at in range(len(data) - 8 - footer, len(data), 5):
+        flipped = tmp_path / "flipped" / "shard-0.parquet"
+        flipped.parent.mkdir(exist_ok=True)
+        flipped.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :])
+        try:
+            read = read_shard(flipped, _identity())
+        except CacheError as error:
+            assert str(error).startswith(f"cache file '{flipped}' ") and "\n" not in str(error)
+            assert str(error).endswith("; delete it and run snakemake again (the extract job rebuilds it)")
+            outcomes["refused"] += 1
+            continue
+        assert read.keys() == states.keys()
+        for user in states:
+            for field in ("train_hidden", "train_targets", "test_hidden", "test_targets"):
+                assert torch.equal(getattr(read[user], field), getattr(states[user], field))
+        outcomes["same"] += 1
+    assert outcomes["refused"] > outcomes["same"] > 0
+
+
+def test_a_relabelled_user_or_a_swapped_record_is_refused(tmp_path):
+    path = tmp_path / "shard-0.parquet"
+    _write_shard(path, _identity(), torch.ones(3, 4))
+    table = pq.read_table(path)
+    metadata = pq.read_metadata(path).metadata
+    relabelled = table.set_column(0, "user_id", pa.array(["b$2"] * 4 + ["a|1"] * 4))  # states of a -> b
+    pq.write_table(relabelled.replace_schema_metadata({b"uph": metadata[b"uph"]}), path)
+    assert read_record(path)["users"] == {"a|1": 6, "b$2": 5}  # the record survived the rewrite
+    with pytest.raises(CacheError, match=r"does not match its recorded content digest \(edited or damaged"):
+        read_shard(path, _identity())
+    with pytest.raises(CacheError, match=r"user 'a\|1' has 6 tokens there, 7 in the users table"):
+        read_shard(path, _identity(users={"a|1": 7, "b$2": 5}))
+
+
+def test_shards_of_a_run_with_other_shards_or_corpus_settings_are_refused(tiny_study, tmp_path):
+    """The tiny study's real shards, read as a fit job of another configuration would read them."""
+    results = tiny_study.workdir / "results"
+    shards = [results / f"cache/shard-{i}.parquet" for i in range(2)]
+    extract = {"context": 64, "dtype": "float32", "shards": 2}
+    users = read_users(shards, results / "model", results / "corpus/users.parquet", extract)
+    assert sorted(users) == sorted(pd.read_parquet(results / "corpus/users.parquet")["user_id"])
+    fix = "; delete it and run snakemake again (the extract job rebuilds it)"
+    with pytest.raises(CacheError) as error:  # extract.shards: 3
+        read_users(shards, results / "model", results / "corpus/users.parquet", {**extract, "shards": 3})
+    assert str(error.value) == (
+        f"cache file '{shards[0]}' holds shard 0 of 2, not shard 0 of 3 (config key 'extract.shards'){fix}"
+    )
+    cut = pd.read_parquet(results / "corpus/users.parquet")  # corpus.max_tokens: 3500
+    cut = cut.assign(tokens=[tokens[:3500] for tokens in cut["tokens"]], n_tokens=3500)
+    cut.to_parquet(tmp_path / "users.parquet")
+    with pytest.raises(CacheError) as error:
+        read_users(shards, results / "model", tmp_path / "users.parquet", extract)
+    assert str(error.value) == (
+        f"cache file '{shards[0]}' was cut from another users table than results/corpus/users.parquet "
+        f"(corpus or its settings changed){fix}"
+    )
+    assert read_users(shards, results / "model", results / "corpus/users.parquet", {**extract, "dtype": "auto"})
+
+
+def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp_path):
+    """`cp shard-0.parquet shard-1.parquet`, then the LM tables: every job reading shard 1 stops,
+    naming it; the tables stay as they were, no user counted twice."""
+    workdir = copy_study(tiny_study, tmp_path)
+    shutil.copy(workdir / "results/cache/shard-0.parquet", workdir / "results/cache/shard-1.parquet")
+    run = snakemake(workdir, *LM_TABLES)
+    assert run.returncode != 0
+    assert any(
+        line.endswith(
+            "cache file 'results/cache/shard-1.parquet' holds shard 0 of 2, not shard 1 of 2 (config key "
+            "'extract.shards'); delete it and run snakemake again (the extract job rebuilds it)"
+        )
+        for line in run.stderr.splitlines()
+    ), run.stderr[-3000:]
+    assert_tables_equal_the_reference(workdir, tiny_study)
+
+
+def test_a_user_in_two_fit_files_is_refused():
+    fits = pd.DataFrame({"head": ["cvh"], "alpha": [1.0], "d": [8], "solver": ["exact"], "user": ["hamlet/Hamlet"]})
+    check_unique_users({"shard-0.parquet": fits, "shard-1.parquet": fits.assign(d=16)})
+    with pytest.raises(CacheError) as error:
+        check_unique_users({"shard-0.parquet": fits, "shard-1.parquet": fits})
+    assert str(error.value) == (
+        "user 'hamlet/Hamlet' is in both 'shard-0.parquet' and 'shard-1.parquet' (head=cvh alpha=1.0 d=8 "
+        "solver=exact): results of one shard were copied over another; delete both and run snakemake again"
+    )
 
 
 def test_a_killed_writer_leaves_a_temporary_file_that_the_next_write_removes(tmp_path):
@@ -294,7 +412,7 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
     ),
     "alpha-as-string": (
         lambda c, tmp: c["fit"].update(alphas=["0.1"]),
-        "config key 'fit.alphas[0]': '0.1' is not of type 'number'",
+        "config key 'fit.alphas[0]': '0.1' is text, not a number; write it without quotes: 0.1",
     ),
     "d-above-basis-rank": (
         lambda c, tmp: c["fit"].update(ds=[8, 65]),
@@ -316,6 +434,33 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
     "model-folder-without-weights": (
         model_folder_without_weights,
         "config key 'model.source': model folder '{tmp}/model' holds no weights (*.safetensors or *.bin)",
+    ),
+    "alpha-nan": (  # passed every bound (comparisons with NaN are false) and dropped the point
+        lambda c, tmp: c["fit"].update(alphas=[1.0, float("nan")]),
+        "config key 'fit.alphas[1]': nan is not a finite number",
+    ),
+    "tol-written-1e-5": (  # PyYAML reads 1e-5 as text
+        lambda c, tmp: c["fit"].update(tol="1e-5"),
+        "config key 'fit.tol': '1e-5' is text, not a number; write it as 1.0e-5 (YAML reads a number in "
+        "e-notation without a dot as text)",
+    ),
+    "max-tokens-below-a-held-out-window": (
+        lambda c, tmp: c["corpus"].update(max_tokens=300),
+        "config key 'corpus.max_tokens': 300 leaves 60 held-out tokens, fewer than the train/test gap of "
+        "extract.context=64 plus 2; raise it to at least 331",
+    ),
+    "context-beyond-the-model-positions": (
+        lambda c, tmp: (c["extract"].update(context=2048), c["corpus"].update(min_tokens=20000, max_tokens=None)),
+        "config key 'extract.context': 2048 is more than the model's 1024 positions "
+        "(results/model/config.json); lower it to at most 1024",
+    ),
+    "mistyped-tiny-model": (
+        lambda c, tmp: c["model"].update(source="tiny:lama"),
+        "config key 'model.source': unknown tiny architecture 'tiny:lama' (known: tiny:llama, tiny:gpt2)",
+    ),
+    "mistyped-model-package": (
+        lambda c, tmp: c["model"].update(source="package:llm_smolm2"),
+        "config key 'model.source': package 'llm_smolm2' is not installed",
     ),
 }
 
@@ -371,6 +516,105 @@ def test_unwritable_results_folder_stops_at_dag_build(tmp_path):
     ) in run.stderr.splitlines()
     with pytest.raises(ConfigError, match=r"^config key 'results': folder '.*/config.yaml' is not a folder$"):
         check_results_folder(tmp_path / "config.yaml")
+
+
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("fit", "lr", float("inf")),
+        ("fit", "lam", float("nan")),
+        ("fit", "beta", float("nan")),
+        ("fit", "max_norm", float("inf")),
+        ("corpus", "train_fraction", float("nan")),
+        ("copy_task", "lr", float("nan")),
+    ],
+)
+def test_a_non_finite_number_is_named_by_its_own_key(section, key, value):
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+    with pytest.raises(ConfigError) as error:
+        validate({**config, section: {**config[section], key: value}})
+    assert str(error.value) == f"config key '{section}.{key}': {value} is not a finite number"
+
+
+def test_the_readme_unlock_command_needs_no_cores(tmp_path):
+    run = subprocess.run(
+        [c for c in snakemake_command(tmp_path, "--unlock") if c not in ("--cores", "2")],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Unlocked working directory." in run.stderr + run.stdout
+
+
+def test_a_second_checkout_writing_the_same_results_folder_is_refused(tmp_path):
+    other = tmp_path / "other-checkout"  # the workflow's files, as a second clone has them
+    other.mkdir()
+    for part in ("Snakefile", "config.yaml", "rules", "workflow_scripts", "schemas", "report"):
+        (shutil.copytree if (REPO / part).is_dir() else shutil.copy)(REPO / part, other / part)
+    workdir = tmp_path / "work"
+    assert snakemake(workdir, "-n").returncode == 0  # the first checkout claims results/
+    command = snakemake_command(workdir, "-n")
+    command[command.index(str(REPO / "Snakefile"))] = str(other / "Snakefile")
+    run = subprocess.run(command, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert (
+        f"config key 'results': folder 'results' is written by the checkout '{REPO}' (results/.uph-checkout); "
+        f"give this checkout ('{other}') its own results folder, or delete that file to hand the folder over"
+    ) in (run.stdout + run.stderr).splitlines()  # a dry run reports on stdout
+
+
+def test_a_read_only_or_full_folder_ends_the_write_in_one_line_naming_the_file(tmp_path):
+    table = pd.DataFrame({"user": ["a"], "delta_nll": [0.5]})
+    (tmp_path / "tables").mkdir()
+    with read_only(tmp_path / "tables"), pytest.raises(ConfigError) as error:
+        write_table(table, tmp_path / "tables/feedback.csv")
+    assert re.fullmatch(  # root writes anywhere: there the folder is immutable (EPERM) instead
+        rf"config key 'results': cannot write '{tmp_path}/tables/feedback.csv' \((Permission denied|Operation not "
+        r"permitted)\); make it writable or choose another 'results' folder and run snakemake again",
+        str(error.value),
+    )
+    full = (  # a file-size limit: the write fails midway, as on a full disk
+        "import resource, signal, sys, pandas as pd\n"
+        "from uph.errors import UphError\n"
+        "from uph.io import write_table\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "try:\n"
+        f"    write_table(pd.DataFrame({{'x': range(10000)}}), '{tmp_path}/full/feedback.csv')\n"
+        "except UphError as error:\n"
+        "    sys.exit(str(error))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", full], capture_output=True, text=True)
+    assert run.stderr == (
+        f"config key 'results': cannot write '{tmp_path}/full/feedback.csv' (File too large); "
+        "free space there and run snakemake again\n"
+    )
+    assert not list((tmp_path / "full").iterdir())  # no partial table, no temporary file
+
+
+def test_user_ids_with_pipes_and_dollars_keep_the_markdown_table_and_the_figure_intact(tmp_path):
+    users = ["a|b", "$x^$", "c\\|d"]
+    write_table(pd.DataFrame({"user": users, "delta_nll": [0.5, 1.0, 1.5]}), tmp_path / "t.csv")
+    rows = (tmp_path / "t.md").read_text().splitlines()
+    assert [len(re.findall(r"(?<!\\)\|", row.replace("\\\\", ""))) for row in rows] == [3] * 5  # unescaped |
+    assert [row.split(" | ")[0].removeprefix("| ").strip() for row in rows[2:]] == [
+        r"a\|b",
+        r"\$x^\$",
+        r"c\\\|d",
+    ]
+    with matplotlib.rc_context(STYLE):  # as mathtext, "$x^$" cannot be drawn (a superscript of nothing)
+        figure = matplotlib.figure.Figure()
+        figure.subplots().set_xticks(range(3), users)
+        figure.savefig(tmp_path / "f.png")
+
+
+def test_provenance_flags_a_table_computed_by_older_code(tmp_path):
+    now = code_version()
+    write_table(pd.DataFrame({"x": [1]}), tmp_path / "feedback.csv")
+    write_json({**now, "code_sha256": "0" * 64}, tmp_path / "copy_task.code.json")  # written before a change
+    tables = table_code(tmp_path, now)
+    assert tables["feedback"] == {**now, "older_code": False}
+    assert tables["copy_task"]["older_code"] and tables["copy_task"]["commit"] == now["commit"]
 
 
 BAD_CORPORA = {  # the corpus file's bytes, the line naming the file and the row or user
