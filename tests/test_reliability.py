@@ -45,8 +45,9 @@ from uph.lm.cache import (
     shard_manifest,
     shard_writer,
 )
-from uph.lm.fit import fit_theta, prepare
+from uph.lm.fit import SolverSettings, fit_theta, prepare
 from uph.lm.heads import make_head
+from uph.lm.models import OutputLayer
 from uph.report.figures import STYLE
 from uph.report.provenance import table_code
 
@@ -159,10 +160,11 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     remove(
         workdir,
         "results/cache/shard-1.parquet",
-        "results/fit/*/*/*/shard-1.parquet",
-        "results/fit/*/*/*/global.parquet",
+        "results/fit/global.parquet",
+        "results/fit/shard-*/*.parquet",
         "results/fit/*/*/*/cross_user.parquet",
         "results/tables/personalization.*",
+        "results/tables/dose_response.*",
         "results/tables/cross_user.*",
     )
     cache = workdir / "results/cache"
@@ -170,12 +172,12 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     assert not (cache / "shard-1.parquet").exists()
     kept = results_files(workdir)  # shard 0, its fits, the model, the corpus, ...
 
-    unlock(workdir)  # a fit done, more running:
+    unlock(workdir)  # the global fit and one shard's fit done, the other running:
     resumed = kill_when(workdir, lambda output: "(Rule: fit)" in output, "--rerun-incomplete")
     assert planned_jobs(resumed) == {
         "extract": 1,
-        "fit": 5,
-        "fit_global": 5,
+        "fit_global": 1,
+        "fit": 2,
         "cross_user": 1,
         "personalization_table": 1,
     }
@@ -186,8 +188,8 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     rerun = snakemake(workdir, "--rerun-incomplete", *LM_TABLES)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     unfinished = {
-        "fit": 5 - finished["fit"],
-        "fit_global": 5 - finished["fit_global"],
+        "fit": 2 - finished["fit"],
+        "fit_global": 1 - finished["fit_global"],
         "cross_user": 1,
         "personalization_table": 1,
     }
@@ -675,23 +677,25 @@ def _tokens():
     generator = torch.Generator().manual_seed(0)
     W = torch.randn(50, 16, generator=generator)
     hidden, targets = torch.randn(60, 16, generator=generator), torch.randint(0, 50, (60,), generator=generator)
-    return prepare(hidden, targets, W), W
+    return prepare(hidden, targets, OutputLayer(W)), W
 
 
 def test_fits_at_the_extremes_stay_finite_and_a_nan_names_the_user_the_point_and_the_keys():
     tokens, W = _tokens()
-    _, result = fit_theta(tokens, make_head("cvh", W, d=4, alpha=1.0), solver="seed", lr=1e6, max_norm=5.0)
+    huge_lr = SolverSettings.defaults(lr=1e6, max_norm=5.0)
+    _, result = fit_theta(tokens, make_head("cvh", W, d=4, alpha=1.0), "adam", huge_lr)
     assert result.theta_norm <= 5.0 + 1e-6 and torch.isfinite(torch.tensor(result.objective))  # huge lr: bounced
-    for solver in ("seed", "exact"):  # largest alpha
-        _, result = fit_theta(tokens, make_head("uncond", W, d=4, alpha=1e6), solver=solver)
+    for solver in ("adam", "exact"):  # largest alpha
+        _, result = fit_theta(tokens, make_head("uncond", W, d=4, alpha=1e6), solver, SolverSettings.defaults())
         assert torch.isfinite(torch.tensor([result.objective, result.certificate])).all()
     with pytest.raises(FitDivergedError) as error:  # beyond the cap
         fit_theta(
             tokens,
             make_head("cvh", W, d=4, alpha=1e20),
-            solver="exact",
+            "exact",
+            SolverSettings.defaults(),
             user="hamlet/Hamlet",
-            config={"head": "cvh", "alpha": 1e20, "d": 4},
+            label="head=cvh alpha=1e+20 d=4",
         )
     assert str(error.value) == (
         "fit of user 'hamlet/Hamlet' (head=cvh alpha=1e+20 d=4, solver exact) diverged at "
@@ -721,7 +725,8 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 
 # Invalidation: a config change reruns exactly the jobs that depend on it (params and paths).
 
-LM_STAGES_AFTER_CORPUS = {"extract": 2, "fit": 10, "fit_global": 5, "cross_user": 1, "personalization_table": 1}
+LM_FITS = {"fit_global": 1, "fit": 2, "cross_user": 1, "personalization_table": 1}  # p0 once per user: all points
+LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}
 CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "model": (
         lambda c: c["model"].update(source="tiny:gpt2"),
@@ -733,13 +738,11 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
         {"corpus_roles": 1, "corpus": 1, "feedback_train": 4, "feedback_table": 1, **LM_STAGES_AFTER_CORPUS},
     ),
     "extract-dtype": (lambda c: c["extract"].update(dtype="bfloat16"), LM_STAGES_AFTER_CORPUS),
-    "one-more-alpha": (
-        lambda c: c["fit"]["alphas"].append(0.5),
-        {"fit": 10, "fit_global": 5, "personalization_table": 1},
-    ),
-    "lm-head-update-gamma": (
-        lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}),
-        {"fit": 2, "fit_global": 1, "personalization_table": 1},
+    "one-more-alpha": (lambda c: c["fit"]["alphas"].append(0.5), LM_FITS),
+    "lm-head-update-gamma": (lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}), LM_FITS),
+    "dose-response-sizes": (  # only the shard fits and the tables read them
+        lambda c: c["fit"]["dose_response"].update(train_tokens=[256]),
+        {"fit": 2, "cross_user": 1, "personalization_table": 1},
     ),
     "one-more-copy-seed": (lambda c: c["copy_task"]["seeds"].append(1), {"copy_task_train": 2, "copy_task_table": 1}),
     "feedback-sigma": (  # node perturbation's noise: only feedback_learned reads it
