@@ -1,4 +1,4 @@
-"""RoPE, standard and triple-product attention against explicit computations."""
+"""RoPE, standard, triple-product and 2-simplicial attention against explicit computations."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ import math
 import pytest
 import torch
 
+import uph.attention.self_attention as self_attention
 from uph.attention.self_attention import (
     ATTENTIONS,
+    CausalSelfAttention,
     OneLayerModel,
+    _SimplicialProbs,
     _TripleProductProbs,
     rope,
+    score_magnitude,
+    simplicial_attention,
     standard_attention,
     triple_product_attention,
     triple_scores,
@@ -135,3 +140,80 @@ def test_model_gradients_are_finite(attention):
 def test_unknown_attention_kind_is_refused():
     with pytest.raises(ValueError, match="'cosine' is not one of"):
         OneLayerModel(vocab=4, d_model=8, n_head=2, attention="cosine")
+
+
+def literal_simplicial(q, k, r, v):
+    """Σ_jl softmax_(j,l)(Σ_d q_id k_jd r_ld / sqrt(D)) v_j over j, l <= i, from the full T×T×T score tensor."""
+    T, D = q.shape[-2:]
+    scores = torch.einsum("...id,...jd,...ld->...ijl", q, k, r) / math.sqrt(D)
+    i = torch.arange(T)
+    future = (i[None, :, None] > i[:, None, None]) | (i[None, None, :] > i[:, None, None])
+    weights = torch.softmax(scores.masked_fill(future, -math.inf).flatten(-2), dim=-1).view(scores.shape)
+    return torch.einsum("...ijl,...jd->...id", weights, v)
+
+
+@pytest.mark.parametrize("queries_per_block", [64, 3])  # one block, and blocks that split the queries
+def test_simplicial_attention_and_gradients_equal_the_literal_einsum(monkeypatch, queries_per_block):
+    monkeypatch.setattr(self_attention, "SIMPLICIAL_QUERIES", queries_per_block)
+    q, k, r = (x.requires_grad_() for x in random_qkr(2, 3, 10, 6, seed=2))
+    v = torch.randn(2, 3, 10, 6, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(2, 3, 10, 6, dtype=torch.float64)
+    fast = simplicial_attention(q, k, r, v)
+    literal = literal_simplicial(q, k, r, v)
+    torch.testing.assert_close(fast, literal, rtol=1e-9, atol=1e-12)
+    fast_grads = torch.autograd.grad((fast * weights).sum(), (q, k, r, v))
+    literal_grads = torch.autograd.grad((literal * weights).sum(), (q, k, r, v))
+    for a, b in zip(fast_grads, literal_grads):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-10)
+
+
+def test_simplicial_probabilities_gradient_matches_finite_differences(monkeypatch):
+    monkeypatch.setattr(self_attention, "SIMPLICIAL_QUERIES", 2)
+    q, k, r = (x.requires_grad_() for x in random_qkr(1, 2, 5, 4, seed=3))
+    assert torch.autograd.gradcheck(_SimplicialProbs.apply, (q, k, r))
+
+
+def test_simplicial_float32_with_wide_scores_matches_float64_literal():
+    """Scores spread over hundreds: the clamped exponents change nothing visible."""
+    q, k, r = (x * 4 for x in random_qkr(2, 2, 12, 8, dtype=torch.float32, seed=4))
+    v = torch.randn(2, 2, 12, 8)
+    fast = simplicial_attention(q, k, r, v)
+    exact = literal_simplicial(q.double(), k.double(), r.double(), v.double())
+    assert fast.dtype == torch.float32
+    torch.testing.assert_close(fast.double(), exact, rtol=1e-4, atol=1e-5)
+
+
+def test_score_magnitude_is_the_mean_absolute_causal_score():
+    q, k, r = random_qkr(1, 2, 6, 4, seed=5)
+    T = 6
+    causal = torch.ones(T, T).tril().bool()
+    dots = (q @ k.transpose(-1, -2) / 2)[..., causal]
+    assert score_magnitude("standard", q, k) == pytest.approx(dots.abs().mean().item())
+    gram = literal_gram_scores(q, k, r)[..., causal]
+    assert score_magnitude("triple", q, k, r) == pytest.approx(gram.abs().mean().item())
+    cube = torch.einsum("...id,...jd,...ld->...ijl", q, k, r) / 2
+    i = torch.arange(T)
+    past = (i[None, :, None] <= i[:, None, None]) & (i[None, None, :] <= i[:, None, None])
+    assert score_magnitude("simplicial", q, k, r) == pytest.approx(cube[..., past].abs().mean().item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_loudness_scales_the_key_vectors_by_m_and_nothing_else(attention):
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(16, 2, attention)
+    x = torch.randn(2, 7, 16)
+    loud = torch.ones(2, 7)
+    loud[0, 3], loud[1, 5] = 4.0, 16.0
+    plain, scaled = layer.heads(x), layer.heads(x, loud)
+    names = ["q", "k", "r", "v"]
+    key_side = {"k", "r"} if attention == "simplicial" else {"k"}
+    for name, a, b in zip(names, plain, scaled):
+        if a is None:
+            continue
+        factor = loud[:, None, :, None] if name in key_side and attention != "triple_normed" else 1.0
+        torch.testing.assert_close(b, a * factor, rtol=1e-6, atol=1e-6)
+    if attention != "triple_normed":
+        norms = scaled[1].norm(dim=-1) / plain[1].norm(dim=-1)
+        assert norms[0, :, 3].tolist() == pytest.approx([4.0, 4.0]) and norms[1, :, 5].tolist() == pytest.approx(
+            [16.0] * 2
+        )

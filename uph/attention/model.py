@@ -6,8 +6,8 @@ ResidualModel (L blocks, RoPE inside the attention, no positional embedding):
     x_l = x_{l-1} + attention(rmsnorm(x_{l-1}), loud);   x_l += mlp(rmsnorm(x_l))   (l = 1..L)
     logits = unembed(rmsnorm(x_L)),   mlp(x) = W_2 gelu(W_1 x), W_1: C -> 4C.
 
-A loud token's factor multiplies its normalized input to every attention layer (a pre-norm would
-erase a scaled embedding); in the seed's model, which has no norm, it multiplies the embedding.
+A loud token's factor multiplies its key vectors in every attention layer (CausalSelfAttention), so
+the pre-norm cannot erase it.
 """
 
 from __future__ import annotations

@@ -246,8 +246,10 @@ class CausalSelfAttention(nn.Module):
 
     One bias-free projection makes q, k, v (standard) or q, k, r, v (the other kinds) for every
     head, RoPE turns q, k (and r for the triple kinds), the heads attend, one bias-free projection
-    mixes them back. `loud` [B, T] (optional) multiplies each position's input first: a loud token's
-    q, k, r and v all grow by its factor. With `measure_scores` set, each forward stores the mean
+    mixes them back. `loud` [B, T] (optional) multiplies the key-side vectors of each position, after
+    RoPE and before triple_normed's normalization: a loud token's k (and r, the second key, for
+    simplicial) grow by its factor, as the loud mismatch of seed 004's resilience table (|k| = m);
+    its query and value stay as they are. With `measure_scores` set, each forward stores the mean
     |score| over causal entries in `score_abs` (an extra score computation; for probes only).
     """
 
@@ -261,30 +263,36 @@ class CausalSelfAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.measure_scores, self.score_abs = False, None
 
-    def forward(self, x: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
+    def heads(self, x: torch.Tensor, loud: torch.Tensor | None = None):
+        """q, k, r (None for standard), v [B, n_head, T, head width] as the score sees them."""
         B, T, C = x.shape
-        if loud is not None:
-            x = x * loud[..., None].to(x.dtype)
         heads = self.proj(x).view(B, T, self.n_proj, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         n_turned = 2 if self.kind == "simplicial" else self.n_proj - 1
         q, k, *r = [*rope(heads[:n_turned]), *heads[n_turned:-1]]
         v = heads[-1]
+        if loud is not None:
+            factor = loud[:, None, :, None].to(k.dtype)
+            k, r = k * factor, [r[0] * factor] if self.kind == "simplicial" else r
         if self.kind == "triple_normed":
             q, k, r[0] = (t * (t.shape[-1] ** 0.5 / t.norm(dim=-1, keepdim=True).clamp_min(1e-6)) for t in (q, k, r[0]))
+        return q, k, (r[0] if r else None), v
+
+    def forward(self, x: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, r, v = self.heads(x, loud)
         if self.measure_scores:
-            self.score_abs = score_magnitude(self.kind, q, k, *r)
+            self.score_abs = score_magnitude(self.kind, q, k, r)
         if self.kind == "standard":
             y = standard_attention(q, k, v)
         elif self.kind == "simplicial":
-            y = simplicial_attention(q, k, *r, v)
+            y = simplicial_attention(q, k, r, v)
         else:
-            y = triple_product_attention(q, k, *r, v)
-        return self.out(y.transpose(1, 2).reshape(B, T, C))
+            y = triple_product_attention(q, k, r, v)
+        return self.out(y.transpose(1, 2).reshape(x.shape))
 
 
 class OneLayerModel(nn.Module):
     """Seed 004's model: token embedding -> attention -> unembedding; no positional embedding,
-    no residual, no norm: position enters only through RoPE. `loud` scales the embeddings."""
+    no residual, no norm: position enters only through RoPE. `loud`: see CausalSelfAttention."""
 
     def __init__(self, vocab: int, d_model: int, n_head: int, attention: str):
         super().__init__()

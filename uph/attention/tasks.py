@@ -11,8 +11,9 @@ offset_copy    n items, then the same items again, in a sequence of T + 1 tokens
                0..T-1; scored are the next tokens inside the second copy after its first item
                (its first item cannot be known: the gap is random). level = 1.
 loud_copy      offset_copy in which `distractors` filler positions hold distractors: content tokens
-               that are none of the items (never a true match), each with loudness m, the
-               sequence's level, drawn from `ms` (or fixed for an eval set).
+               that are none of the items (never a true match), each with loudness m (its key
+               vectors scaled by m, see CausalSelfAttention), the sequence's level: drawn from
+               `train_ms` in training and validation, one of `ms` for each test set.
 mqar           multi-query associative recall (as in the Zoology benchmark): N key-value pairs
                k_1 v_1 .. k_N v_N (keys distinct, from the lower half of the content tokens, values
                uniform from the upper half), then T - 2N positions of filler holding the N keys
@@ -38,8 +39,13 @@ class Batch(NamedTuple):
 
 
 def levels(task: str, cfg: dict) -> list:
-    """The values of the swept quantity of `task` (the eval sets' levels)."""
+    """The values of the swept quantity of `task` (the test sets' levels)."""
     return {"offset_copy": [1], "loud_copy": cfg["ms"], "mqar": cfg["pairs"]}[task]
+
+
+def training_levels(task: str, cfg: dict) -> list:
+    """The levels training and validation sequences draw from."""
+    return cfg["train_ms"] if task == "loud_copy" else levels(task, cfg)
 
 
 def _draw(choices: list, batch_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -113,11 +119,11 @@ def mqar_batch(batch_size: int, length: int, vocab: int, generator: torch.Genera
 
 
 def make_batch(task: str, cfg: dict, batch_size: int, length: int, generator: torch.Generator, level=None) -> Batch:
-    """A batch of `task` at `length`; each row's level is `level`, or drawn uniformly from levels(task, cfg)."""
+    """A batch of `task` at `length`; each row's level is `level`, or drawn uniformly from training_levels."""
     drawn = (
         torch.full((batch_size,), float(level))
         if level is not None
-        else _draw(levels(task, cfg), batch_size, generator)
+        else _draw(training_levels(task, cfg), batch_size, generator)
     )
     if task == "offset_copy":
         return copy_batch(batch_size, length, cfg["vocab"], generator, cfg["items"])
