@@ -12,7 +12,7 @@ from uph.config import (
     check_results_folder,
     claim_results_folder,
     cross_user_solver,
-    head_settings,
+    HEAD_KEYS,
     job_params,
     validate,
 )
@@ -77,12 +77,8 @@ def copy_task_runs(name):
 # exactly the jobs it affects; inputs cover files the config names.
 FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
 FIT_USERS = job_params(FIT, FIT_SHARD_KEYS)
-HEAD_SETTINGS = job_params({head: head_settings(head, FIT) for head in FIT["heads"]})
+FIT_HEADS = job_params(FIT, HEAD_KEYS)
 CACHE_IDENTITY = job_params(config["extract"], EXTRACT_KEYS)
-
-
-def head_params(wildcards):
-    return head_settings(wildcards.head, FIT)
 
 
 def job_settings(section, *listed):

@@ -27,7 +27,6 @@ rule fit_global:
         gpu=gpus(),
     params:
         fit=FIT_GLOBAL,
-        heads=HEAD_SETTINGS,
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:
@@ -55,7 +54,6 @@ rule fit:
         gpu=gpus(),
     params:
         fit=FIT_USERS,
-        heads=HEAD_SETTINGS,
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:
@@ -81,7 +79,7 @@ rule cross_user:
         gpu=gpus(),
     params:
         solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
-        head=head_params,
+        heads=FIT_HEADS,
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:

@@ -4,7 +4,7 @@
 naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the minimum of 1``
 (`ModelError` for a local model folder without weights). `check_results_folder` and
 `check_against_model` need the file system; `job_params` is what a rule passes to one job, and
-`EXTRACT_KEYS`, `SOLVER_KEYS`, `head_settings` say which keys a job reads. Torch-free: the DAG build
+`EXTRACT_KEYS`, `SOLVER_KEYS`, `HEAD_KEYS` say which keys a job reads. Torch-free: the DAG build
 imports this module, so `snakemake -n` stays fast.
 """
 
@@ -189,22 +189,10 @@ def job_params(section: dict, keys=None) -> dict:
 # What each job reads, so that its params hold exactly those keys (`job_params`).
 EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.cache.read_users)
 SOLVER_KEYS = ("beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.fit.SolverSettings
-SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", *SOLVER_KEYS)  # every point with every solver
+HEAD_KEYS = ("basis_seed", "lm_head_update")  # what building the heads reads besides the point (uph.lm.heads)
+SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", *HEAD_KEYS, *SOLVER_KEYS)  # every point with every solver
 FIT_GLOBAL_KEYS = (*SWEEP_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
 FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "baselines")  # uph.lm.sweep.fit_shard
-
-
-def head_settings(head: str, fit: dict) -> dict:
-    """The `fit` keys that building `head` reads, as uph.lm.heads.make_head's keyword arguments: seed
-    000's random bases read basis_seed, lm_head_update reads gamma and basis (and basis_seed when
-    random), the SVD heads nothing beyond their sweep point."""
-    update = fit["lm_head_update"]
-    if head in ("cvh", "uncond"):
-        return {"basis_seed": fit["basis_seed"]}
-    if head == "lm_head_update":
-        seeded = {"basis_seed": fit["basis_seed"]} if update["basis"] == "random" else {}
-        return {"gamma": update["gamma"], "basis": update["basis"], **seeded}
-    return {}
 
 
 def cross_user_solver(fit: dict, head: str, alpha, d) -> str:

@@ -20,7 +20,7 @@ with rule_logging(snakemake) as log:
         snakemake.params.cache,
         snakemake.params.device,
     )
-    heads = build_heads(sweep_points(fit), layer, snakemake.input.basis, snakemake.params.heads)
+    heads = build_heads(sweep_points(fit), layer, snakemake.input.basis, fit)
     log.info("%d users x %d points x solvers %s", len(users), len(heads), fit["solvers"])
     tables = fit_shard(users, heads, global_thetas(pd.read_parquet(snakemake.input.global_fit)), layer, fit, device)
     for table, path in zip(tables, (snakemake.output.fits, snakemake.output.dose, snakemake.output.baselines)):

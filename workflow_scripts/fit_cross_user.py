@@ -27,7 +27,7 @@ with rule_logging(snakemake) as log:
         snakemake.params.cache,
         snakemake.params.device,
     )
-    head = build_heads([point], layer, snakemake.input.basis, {point.head: snakemake.params.head})[point]
+    head = build_heads([point], layer, snakemake.input.basis, snakemake.params.heads)[point]
     theta_g = global_thetas(pd.read_parquet(snakemake.input.global_fit))[(point, solver)]
     log.info("%s, solver %s: %d x %d cross-user scores", point.label, solver, len(residuals), len(users))
     table = cross_user(users, head, theta_g, residuals, layer, device).assign(**point.columns, solver=solver)

@@ -18,5 +18,5 @@ with rule_logging(snakemake) as log:
         snakemake.params.cache,
         snakemake.params.device,
     )
-    heads = build_heads(sweep_points(fit), layer, snakemake.input.basis, snakemake.params.heads)
+    heads = build_heads(sweep_points(fit), layer, snakemake.input.basis, fit)
     write_parquet(fit_global(users, heads, layer, fit, device), snakemake.output[0])

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 
 from uph.errors import ConfigError
 
-HEADS = ("cvh", "uncond", "svd_cvh", "svd_uncond", "lm_head_update")
 BASES = ("svd", "random")
 
 
@@ -85,6 +84,62 @@ def _random(shape: tuple[int, int], fan_in: int, generator: torch.Generator) -> 
     return torch.randn(*shape, generator=generator) / fan_in**0.5
 
 
+def _cvh(W, d, alpha, basis_seed, **_):
+    generator = torch.Generator().manual_seed(basis_seed)
+    A = _random((d, W.shape[1]), W.shape[1], generator)
+    return A, alpha * _random((W.shape[1], d), d, generator)
+
+
+def _uncond(W, d, alpha, basis_seed, **_):
+    return None, alpha * _random((W.shape[1], d), d, torch.Generator().manual_seed(basis_seed + 1000))
+
+
+def _svd_cvh(W, d, alpha, svd, **_):
+    Vh = _top_singular(W, d, svd)[2]
+    return Vh, alpha * Vh.T
+
+
+def _svd_uncond(W, d, alpha, svd, **_):
+    return None, alpha * _top_singular(W, d, svd)[2].T
+
+
+def _lm_head_update(W, d, alpha, svd, basis_seed, gamma, basis, **_):
+    """(A, P) of seed 002's W'_u = W + gamma alpha C diag(theta) A: no hidden-space form."""
+    if basis not in BASES:
+        raise ConfigError(f"config key 'fit.lm_head_update.basis': unknown basis '{basis}' (known: {', '.join(BASES)})")
+    if basis == "svd":
+        U, S, Vh = _top_singular(W, d, svd)
+        A, C = Vh, U * S
+    else:
+        generator = torch.Generator().manual_seed(basis_seed)
+        A = _random((d, W.shape[1]), W.shape[1], generator).to(W.dtype)
+        C = _random((W.shape[0], d), d, generator).to(W.dtype)
+    return A, gamma * alpha * C
+
+
+# head name -> builder (W, d, alpha, svd, basis_seed, gamma, basis) -> (A or None, up [H, d]); lm_head_update's
+# builder gives (A, P) instead, as its correction acts on the lm_head. Adding a head: a builder here and its
+# name in schemas/fit.schema.yaml (tests/test_registries.py checks the two agree).
+BUILDERS = {
+    "cvh": _cvh,
+    "uncond": _uncond,
+    "svd_cvh": _svd_cvh,
+    "svd_uncond": _svd_uncond,
+    "lm_head_update": _lm_head_update,
+}
+HEADS = tuple(BUILDERS)
+ACTS_ON_LM_HEAD = ("lm_head_update",)
+
+
+def _top_singular(W: torch.Tensor, d: int, svd: tuple | None):
+    """(U_d, S_d, Vh_d) of W from the precomputed basis `svd`, refusing one with fewer than d triplets."""
+    if svd is None or svd[2].shape[0] < d:
+        have = "no SVD basis" if svd is None else f"an SVD basis of {svd[2].shape[0]} triplets"
+        raise ConfigError(f"config key 'fit.ds': d={d} needs the top {d} singular triplets of the lm_head, got {have}")
+    U, S, Vh = svd
+    return U[:, :d].to(W.dtype), S[:d].to(W.dtype), Vh[:d].to(W.dtype)
+
+
 def make_head(
     name: str,
     W: torch.Tensor,
@@ -97,42 +152,13 @@ def make_head(
     bias: torch.Tensor | None = None,
 ) -> Head:
     """Build head `name` on the lm_head (W [V, H], `bias`), with svd = (U, S, Vh) of W when needed."""
-    if name not in HEADS:
+    if name not in BUILDERS:
         raise ConfigError(f"config key 'fit.heads': unknown head '{name}' (known: {', '.join(HEADS)})")
-    if name == "lm_head_update" and basis not in BASES:
-        raise ConfigError(f"config key 'fit.lm_head_update.basis': unknown basis '{basis}' (known: {', '.join(BASES)})")
-    V, H = W.shape
-    if not 1 <= d <= H:
-        raise ConfigError(f"config key 'fit.ds': d={d} must be between 1 and the hidden size {H}")
-    uses_svd = name.startswith("svd_") or (name == "lm_head_update" and basis == "svd")
-    if uses_svd:
-        if svd is None or svd[2].shape[0] < d:
-            have = "no SVD basis" if svd is None else f"an SVD basis of {svd[2].shape[0]} triplets"
-            raise ConfigError(
-                f"config key 'fit.ds': head '{name}' with d={d} needs the top {d} "
-                f"singular triplets of the lm_head, got {have}"
-            )
-        U, S, Vh = svd
-        U, S, Vh = U[:, :d].to(W.dtype), S[:d].to(W.dtype), Vh[:d].to(W.dtype)
-
-    A = up = None
-    if name == "cvh":
-        generator = torch.Generator().manual_seed(basis_seed)
-        A = _random((d, H), H, generator)
-        up = alpha * _random((H, d), d, generator)
-    elif name == "uncond":
-        up = alpha * _random((H, d), d, torch.Generator().manual_seed(basis_seed + 1000))
-    elif name in ("svd_cvh", "svd_uncond"):
-        A = Vh if name == "svd_cvh" else None
-        up = alpha * Vh.T
-    if up is not None:
-        up = up.to(W.dtype)
-        return Head(name, d, P=W @ up, A=None if A is None else A.to(W.dtype), up=up, W=W, b=bias)
-
-    if basis == "svd":
-        A, C = Vh, U * S
-    else:
-        generator = torch.Generator().manual_seed(basis_seed)
-        A = _random((d, H), H, generator).to(W.dtype)
-        C = _random((V, d), d, generator).to(W.dtype)
-    return Head(name, d, P=gamma * alpha * C, A=A, up=None, W=W, b=bias)
+    if not 1 <= d <= W.shape[1]:
+        raise ConfigError(f"config key 'fit.ds': d={d} must be between 1 and the hidden size {W.shape[1]}")
+    A, up = BUILDERS[name](W, d=d, alpha=alpha, svd=svd, basis_seed=basis_seed, gamma=gamma, basis=basis)
+    A = None if A is None else A.to(W.dtype)
+    if name in ACTS_ON_LM_HEAD:
+        return Head(name, d, P=up.to(W.dtype), A=A, up=None, W=W, b=bias)
+    up = up.to(W.dtype)
+    return Head(name, d, P=W @ up, A=A, up=up, W=W, b=bias)

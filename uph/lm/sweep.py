@@ -61,14 +61,11 @@ def sweep_points(fit: dict) -> list[Point]:
     return [Point.of(h, a, d) for h in fit["heads"] for a in fit["alphas"] for d in fit["ds"]]
 
 
-def build_heads(points, layer: OutputLayer, basis_path: str | Path, head_settings: dict) -> dict[Point, Head]:
-    """Each point's head on the model's output layer and SVD basis; `head_settings`: head name ->
-    make_head's keyword arguments (uph.config.head_settings)."""
-    svd = load_basis(basis_path)
+def build_heads(points, layer: OutputLayer, basis_path: str | Path, fit: dict) -> dict[Point, Head]:
+    """Each point's head on the model's output layer and SVD basis (`fit`: its HEAD_KEYS)."""
+    svd, settings = load_basis(basis_path), {"basis_seed": fit["basis_seed"], **fit["lm_head_update"]}
     return {
-        point: make_head(
-            point.head, layer.W, svd=svd, d=point.d, alpha=point.alpha, bias=layer.b, **head_settings[point.head]
-        )
+        point: make_head(point.head, layer.W, svd=svd, d=point.d, alpha=point.alpha, bias=layer.b, **settings)
         for point in points
     }
 
