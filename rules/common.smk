@@ -5,6 +5,8 @@ from pathlib import Path
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
 from uph.config import (
     EXTRACT_KEYS,
+    FEEDBACK_COMMON_KEYS,
+    FEEDBACK_METHOD_KEYS,
     FIT_GLOBAL_KEYS,
     FIT_SHARD_KEYS,
     check_against_model,
@@ -79,6 +81,13 @@ FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
 FIT_USERS = job_params(FIT, FIT_SHARD_KEYS)
 FIT_HEADS = job_params(FIT, HEAD_KEYS)
 CACHE_IDENTITY = job_params(config["extract"], EXTRACT_KEYS)
+
+
+def feedback_settings(wildcards):
+    """The feedback keys the job's method reads, so that changing node perturbation's sigma reruns
+    feedback_learned only."""
+    keys = FEEDBACK_COMMON_KEYS + FEEDBACK_METHOD_KEYS[wildcards.method]
+    return job_params(config["feedback"], keys)
 
 
 def job_settings(section, *listed):

@@ -2,21 +2,6 @@
 # feedback alignment and factored feedback (seed 003: frozen U, U learned from node perturbation,
 # U learned from the true gradient as an oracle); one job per (method, seed), then the table.
 
-# The feedback keys beyond the common ones that each method reads, so that changing, say, the node
-# perturbation's sigma reruns feedback_learned only.
-FEEDBACK_METHOD_KEYS = {
-    "backprop": [],
-    "dfa": [],
-    "feedback_frozen": ["rank"],
-    "feedback_learned": ["rank", "update", "signal", "node_perturbation"],
-    "feedback_learned_oracle": ["rank", "update"],
-}
-FEEDBACK_COMMON_KEYS = ["test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows"]
-
-
-def feedback_settings(wildcards):
-    return job_params(config["feedback"], FEEDBACK_COMMON_KEYS + FEEDBACK_METHOD_KEYS[wildcards.method])
-
 
 rule feedback_train:
     input:

@@ -195,6 +195,16 @@ FIT_GLOBAL_KEYS = (*SWEEP_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
 FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "baselines")  # uph.lm.sweep.fit_shard
 
 
+FEEDBACK_COMMON_KEYS = ("test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows")
+FEEDBACK_METHOD_KEYS = {  # the feedback keys beyond the common ones each method reads (uph.feedback.training)
+    "backprop": (),
+    "dfa": (),
+    "feedback_frozen": ("rank",),
+    "feedback_learned": ("rank", "update", "signal", "node_perturbation"),
+    "feedback_learned_oracle": ("rank", "update"),
+}
+
+
 def cross_user_solver(fit: dict, head: str, alpha, d) -> str:
     """The solver whose thetas the cross-user matrix at sweep point (head, alpha, d) scores."""
     point = (head, float(alpha), int(d))
