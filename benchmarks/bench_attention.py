@@ -2,9 +2,12 @@
 
     .venv/bin/python benchmarks/bench_attention.py [--threads 1] [--device cpu] [--lengths 64 128 256 512]
 
-Four kernels on the same q, k, r, v [batch, heads, T, D] (RoPE left out: it is the same for all):
+Kernels on the same q, k, r, v [batch, heads, T, D] (RoPE left out: it is the same for all):
   triple          the project's triple-product attention (uph.attention.self_attention.triple_product_attention)
   triple_literal  seed 004's formulation: five materialized T×T terms, autograd through them
+  simplicial      the project's 2-simplicial attention (uph.attention.self_attention.simplicial_attention)
+  simplicial_literal  the T×T×T score tensor by einsum, masked softmax over key pairs, autograd
+                  (only up to --literal-max T: its memory grows as T³)
   standard_seed   seed 004's standard attention: materialized scores, tril mask, softmax
   sdpa            torch's scaled_dot_product_attention(is_causal=True), for reference
 Time: median over interleaved repeats (each repeat runs every kernel once, so machine load hits
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from uph.attention.self_attention import triple_product_attention
+from uph.attention.self_attention import simplicial_attention, triple_product_attention
 
 
 def _causal_mask(T, device):
@@ -59,9 +62,21 @@ def sdpa(q, k, r, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def simplicial_literal(q, k, r, v):
+    """softmax over key pairs (j, l <= i) of Σ_d q_id k_jd r_ld / sqrt(D), values v_j, from the whole cube."""
+    T, D = q.shape[-2:]
+    scores = torch.einsum("...id,...jd,...ld->...ijl", q, k, r) / math.sqrt(D)
+    i = torch.arange(T, device=q.device)
+    future = (i[None, :, None] > i[:, None, None]) | (i[None, None, :] > i[:, None, None])
+    weights = F.softmax(scores.masked_fill(future, float("-inf")).flatten(-2), dim=-1).view(scores.shape)
+    return torch.einsum("...ijl,...jd->...id", weights, v)
+
+
 KERNELS = {
     "triple": lambda q, k, r, v: triple_product_attention(q, k, r, v),
     "triple_literal": triple_literal,
+    "simplicial": lambda q, k, r, v: simplicial_attention(q, k, r, v),
+    "simplicial_literal": simplicial_literal,
     "standard_seed": standard_seed,
     "sdpa": sdpa,
 }
@@ -123,6 +138,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--budget", type=float, default=4.0, help="seconds of timing per length")
+    parser.add_argument("--literal-max", type=int, default=128, help="largest T of simplicial_literal")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -132,7 +148,7 @@ def main() -> None:
         f"ratios are to standard_seed at the same T"
     )
     print(
-        f"{'T':>4} {'kernel':<15} {'ms':>9} {'x time':>7} {'peak MiB':>9} {'x peak':>7} {'saved MiB':>9} {'x saved':>7}"
+        f"{'T':>4} {'kernel':<18} {'ms':>9} {'x time':>7} {'peak MiB':>9} {'x peak':>7} {'saved MiB':>9} {'x saved':>7}"
     )
     for T in args.lengths:
         generator = torch.Generator(device=device).manual_seed(T)
@@ -141,21 +157,24 @@ def main() -> None:
             for _ in range(4)
         ]
         weights = torch.randn(args.batch, args.heads, T, args.head_dim, device=device, generator=generator)
-        for kernel in KERNELS.values():  # warm up
+        kernels = {
+            name: kernel for name, kernel in KERNELS.items() if name != "simplicial_literal" or T <= args.literal_max
+        }
+        for kernel in kernels.values():  # warm up
             forward_backward(kernel, inputs, weights)
-        times = {name: [] for name in KERNELS}
+        times = {name: [] for name in kernels}
         start = time.perf_counter()
         while time.perf_counter() - start < args.budget or len(times["triple"]) < 3:
-            for name, kernel in KERNELS.items():
+            for name, kernel in kernels.items():
                 times[name].append(seconds(kernel, inputs, weights))
         rows = {
             name: (statistics.median(times[name]), peak_bytes(kernel, inputs, weights), saved_bytes(kernel, inputs))
-            for name, kernel in KERNELS.items()
+            for name, kernel in kernels.items()
         }
         base = rows["standard_seed"]
         for name, (t, peak, saved) in rows.items():
             print(
-                f"{T:>4} {name:<15} {t * 1e3:>9.2f} {t / base[0]:>7.2f} {peak / 2**20:>9.1f} "
+                f"{T:>4} {name:<18} {t * 1e3:>9.2f} {t / base[0]:>7.2f} {peak / 2**20:>9.1f} "
                 f"{peak / base[1]:>7.2f} {saved / 2**20:>9.1f} {saved / base[2]:>7.2f}"
             )
         t_triple, t_literal = rows["triple"][0], rows["triple_literal"][0]
@@ -164,6 +183,12 @@ def main() -> None:
             f"{rows['triple_literal'][1] / rows['triple'][1]:.2f}x less peak memory "
             f"({len(times['triple'])} repeats)"
         )
+        if "simplicial_literal" in rows:
+            fast, literal = rows["simplicial"], rows["simplicial_literal"]
+            print(
+                f"{T:>4} simplicial vs literal: {literal[0] / fast[0]:.2f}x faster, "
+                f"{literal[1] / fast[1]:.2f}x less peak memory"
+            )
 
 
 if __name__ == "__main__":

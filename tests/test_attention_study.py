@@ -1,0 +1,206 @@
+"""The attention study: task generators' invariants, the residual model, lr selection, one cell end to end,
+config checks, and the tiny study's attention table."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from conftest import REPO
+
+from uph.attention.model import ResidualModel, attention_stats
+from uph.attention.self_attention import ATTENTIONS
+from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
+from uph.attention.training import best_lr, eval_lengths, run_cell
+from uph.config import validate
+from uph.errors import ConfigError
+
+TASK_CFG = {"vocab": 16, "items": 5, "distractors": 3, "ms": [1, 4, 16], "train_ms": [1], "pairs": [2, 4, 6]}
+
+
+def generator(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_offset_copy_repeats_distinct_items_at_offsets_that_vary_and_scores_only_the_predictable_copy():
+    n, length = 5, 30
+    batch = copy_batch(200, length, 16, generator(), n)
+    offsets = []
+    for tokens, targets in zip(batch.inputs.tolist(), batch.targets.tolist()):
+        full = tokens + [None]
+        content = [t for t in tokens if t != 0]
+        positions = [i for i, t in enumerate(tokens) if t != 0]
+        items = content[:n]
+        assert len(set(items)) == n and all(1 <= t < 16 for t in items)
+        first, second = positions[0], positions[n]
+        assert positions[:n] == list(range(first, first + n))  # each copy is contiguous
+        offsets.append(second - first)
+        # the second copy may be cut at the end of the inputs (its last item is only a target)
+        copied = [full[second + i] if second + i < length else targets[second + i - 1] for i in range(n)]
+        assert copied == items
+        scored = [t for t, target in enumerate(targets) if target != IGNORE]
+        assert scored == list(range(second, second + n - 1))
+        assert [targets[t] for t in scored] == items[1:]
+    assert len(set(offsets)) > 5 and min(offsets) >= n  # the offset changes from sequence to sequence
+    assert torch.equal(batch.loud, torch.ones_like(batch.loud))
+
+
+def test_loud_copy_distractors_are_configured_in_number_and_loudness_and_never_match_an_item():
+    n, distractors = 5, 3
+    loudness = torch.tensor([1.0, 4.0, 16.0, 4.0] * 25)
+    batch = copy_batch(100, 30, 16, generator(1), n, distractors, loudness)
+    assert torch.equal(batch.level, loudness)
+    counts = []
+    for tokens, loud, m in zip(batch.inputs, batch.loud, loudness):
+        assert set(loud.unique().tolist()) == ({1.0} if m == 1 else {1.0, m.item()})
+        if m == 1:
+            continue
+        spots = loud == m
+        counts.append(spots.sum().item())
+        items = tokens[~spots & (tokens != 0)].tolist()
+        assert len(set(items)) == n and all(items.count(t) <= 2 for t in items)  # the items and their copy
+        assert not set(tokens[spots].tolist()) & set(items) and (tokens[spots] != 0).all()
+    # a distractor may sit in the last slot, which the model never reads
+    assert max(counts) == distractors and sum(counts) / len(counts) > distractors - 0.5
+
+
+def test_mqar_keys_are_unique_per_sequence_and_each_query_is_scored_on_its_value():
+    pairs = torch.tensor([2, 4, 6] * 20)
+    batch = mqar_batch(60, 24, 16, generator(2), pairs)
+    n_keys = 7
+    for tokens, targets, n in zip(batch.inputs.tolist(), batch.targets.tolist(), pairs.tolist()):
+        keys, values = tokens[0 : 2 * n : 2], tokens[1 : 2 * n : 2]
+        assert len(set(keys)) == n and all(1 <= k <= n_keys for k in keys)
+        assert all(n_keys < v < 16 for v in values)
+        value_of = dict(zip(keys, values))
+        queried = [(t, target) for t, target in enumerate(targets) if target != IGNORE]
+        assert len(queried) == n and all(t >= 2 * n for t, _ in queried)
+        assert sorted(tokens[t] for t, _ in queried) == sorted(keys)
+        assert all(target == value_of[tokens[t]] for t, target in queried)
+        assert all(tokens[t] == 0 for t in range(2 * n, 24) if targets[t] == IGNORE)
+
+
+def test_training_draws_train_ms_while_each_test_set_has_its_level():
+    train = make_batch("loud_copy", TASK_CFG, 64, 30, generator(3))
+    assert set(train.level.tolist()) == {1.0} and torch.equal(train.loud, torch.ones_like(train.loud))
+    test = make_batch("loud_copy", TASK_CFG, 8, 30, generator(3), level=16)
+    assert set(test.level.tolist()) == {16.0} and test.loud.max() == 16
+    mqar = make_batch("mqar", TASK_CFG, 300, 24, generator(3))
+    assert set(mqar.level.tolist()) == {2.0, 4.0, 6.0}
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_residual_model_is_causal_with_loud_tokens(attention):
+    torch.manual_seed(0)
+    model = ResidualModel(vocab=11, d_model=16, n_head=2, attention=attention, n_layer=2)
+    tokens = torch.randint(0, 11, (2, 12))
+    loud = torch.ones(2, 12)
+    loud[:, 4] = 8.0
+    changed, louder = tokens.clone(), loud.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % 11
+    louder[:, 9] = 16.0
+    with torch.no_grad():
+        before, after = model(tokens, loud), model(changed, louder)
+    torch.testing.assert_close(before[:, :9], after[:, :9], rtol=0, atol=0)
+    assert not torch.allclose(before[:, 9:], after[:, 9:])
+
+
+def test_attention_stats_read_the_held_gradients_and_the_scores():
+    torch.manual_seed(0)
+    model = ResidualModel(vocab=8, d_model=8, n_head=2, attention="standard", n_layer=2)
+    tokens = torch.randint(0, 8, (2, 6))
+    assert torch.isnan(torch.tensor(attention_stats(model, tokens)["attention_grad_norm"]))
+    model(tokens).square().sum().backward()
+    stats = attention_stats(model, tokens)
+    layers = [block.attention for block in model.blocks]
+    expected = torch.cat([p.grad.flatten() for layer in layers for p in layer.parameters()]).norm()
+    assert stats["attention_grad_norm"] == pytest.approx(expected.item(), rel=1e-5)
+    assert stats["score_abs"] > 0 and not any(layer.measure_scores for layer in layers)
+
+
+def test_best_lr_takes_the_best_mean_validation_accuracy_ties_by_loss_and_never_a_diverged_lr():
+    sweep = pd.DataFrame(
+        {
+            "lr": [0.1, 0.1, 0.01, 0.01, 0.001, 0.001],
+            "val_token_acc": [1.0, 1.0, 1.0, 0.98, 1.0, 1.0],
+            "val_loss": [0.01, float("nan"), 0.2, 0.3, 0.05, 0.04],
+            "diverged": [False, True, False, False, False, False],
+        }
+    )
+    assert best_lr(sweep) == 0.001  # 0.1 diverged once; 0.01 has a lower mean accuracy
+    assert best_lr(sweep.assign(diverged=True)) is None
+
+
+CELL = {
+    "tasks": ["mqar"],
+    "seeds": [0, 1, 2],
+    "sweep_seeds": 1,
+    "lrs": [0.003, 0.03],
+    "schedule": "cosine",
+    "warmup": 0.1,
+    "weight_decay": 0.01,
+    "vocab": 8,
+    "train_len": 6,
+    "eval_factors": [2],
+    "items": 2,
+    "distractors": 1,
+    "ms": [1, 4],
+    "train_ms": [1],
+    "pairs": [1, 2],
+    "d_model": 8,
+    "n_head": 2,
+    "n_layer": 1,
+    "steps": 40,
+    "batch_size": 16,
+    "log_every": 20,
+    "eval_size": 16,
+    "probe_size": 4,
+}
+
+
+def test_a_cell_sweeps_lrs_on_the_sweep_seeds_then_tests_every_seed_at_the_chosen_lr():
+    curves, sweep, evaluation = run_cell(CELL, "mqar", "residual", "standard", torch.device("cpu"))
+    assert sorted(zip(sweep["lr"], sweep["seed"]))[:2] == [(0.003, 0), (0.03, 0)]
+    chosen = best_lr(sweep[sweep["seed"] == 0])
+    assert set(sweep.loc[sweep["seed"] > 0, "lr"]) == {chosen} and sweep["chosen"].eq(sweep["lr"] == chosen).all()
+    assert set(evaluation["lr"]) == {chosen} and len(evaluation) == 3 * len(eval_lengths(CELL)) * 2
+    assert set(evaluation["eval_len"]) == {6, 12} and set(evaluation["level"]) == {1.0, 2.0}
+    assert (
+        evaluation["token_acc"].between(0, 1).all() and (evaluation["seq_acc"] <= evaluation["token_acc"] + 1e-9).all()
+    )
+    assert curves["step"].max() == 40 and curves[["score_abs", "attention_grad_norm"]].notna().all().all()
+    # the test sets are fixed: a second run gives the same table
+    again = run_cell(CELL, "mqar", "residual", "standard", torch.device("cpu"))[2]
+    pd.testing.assert_frame_equal(evaluation, again)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"items": 12, "distractors": 4}, "config key 'attention.items': loud_copy needs items + distractors = 16"),
+        ({"pairs": [2, 9]}, "config key 'attention.pairs': mqar with 9 pairs needs attention.train_len >= 27"),
+        ({"sweep_seeds": 4}, "config key 'attention.sweep_seeds': 4 is more than the 3 attention.seeds"),
+        ({"d_model": 12, "n_head": 4}, "config key 'attention.d_model': 12 must split"),
+        ({"ms": []}, "config key 'attention.ms'"),
+    ],
+)
+def test_bad_attention_settings_stop_with_one_line_naming_the_key(change, message):
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["attention"].update(change)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        validate(config)
+
+
+def test_tiny_study_tables_hold_every_configured_run_at_one_chosen_lr_per_cell(tiny_study):
+    cfg = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["attention"]
+    tables = tiny_study.workdir / "results" / "tables"
+    table = pd.read_csv(tables / "attention.csv")
+    sweep = pd.read_csv(tables / "attention_sweep.csv")
+    levels = {"offset_copy": 1, "loud_copy": len(cfg["ms"]), "mqar": len(cfg["pairs"])}
+    per_cell = len(cfg["seeds"]) * (1 + len(cfg["eval_factors"]))
+    assert len(table) == sum(levels[task] for task in cfg["tasks"]) * per_cell * len(cfg["attentions"])
+    assert table.groupby(["task", "model", "attention"])["lr"].nunique().eq(1).all()
+    assert set(table["lr"]) <= set(cfg["lrs"]) and set(sweep["lr"]) == set(cfg["lrs"])
+    curves = pd.read_csv(tables / "attention_curves.csv")
+    assert curves[["score_abs", "attention_grad_norm"]].notna().all().all()
