@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import fields
 
 import matplotlib.image
 import numpy as np
@@ -123,18 +124,7 @@ def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_
 
 
 def study(**frames) -> Study:
-    empty = dict.fromkeys(
-        [
-            "personalization",
-            "dose_response",
-            "cross_user",
-            "copy_task",
-            "gram_resilience",
-            "feedback",
-            "copy_task_curves",
-            "feedback_curves",
-        ]
-    )
+    empty = {field.name: None for field in fields(Study) if field.name != "copy_task_vocab"}
     return Study(**{**empty, **frames}, copy_task_vocab=8)
 
 

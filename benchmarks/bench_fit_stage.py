@@ -1,0 +1,73 @@
+"""The fit stage's layout: p0 once per user for every sweep point, against p0 once per (user, point).
+
+Before (the layout of one job per sweep point): every job prepared each user's tokens again, so a
+user's base distribution p0 (the V×H products, 2 n V H FLOPs) was computed once per point, and the
+global control's jobs computed every user's p0 once more per point. Now (uph.lm.sweep.fit_shard):
+one job per shard prepares each user once and fits every point on it. Both variants below run the
+same fits (each point's personal theta with the exact solver) on the same cached users of a study,
+side by side in one process; only where p0 is computed differs.
+
+    .venv/bin/python benchmarks/bench_fit_stage.py --results results [--users 4] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from uph.config import EXTRACT_KEYS, job_params, validate
+from uph.lm.fit import SolverSettings, fit_theta
+from uph.lm.sweep import build_heads, load_users, prepared, sweep_points
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results", help="a finished study's results folder")
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = Path(args.results)
+    config = validate(yaml.safe_load(Path("config.yaml").read_text()))
+    fit = config["fit"]
+    layer, users, device = load_users(
+        results / "model",
+        [results / "cache" / "shard-0.parquet"],
+        results / "corpus" / "users.parquet",
+        job_params(config["extract"], EXTRACT_KEYS),
+        "cpu",
+    )
+    users = dict(list(users.items())[: args.users])
+    heads = build_heads(sweep_points(fit), layer, results / "basis" / "svd.safetensors", fit)
+    settings = SolverSettings.from_config(fit)
+
+    def per_point():
+        for head in heads.values():
+            for states in users.values():
+                train, _ = prepared(states, layer, device)
+                fit_theta(train, head, "exact", settings)
+
+    def once():
+        for states in users.values():
+            train, _ = prepared(states, layer, device)
+            for head in heads.values():
+                fit_theta(train, head, "exact", settings)
+
+    timings = {}
+    for name, run in (("p0 per (user, point)", per_point), ("p0 once per user", once)):
+        start = time.perf_counter()
+        run()
+        timings[name] = time.perf_counter() - start
+    tokens = sum(len(s.train_targets) + len(s.test_targets) for s in users.values())
+    print(f"{len(users)} users ({tokens} tokens), {len(heads)} points, exact solver, threads {args.threads}")
+    base = timings["p0 per (user, point)"]
+    for name, seconds in timings.items():
+        print(f"{name:<24}{seconds:>8.1f} s{base / seconds:>8.2f} x")
+
+
+if __name__ == "__main__":
+    main()
