@@ -11,7 +11,7 @@ def attention_runs(name):
 
 
 def attention_targets():
-    return [results("tables", "attention.csv"), results("tables", "attention_curves.csv")]
+    return [results("tables", f"{name}.csv") for name in ("attention", "attention_sweep", "attention_curves")]
 
 
 rule attention_train:
@@ -46,7 +46,11 @@ rule attention_table:
         md=results("tables", "attention.md"),
         tex=results("tables", "attention.tex"),
         sweep=results("tables", "attention_sweep.csv"),
+        sweep_md=results("tables", "attention_sweep.md"),
+        sweep_tex=results("tables", "attention_sweep.tex"),
         curves=results("tables", "attention_curves.csv"),
+        curves_md=results("tables", "attention_curves.md"),
+        curves_tex=results("tables", "attention_curves.tex"),
     log:
         results("logs", "attention_table.log"),
     benchmark:

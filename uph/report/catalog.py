@@ -17,7 +17,8 @@ TABLES = (  # results/tables/<name>.csv
     "gram_resilience",
     "feedback",
     "attention",  # the attention study (issue 13): tests at each cell's chosen lr
-    "attention_curves",  # and its curves at that lr
+    "attention_sweep",  # its lr sweeps
+    "attention_curves",  # and its curves at the chosen lr
 )
 
 FULL_WIDTH = 7.0  # inches: the text width of a two-column paper

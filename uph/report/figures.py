@@ -372,7 +372,11 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
     lengths = sorted(table["eval_len"].unique())
     at_train = table[table["eval_len"] == table["train_len"]]
     right = ("level", "token_acc", at_train, LEVELS[task]) if task in LEVELS else ("eval_len", "seq_acc", table, None)
-    for (model, attention), rows in table.groupby(["model", "attention"]):
+    models = ordered(table["model"], list(MODEL_STYLES))
+    for model, attention in ((m, a) for a in colors for m in models):
+        rows = table[(table["model"] == model) & (table["attention"] == attention)]
+        if rows.empty:
+            continue
         i, n = list(colors).index(attention), len(colors)
         style = {"color": colors[attention], "linestyle": MODEL_STYLES.get(model, "-")}
         label = attention if table["model"].nunique() == 1 else f"{attention} ({model})"
@@ -434,14 +438,16 @@ def attention_dynamics(fig: Figure, study: Study) -> None:
         if curves.empty or "score_abs" not in curves:
             score_ax.text(0.5, 0.5, "no curves", ha="center", va="center", transform=score_ax.transAxes)
             continue
-        for attention, run in curves.groupby("attention"):
-            run = run.dropna(subset=["attention_grad_norm"])
+        for attention in ordered(curves["attention"], ATTENTIONS):
+            run = curves[curves["attention"] == attention].dropna(subset=["attention_grad_norm"])
             label = None if attention in labeled else attention
             labeled.add(attention)
             _mean_and_spread(score_ax, run, "step", "score_abs", colors[attention], label=label)
             _mean_and_spread(grad_ax, run, "step", "attention_grad_norm", colors[attention])
         for ax in (score_ax, grad_ax):
             ax.set_yscale("log")
+            ax.yaxis.set_major_formatter("{x:g}")
+            ax.yaxis.set_minor_formatter(mpl.ticker.NullFormatter())
             ax.set_title(title)
         score_ax.set_ylabel("mean |score|")
         grad_ax.set_ylabel("attention grad norm")

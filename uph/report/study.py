@@ -26,6 +26,7 @@ class Study:
     feedback_curves: pd.DataFrame  # every results/feedback/method~*/seed~*/curves.parquet
     copy_task_vocab: int  # chance accuracy on the copy task is 1 / vocab
     attention: pd.DataFrame | None = None  # results/tables/attention.csv
+    attention_sweep: pd.DataFrame | None = None  # results/tables/attention_sweep.csv
     attention_curves: pd.DataFrame | None = None  # results/tables/attention_curves.csv
 
 

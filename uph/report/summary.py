@@ -220,8 +220,9 @@ def _lengths(table: pd.DataFrame) -> str:
     """Test token accuracy at the training length, with the chosen lrs, and at every longer length."""
     train_len = table["train_len"].iloc[0]
     lrs = table.groupby(["model", "attention"])["lr"].first()
+    levels = " (mean over its levels)" if table["level"].nunique() > 1 else ""
     parts = [
-        f"at the training length ({train_len} tokens) test token accuracy, mean [95 % bootstrap CI] over seeds: "
+        f"at the training length ({train_len} tokens) test token accuracy{levels}, mean [95 % bootstrap CI] over seeds: "
         + _attention_cells(table[table["eval_len"] == train_len])
         + " (best validation lrs: "
         + ", ".join(f"{attention} {lr:g}" for (_, attention), lr in lrs.items())
