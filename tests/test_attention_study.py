@@ -3,11 +3,13 @@ config checks, and the tiny study's attention table."""
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from conftest import REPO, snakemake
 
 from uph.attention.model import ResidualModel, attention_stats
 from uph.attention.self_attention import ATTENTIONS
@@ -204,3 +206,18 @@ def test_tiny_study_tables_hold_every_configured_run_at_one_chosen_lr_per_cell(t
     assert set(table["lr"]) <= set(cfg["lrs"]) and set(sweep["lr"]) == set(cfg["lrs"])
     curves = pd.read_csv(tables / "attention_curves.csv")
     assert curves[["score_abs", "attention_grad_norm"]].notna().all().all()
+
+
+def test_an_attention_setting_reruns_every_attention_job_and_no_other_branch(tiny_study, tmp_path):
+    workdir = tmp_path / "study"
+    shutil.copytree(tiny_study.workdir, workdir, symlinks=True)
+    config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    config["attention"]["ms"] = [1, 2]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    run = snakemake(workdir, "-n", config=tmp_path / "config.yaml")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = run.stdout.split("Job stats:", 1)[1].split("total", 1)[0].splitlines()[3:]
+    jobs = dict((name, int(count)) for name, count in map(str.split, filter(str.strip, rows)))
+    assert jobs["attention_train"] == len(config["attention"]["attentions"]) and jobs["attention_table"] == 1
+    # the branches beside it (the LM branch's jobs rerun too whenever its code changed after the fixture ran)
+    assert not {"copy_task_train", "copy_task_table", "gram_resilience", "feedback_train", "corpus_roles"} & set(jobs)
