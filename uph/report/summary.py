@@ -345,6 +345,7 @@ def feedback_finding(study: Study) -> str:
 
 FINDINGS = {
     "personalization": personalization_finding,
+    "dose_response": dose_response_finding,
     "cross_user": cross_user_finding,
     "solver_gap": solver_gap_finding,
     "copy_task_curves": copy_task_curves_finding,
