@@ -22,6 +22,7 @@ from uph.attention.model import attention_stats
 from uph.attention.self_attention import OneLayerModel
 from uph.errors import TrainingDivergedError
 
+DTYPES = ("float32", "bfloat16")  # config key copy_task.dtype: float32, or bfloat16 autocast (the score stays float32)
 EVAL_STREAM = 1_000_003  # eval sets come from generators seeded seed * EVAL_STREAM + length
 PROBE_SIZE = 16  # eval sequences at train_len on which a curve row measures the score magnitude
 

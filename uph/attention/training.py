@@ -38,16 +38,18 @@ def eval_lengths(cfg: dict) -> list[int]:
     return [cfg["train_len"] * factor for factor in [1, *cfg["eval_factors"]]]
 
 
+SCHEDULES = {  # config key attention.schedule: lr multiplier after warmup, at fraction x of the remaining steps
+    "cosine": lambda x: 0.5 * (1 + math.cos(math.pi * x)),
+    "constant": lambda x: 1.0,
+}
+
+
 def schedule(cfg: dict):
-    """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then 1 or cosine to 0."""
-    steps, warmup = cfg["steps"], max(1, round(cfg["warmup"] * cfg["steps"]))
+    """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then SCHEDULES[schedule]."""
+    steps, warmup, decay = cfg["steps"], max(1, round(cfg["warmup"] * cfg["steps"])), SCHEDULES[cfg["schedule"]]
 
     def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if cfg["schedule"] == "constant":
-            return 1.0
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+        return (step + 1) / warmup if step < warmup else decay((step - warmup) / max(1, steps - warmup))
 
     return factor
 
