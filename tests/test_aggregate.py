@@ -85,7 +85,12 @@ def test_provenance_records_the_run(tiny_study):
     identity = json.loads((results / "model/identity.json").read_text())
     assert record["model"]["weights_sha256"] == identity["weights_sha256"]
     assert record["config"]["model"]["source"] == "tiny:llama" and record["config"]["fit"]["bootstrap"] == 1000
-    assert record["seeds"] == {"copy_task.seeds": [0], "feedback.seeds": [0], "fit.basis_seed": 42}
+    assert record["seeds"] == {
+        "attention.seeds": [0, 1],
+        "copy_task.seeds": [0],
+        "feedback.seeds": [0],
+        "fit.basis_seed": 42,
+    }
     assert re.fullmatch(r"[0-9a-f]{40}", record["git"]["commit"])
     assert record["packages"]["torch"].startswith("2.13") and record["packages"]["snakemake"] == "9.27.1"
     assert record["device"] and record["host"]

@@ -197,7 +197,10 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     after = results_files(workdir)
     assert all(after[path] == stamp for path, stamp in kept.items())
     # outputs of finished jobs stay; one written but not yet recorded when killed is incomplete, so redone
-    assert sum(after[path] == stamp for path, stamp in written.items()) == sum(finished.values())
+    outputs = {"extract": 1, "fit_global": 1, "fit": 3}  # files each finished job wrote
+    assert sum(after[path] == stamp for path, stamp in written.items()) == sum(
+        outputs[rule] * count for rule, count in finished.items()
+    )
     assert not list((workdir / "results").rglob(".tmp-*"))  # what the killed extraction left is gone
     assert_tables_equal_the_reference(workdir, tiny_study)
 
@@ -427,7 +430,7 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
     ),
     "unknown-attention": (
         lambda c, tmp: c["copy_task"].update(attentions=["standard", "linear"]),
-        "config key 'copy_task.attentions[1]': 'linear' is not one of ['standard', 'triple', 'triple_normed']",
+        "config key 'copy_task.attentions[1]': 'linear' is not one of ['standard', 'triple', 'triple_normed', 'simplicial']",
     ),
     "missing-corpus-file": (
         lambda c, tmp: c["corpus"].update(source=f"{tmp}/users.jsonl"),
