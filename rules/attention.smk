@@ -1,18 +1,6 @@
 # Attention study (issue 13): one training job per (model, attention) runs every task, its lr
 # sweep and seeds (uph.attention.training); one table rule gathers them. Independent of the LM branch.
 
-ATTENTION = config["attention"]
-ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}")
-
-
-def attention_runs(name):
-    """`name` (curves, sweep or eval .parquet) of every configured (model, attention) job."""
-    return expand(f"{ATTENTION_JOB}/{name}", model=ATTENTION["models"], attention=ATTENTION["attentions"])
-
-
-def attention_targets():
-    return [results("tables", f"{name}.csv") for name in ("attention", "attention_sweep", "attention_curves")]
-
 
 rule attention_train:
     output:

@@ -75,6 +75,19 @@ def copy_task_runs(name):
     return expand(f"{COPY_TASK_JOB}/{name}", attention=COPY_TASK["attentions"], seed=COPY_TASK["seeds"])
 
 
+ATTENTION = config["attention"]
+ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}")
+
+
+def attention_runs(name):
+    """`name` (curves, sweep or eval .parquet) of every configured (model, attention) job."""
+    return expand(f"{ATTENTION_JOB}/{name}", model=ATTENTION["models"], attention=ATTENTION["attentions"])
+
+
+def attention_targets():
+    return [results("tables", f"{name}.csv") for name in ("attention", "attention_sweep", "attention_curves")]
+
+
 # Params: exactly what a job's outputs depend on (uph.config.job_params), so a config change reruns
 # exactly the jobs it affects; inputs cover files the config names.
 FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
