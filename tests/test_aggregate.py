@@ -221,6 +221,11 @@ def test_personalization_finding_states_the_answer_from_the_numbers():
     )
     assert "? no, not distinguishable from 0: at the best of 2 points (uncond" in null
     assert "0 of 2 points have an interval excluding 0" in null
+    table = personalization_table(-0.004, -0.001)
+    table.loc[table["control"] == "global+personal", "sign_test_p"] = 0.04  # 0.08 after Bonferroni over 2 points
+    picked = personalization_finding(study(personalization=table, cross_user=cross_matrix("cvh", 0, 0).iloc[:0]))
+    assert "? not shown: the best point's interval excludes 0, but picked from 2 points its sign test gives " in picked
+    assert "p = 0.08 after Bonferroni: at the best of 2 points (cvh" in picked
     worse = personalization_finding(
         study(personalization=personalization_table(0.004, 0.005), cross_user=cross_matrix("cvh", 0, 0).iloc[:0])
     )

@@ -50,6 +50,18 @@ def _answer(row) -> str:
     return "no, not distinguishable from 0"
 
 
+def _answer_at_best_of(row, points: int) -> str:
+    """_answer for the best of `points` points: picked after looking, so its interval says yes only if its
+    sign test also survives a Bonferroni correction over the points it was picked from."""
+    corrected = min(1.0, row["sign_test_p"] * points)
+    if row["delta_nll_ci_high"] < 0 and corrected >= 0.05:
+        return (
+            f"not shown: the best point's interval excludes 0, but picked from {points} points its sign test "
+            f"gives p = {corrected:.2g} after Bonferroni"
+        )
+    return _answer(row)
+
+
 def _dominance(cross: pd.DataFrame) -> str:
     stats = diagonal_dominance(cross)
     return (
@@ -77,7 +89,8 @@ def personalization_finding(study: Study) -> str:
         f"{row['head']} {_delta(row)}" for _, row in baselines_at(study.personalization, solver).iterrows()
     )
     line = (
-        f"does a personal head help beyond domain adaptation? {_answer(best)}: at the best of {len(beyond)} "
+        f"does a personal head help beyond domain adaptation? {_answer_at_best_of(best, len(beyond))}: at the "
+        f"best of {len(beyond)} "
         f"points ({_point(best)}, {solver} solver) the user's residual θ on top of the global θ changes held-out "
         f"NLL by {_delta(best)} × 10⁻³ nats/token, {int(best['n_users_improved'])} of {int(best['n_users'])} "
         f"users improved, sign test p = {best['sign_test_p']:.2g}; {below + above} of {len(beyond)} points have "
