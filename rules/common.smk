@@ -33,6 +33,9 @@ except UphError as error:
 
 
 RESULTS = config["results"]
+# The language-model chain (model -> corpus -> extract -> fits -> tables) is the study's critical path:
+# its jobs go first when cores are short, and the attention and feedback jobs fill the gaps.
+LM_PRIORITY = 10
 
 # Jobs share the cores: OpenMP threads that spin while waiting slow each other down many times over.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -10,6 +10,7 @@ rule corpus_roles:
         results("logs", "corpus_roles.log"),
     benchmark:
         results("benchmarks", "corpus_roles.tsv")
+    priority: LM_PRIORITY
     params:
         source=config["corpus"]["source"],
         plays=config["corpus"]["plays"],
@@ -27,6 +28,7 @@ rule corpus:
         results("logs", "corpus.log"),
     benchmark:
         results("benchmarks", "corpus.tsv")
+    priority: LM_PRIORITY
     params:
         corpus=job_params(config["corpus"], ("min_tokens", "max_users", "max_tokens", "train_fraction")),
         gap=config["extract"]["context"],

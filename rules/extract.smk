@@ -11,6 +11,7 @@ rule extract:
         results("logs", "extract-{shard}.log"),
     benchmark:
         results("benchmarks", "extract-{shard}.tsv")
+    priority: LM_PRIORITY
     threads: lambda wildcards: workflow.cores
     resources:
         mem_mb=8000,
@@ -31,6 +32,7 @@ rule svd_basis:
         results("logs", "svd_basis.log"),
     benchmark:
         results("benchmarks", "svd_basis.tsv")
+    priority: LM_PRIORITY
     params:
         rank=max(config["fit"]["ds"]),
     script:

@@ -21,6 +21,7 @@ rule fit_global:
         results("logs", "fit", "global.log"),
     benchmark:
         results("benchmarks", "fit-global.tsv")
+    priority: LM_PRIORITY
     threads: 1
     resources:
         mem_mb=8000,
@@ -48,6 +49,7 @@ rule fit:
         results("logs", "fit", "shard-{shard}.log"),
     benchmark:
         results("benchmarks", "fit-shard~{shard}.tsv")
+    priority: LM_PRIORITY
     threads: 1
     resources:
         mem_mb=6000,
@@ -74,6 +76,7 @@ rule cross_user:
         results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-cross_user.log"),
     benchmark:
         results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-cross_user.tsv")
+    priority: LM_PRIORITY
     threads: 1
     resources:
         gpu=gpus(),
@@ -110,6 +113,7 @@ rule personalization_table:
         results("logs", "personalization_table.log"),
     benchmark:
         results("benchmarks", "personalization_table.tsv")
+    priority: LM_PRIORITY
     params:
         bootstrap=FIT["bootstrap"],
     script:

@@ -11,6 +11,7 @@ rule model:
         results("logs", "model.log"),
     benchmark:
         results("benchmarks", "model.tsv")
+    priority: LM_PRIORITY
     params:
         model=job_params(config["model"]),
     script:
