@@ -11,6 +11,7 @@ from safetensors.torch import save_file
 
 from uph.errors import ModelError
 from uph.lm import models
+from uph.lm.fit import prepare
 from uph.lm.identity import IDENTITY
 from uph.lm.models import OutputLayer, byte_tokenizer, final_hidden, lm_head, load_model, materialize, read_output_layer
 
@@ -111,6 +112,13 @@ def test_suite_log_probs_are_the_models_own(family, tmp_path):
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     assert _max_logprob_gap(model, layer, ids) < 1e-5
     assert identity["parity"]["max_logprob_diff"] < 1e-5
+    # the fit engine's base NLL (p0 from the cached path) is the model's own NLL on the same tokens
+    with torch.no_grad():
+        own_nll = torch.nn.functional.cross_entropy(
+            model(ids).logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)
+        )
+        hidden = final_hidden(model, ids)[:, :-1].reshape(-1, identity["hidden_size"])
+    assert prepare(hidden, ids[:, 1:].reshape(-1), layer).base_nll == pytest.approx(float(own_nll), rel=1e-5)
     assert layer.W.shape == (VOCAB, identity["hidden_size"])
     # the transform matters: the stored lm_head alone would be another distribution
     raw_gap = _max_logprob_gap(model, OutputLayer(*lm_head(model)), ids)
