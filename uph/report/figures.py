@@ -146,8 +146,8 @@ def personalization(fig: Figure, study: Study) -> None:
     fig.legend(handles=handles, loc="outside right center")
     users = int(table["n_users"].max())
     fig.suptitle(
-        f"{table['model'].iloc[0]}, {solver} solver, {users} users: mean over users with 95 % paired bootstrap "
-        "interval (lower is better)"
+        f"{table['model'].iloc[0]}, {solver} solver, {users} users:\n"
+        "mean over users with 95 % paired bootstrap interval (lower is better)"
     )
 
 
