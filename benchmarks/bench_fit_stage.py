@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import yaml
 
 from uph.config import EXTRACT_KEYS, job_params, validate
 from uph.lm.fit import SolverSettings, fit_theta
-from uph.lm.sweep import build_heads, load_users, prepared, sweep_points
+from uph.lm.sweep import load_fit_job, prepared, sweep_points
 
 
 def main() -> None:
@@ -34,15 +35,15 @@ def main() -> None:
     results = Path(args.results)
     config = validate(yaml.safe_load(Path("config.yaml").read_text()))
     fit = config["fit"]
-    layer, users, device = load_users(
-        results / "model",
-        [results / "cache" / "shard-0.parquet"],
-        results / "corpus" / "users.parquet",
-        job_params(config["extract"], EXTRACT_KEYS),
-        "cpu",
+    inputs = SimpleNamespace(
+        model=results / "model" / "identity.json",
+        users=results / "corpus" / "users.parquet",
+        basis=results / "basis" / "svd.safetensors",
+        shards=[results / "cache" / "shard-0.parquet"],
     )
-    users = dict(list(users.items())[: args.users])
-    heads = build_heads(sweep_points(fit), layer, results / "basis" / "svd.safetensors", fit)
+    job = load_fit_job(inputs, sweep_points(fit), fit, job_params(config["extract"], EXTRACT_KEYS), "cpu")
+    layer, heads, device = job.layer, job.heads, job.device
+    users = dict(list(job.users.items())[: args.users])
     settings = SolverSettings.from_config(fit)
 
     def per_point():

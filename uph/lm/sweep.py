@@ -70,13 +70,24 @@ def build_heads(points, layer: OutputLayer, basis_path: str | Path, fit: dict) -
     }
 
 
-def load_users(
-    model_dir: str | Path, shards, users_path: str | Path, cache: dict, device: str
-) -> tuple[OutputLayer, dict[str, UserStates], torch.device]:
-    """The model's output layer, the users of the cache files `shards` (each checked against the
-    model, the users table `users_path` and `cache`, the job's extract keys) and the device."""
-    users = read_users(shards, model_dir, users_path, cache)
-    return read_output_layer(model_dir), users, resolve_device(device)
+@dataclass
+class FitJob:
+    """What a fit-stage job works on: the model's output layer, the users of its cache files (each
+    checked against the model, the users table and the job's extract keys), every point's head."""
+
+    layer: OutputLayer
+    users: dict[str, UserStates]
+    heads: dict[Point, Head]
+    device: torch.device
+
+
+def load_fit_job(inputs, points, fit: dict, cache: dict, device: str, shards=None) -> FitJob:
+    """`inputs`: the rule's model (identity.json), users (users.parquet), basis and shards (or `shards`);
+    `fit`: its HEAD_KEYS; `cache`: the job's extract keys."""
+    model_dir = Path(inputs.model).parent
+    layer = read_output_layer(model_dir)
+    users = read_users(shards or inputs.shards, model_dir, inputs.users, cache)
+    return FitJob(layer, users, build_heads(points, layer, inputs.basis, fit), resolve_device(device))
 
 
 def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tuple[Tokens, Tokens]:
