@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from uph.config import TINY_ARCHITECTURES
 from uph.errors import ModelError
 from uph.io import write_json
 from uph.lm.identity import IDENTITY, TOKENIZER_PREFIXES, WEIGHTS, check_model_folder, file_sha256, read_identity
@@ -66,9 +67,8 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0):
             eos_token_id=vocab_size - 1,
         )
     else:
-        raise ModelError(
-            f"config key 'model.source': unknown tiny architecture 'tiny:{arch}' (use tiny:llama or tiny:gpt2)"
-        )
+        known = ", ".join(f"tiny:{name}" for name in TINY_ARCHITECTURES)
+        raise ModelError(f"config key 'model.source': unknown tiny architecture 'tiny:{arch}' (known: {known})")
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
 
