@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 
 import pandas as pd
@@ -11,8 +12,15 @@ import torch.nn.functional as F
 import yaml
 from conftest import REPO, SNAKEMAKE
 
-from uph.attention.copy_task import copied_targets, copy_batch, copy_metrics, gram_resilience, train
-from uph.config import validate
+from uph.attention.copy_task import (
+    CopyTaskConfig,
+    copied_targets,
+    copy_batch,
+    copy_metrics,
+    gram_resilience,
+    train,
+)
+from uph.config import schema_defaults, validate
 from uph.errors import ConfigError
 
 # The table printed at the end of seed 004: (magnitude, Dot(Q,K), Gram(Q,K,R)), reference row first.
@@ -25,22 +33,21 @@ SEED_TABLE = [
     (100.0, 0.1, -10000.0),
 ]
 
-TINY = {
-    "attentions": ["standard"],
-    "seeds": [0],
-    "vocab": 8,
-    "train_len": 8,
-    "eval_lens": [16],
-    "d_model": 16,
-    "n_head": 2,
-    "steps": 150,
-    "batch_size": 32,
-    "lr": 0.005,
-    "weight_decay": 0.01,
-    "log_every": 50,
-    "eval_size": 64,
-    "dtype": "float32",
-}
+TINY = CopyTaskConfig.from_config(
+    {
+        **schema_defaults("copy_task"),
+        "vocab": 8,
+        "train_len": 8,
+        "eval_lens": [16],
+        "d_model": 16,
+        "n_head": 2,
+        "steps": 150,
+        "batch_size": 32,
+        "lr": 0.005,
+        "log_every": 50,
+        "eval_size": 64,
+    }
+)
 
 
 def test_copy_batch_repeats_its_first_half_and_targets_are_the_next_tokens():
@@ -96,9 +103,16 @@ def test_standard_attention_learns_the_tiny_copy_task_reproducibly():
 
 @pytest.mark.parametrize("attention", ["triple", "triple_normed"])
 def test_triple_attentions_train_under_bfloat16_autocast(attention):
-    curves, final = train({**TINY, "dtype": "bfloat16", "steps": 100}, attention, seed=0, device=torch.device("cpu"))
+    curves, final = train(
+        dataclasses.replace(TINY, dtype="bfloat16", steps=100), attention, seed=0, device=torch.device("cpu")
+    )
     assert curves[["train_loss", "loss"]].iloc[1:].notna().all().all()
     assert final["token_acc"].iloc[0] >= 0.9
+
+
+def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
+    listed = {"attentions", "seeds"}  # each job is one of them (rules/copy_task.smk)
+    assert set(CopyTaskConfig.__dataclass_fields__) == set(schema_defaults("copy_task")) - listed
 
 
 def test_head_width_must_be_even_and_divide_the_model_width():

@@ -29,6 +29,7 @@ import torch
 import yaml
 from conftest import REPO, snakemake, snakemake_command
 
+from uph.attention.copy_task import CopyTaskConfig
 from uph.attention.copy_task import train as train_copy_task
 from uph.config import check_results_folder, job_params, validate
 from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDivergedError
@@ -710,8 +711,9 @@ def test_fits_at_the_extremes_stay_finite_and_a_nan_names_the_user_the_point_and
 def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
     """Beyond the schema's lr cap, on purpose: the check that keeps a NaN run out of every table."""
     config = validate(yaml.safe_load((REPO / "config/test.yaml").read_text()))
+    copy_task = CopyTaskConfig.from_config({**config["copy_task"], "lr": 1e3})
     with pytest.raises(TrainingDivergedError) as error:
-        train_copy_task({**config["copy_task"], "lr": 1e3}, "triple", 0, torch.device("cpu"), logging.getLogger())
+        train_copy_task(copy_task, "triple", 0, torch.device("cpu"), logging.getLogger())
     assert str(error.value) == (
         "copy task with triple attention, seed 0: the training loss is nan by step 10; "
         "lower config key 'copy_task.lr' (1000.0)"

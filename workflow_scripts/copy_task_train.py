@@ -2,7 +2,7 @@
 
 import torch
 
-from uph.attention.copy_task import train
+from uph.attention.copy_task import CopyTaskConfig, train
 from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
@@ -10,7 +10,7 @@ from uph.logs import rule_logging
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     curves, evaluation = train(
-        snakemake.params.copy_task,
+        CopyTaskConfig.from_config(snakemake.params.copy_task),
         snakemake.wildcards.attention,
         int(snakemake.wildcards.seed),
         resolve_device(snakemake.params.device),

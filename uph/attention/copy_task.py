@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -25,6 +26,33 @@ from uph.errors import TrainingDivergedError
 DTYPES = ("float32", "bfloat16")  # config key copy_task.dtype: float32, or bfloat16 autocast (the score stays float32)
 EVAL_STREAM = 1_000_003  # eval sets come from generators seeded seed * EVAL_STREAM + length
 PROBE_SIZE = 16  # eval sequences at train_len on which a curve row measures the score magnitude
+
+
+@dataclass(frozen=True)
+class CopyTaskConfig:
+    """The `copy_task:` config section as one training job reads it: every key but the attentions and
+    seeds its wildcards pick (rules/copy_task.smk). schemas/copy_task.schema.yaml documents each key
+    and holds the defaults."""
+
+    vocab: int
+    train_len: int
+    eval_lens: tuple[int, ...]
+    d_model: int
+    n_head: int
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    log_every: int
+    eval_size: int
+    dtype: str
+
+    @classmethod
+    def from_config(cls, section: dict) -> CopyTaskConfig:
+        """From the validated section, or the part of it a job's params hold."""
+        return cls(
+            **{key: section[key] for key in cls.__dataclass_fields__} | {"eval_lens": tuple(section["eval_lens"])}
+        )
 
 
 def copy_batch(batch_size: int, length: int, vocab: int, generator: torch.Generator):
@@ -51,8 +79,8 @@ def copy_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float
     }
 
 
-def eval_lengths(cfg: dict) -> list[int]:
-    return sorted({cfg["train_len"], *cfg["eval_lens"]})
+def eval_lengths(cfg: CopyTaskConfig) -> list[int]:
+    return sorted({cfg.train_len, *cfg.eval_lens})
 
 
 @torch.no_grad()
@@ -68,7 +96,7 @@ def evaluate(
 
 
 def train(
-    cfg: dict, attention: str, seed: int, device: torch.device, log: logging.Logger | None = None
+    cfg: CopyTaskConfig, attention: str, seed: int, device: torch.device, log: logging.Logger | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Train seed 004's one-layer model on the copy task with AdamW.
 
@@ -83,20 +111,20 @@ def train(
     """
     log = log or logging.getLogger(__name__)
     torch.manual_seed(seed)
-    model = OneLayerModel(cfg["vocab"], cfg["d_model"], cfg["n_head"], attention).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
-    autocast = {"device_type": device.type, "dtype": getattr(torch, cfg["dtype"]), "enabled": cfg["dtype"] != "float32"}
+    model = OneLayerModel(cfg.vocab, cfg.d_model, cfg.n_head, attention).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    autocast = {"device_type": device.type, "dtype": getattr(torch, cfg.dtype), "enabled": cfg.dtype != "float32"}
     batches = torch.Generator().manual_seed(seed)
     eval_sets = {
         length: [
             t.to(device)
             for t in copy_batch(
-                cfg["eval_size"], length, cfg["vocab"], torch.Generator().manual_seed(seed * EVAL_STREAM + length)
+                cfg.eval_size, length, cfg.vocab, torch.Generator().manual_seed(seed * EVAL_STREAM + length)
             )
         ]
         for length in eval_lengths(cfg)
     }
-    L, every = cfg["train_len"], cfg["log_every"]
+    L, every = cfg.train_len, cfg.log_every
 
     def curve_row(step: int, train_loss: float) -> dict:
         return {
@@ -104,13 +132,13 @@ def train(
             "seed": seed,
             "step": step,
             "train_loss": train_loss,
-            **evaluate(model, *eval_sets[L], cfg["batch_size"], autocast),
+            **evaluate(model, *eval_sets[L], cfg.batch_size, autocast),
             **attention_stats(model, eval_sets[L][0][:PROBE_SIZE]),
         }
 
     rows, running, start = [curve_row(0, float("nan"))], [], time.perf_counter()
-    for step in range(1, cfg["steps"] + 1):
-        inputs, targets = (t.to(device) for t in copy_batch(cfg["batch_size"], L, cfg["vocab"], batches))
+    for step in range(1, cfg.steps + 1):
+        inputs, targets = (t.to(device) for t in copy_batch(cfg.batch_size, L, cfg.vocab, batches))
         with torch.autocast(**autocast):
             logits = model(inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -118,12 +146,12 @@ def train(
         loss.backward()
         optimizer.step()
         running.append(loss.detach())
-        if step % every == 0 or step == cfg["steps"]:
+        if step % every == 0 or step == cfg.steps:
             train_loss = torch.stack(running).mean().item()
             if not math.isfinite(train_loss):
                 raise TrainingDivergedError(
                     f"copy task with {attention} attention, seed {seed}: the training loss is {train_loss} by step "
-                    f"{step}; lower config key 'copy_task.lr' ({cfg['lr']})"
+                    f"{step}; lower config key 'copy_task.lr' ({cfg.lr})"
                 )
             rows.append(curve_row(step, train_loss))
             running = []
@@ -136,10 +164,10 @@ def train(
                 rows[-1]["loss"],
                 rows[-1]["token_acc"],
             )
-    log.info("%s seed %d: %d steps in %.1f s", attention, seed, cfg["steps"], time.perf_counter() - start)
+    log.info("%s seed %d: %d steps in %.1f s", attention, seed, cfg.steps, time.perf_counter() - start)
     final = []
     for length, eval_set in eval_sets.items():
-        metrics = evaluate(model, *eval_set, cfg["batch_size"], autocast)
+        metrics = evaluate(model, *eval_set, cfg.batch_size, autocast)
         final.append(
             {
                 "attention": attention,
