@@ -14,11 +14,17 @@ from conftest import REPO, snakemake
 from uph.attention.model import ResidualModel, attention_stats
 from uph.attention.self_attention import ATTENTIONS
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
-from uph.attention.training import best_lr, eval_lengths, run_cell
-from uph.config import validate
+from uph.attention.training import AttentionStudyConfig, best_lr, eval_lengths, run_cell
+from uph.config import schema_defaults, validate
 from uph.errors import ConfigError
 
-TASK_CFG = {"vocab": 16, "items": 5, "distractors": 3, "ms": [1, 4, 16], "train_ms": [1], "pairs": [2, 4, 6]}
+
+def study(**changes) -> AttentionStudyConfig:
+    """The schema's defaults with `changes`, unvalidated (the tests' sizes go below the schema's minima)."""
+    return AttentionStudyConfig.from_config({**schema_defaults("attention"), **changes})
+
+
+TASK_CFG = study(vocab=16, items=5, distractors=3, ms=[1, 4, 16], train_ms=[1], pairs=[2, 4, 6])
 
 
 def generator(seed: int = 0) -> torch.Generator:
@@ -134,31 +140,27 @@ def test_best_lr_takes_the_best_mean_validation_accuracy_ties_by_loss_and_never_
     assert best_lr(sweep.assign(diverged=True)) is None
 
 
-CELL = {
-    "tasks": ["mqar"],
-    "seeds": [0, 1, 2],
-    "sweep_seeds": 1,
-    "lrs": [0.003, 0.03],
-    "schedule": "cosine",
-    "warmup": 0.1,
-    "weight_decay": 0.01,
-    "vocab": 8,
-    "train_len": 6,
-    "eval_factors": [2],
-    "items": 2,
-    "distractors": 1,
-    "ms": [1, 4],
-    "train_ms": [1],
-    "pairs": [1, 2],
-    "d_model": 8,
-    "n_head": 2,
-    "n_layer": 1,
-    "steps": 40,
-    "batch_size": 16,
-    "log_every": 20,
-    "eval_size": 16,
-    "probe_size": 4,
-}
+CELL = study(
+    tasks=["mqar"],
+    seeds=[0, 1, 2],
+    sweep_seeds=1,
+    lrs=[0.003, 0.03],
+    vocab=8,
+    train_len=6,
+    eval_factors=[2],
+    items=2,
+    distractors=1,
+    ms=[1, 4],
+    pairs=[1, 2],
+    d_model=8,
+    n_head=2,
+    n_layer=1,
+    steps=40,
+    batch_size=16,
+    log_every=20,
+    eval_size=16,
+    probe_size=4,
+)
 
 
 def test_a_cell_sweeps_lrs_on_the_sweep_seeds_then_tests_every_seed_at_the_chosen_lr():
@@ -175,6 +177,11 @@ def test_a_cell_sweeps_lrs_on_the_sweep_seeds_then_tests_every_seed_at_the_chose
     # the test sets are fixed: a second run gives the same table
     again = run_cell(CELL, "mqar", "residual", "standard", torch.device("cpu"))[2]
     pd.testing.assert_frame_equal(evaluation, again)
+
+
+def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
+    listed = {"models", "attentions"}  # each job is one of them (rules/attention.smk)
+    assert set(AttentionStudyConfig.__dataclass_fields__) == set(schema_defaults("attention")) - listed
 
 
 @pytest.mark.parametrize(

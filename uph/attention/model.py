@@ -13,11 +13,15 @@ the pre-norm cannot erase it.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
 from uph.attention.self_attention import CausalSelfAttention, OneLayerModel
+
+if TYPE_CHECKING:
+    from uph.attention.training import AttentionStudyConfig
 
 MODELS = ("seed", "residual")
 
@@ -51,12 +55,13 @@ class ResidualModel(nn.Module):
         return self.unembed(self.norm(x))
 
 
-def build_model(model: str, attention: str, vocab: int, cfg: dict) -> nn.Module:
-    """`seed` (OneLayerModel) or `residual` (ResidualModel of cfg['n_layer'] blocks), width cfg['d_model']."""
+def build_model(model: str, attention: str, cfg: AttentionStudyConfig) -> nn.Module:
+    """`seed` (OneLayerModel) or `residual` (ResidualModel of cfg.n_layer blocks), cfg.vocab tokens, width
+    cfg.d_model."""
     if model == "seed":
-        return OneLayerModel(vocab, cfg["d_model"], cfg["n_head"], attention)
+        return OneLayerModel(cfg.vocab, cfg.d_model, cfg.n_head, attention)
     if model == "residual":
-        return ResidualModel(vocab, cfg["d_model"], cfg["n_head"], attention, cfg["n_layer"])
+        return ResidualModel(cfg.vocab, cfg.d_model, cfg.n_head, attention, cfg.n_layer)
     raise ValueError(f"model {model!r} is not one of {MODELS}")
 
 

@@ -23,9 +23,12 @@ mqar           multi-query associative recall (as in the Zoology benchmark): N k
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from uph.attention.training import AttentionStudyConfig
 
 TASKS = ("offset_copy", "loud_copy", "mqar")
 IGNORE = -100  # target of a position that is not scored (F.cross_entropy's ignore_index)
@@ -38,17 +41,17 @@ class Batch(NamedTuple):
     level: torch.Tensor  # [B] the swept quantity: pairs (mqar), m (loud_copy), 1 (offset_copy)
 
 
-def levels(task: str, cfg: dict) -> list:
+def levels(task: str, cfg: AttentionStudyConfig) -> tuple:
     """The values of the swept quantity of `task` (the test sets' levels)."""
-    return {"offset_copy": [1], "loud_copy": cfg["ms"], "mqar": cfg["pairs"]}[task]
+    return {"offset_copy": (1,), "loud_copy": cfg.ms, "mqar": cfg.pairs}[task]
 
 
-def training_levels(task: str, cfg: dict) -> list:
+def training_levels(task: str, cfg: AttentionStudyConfig) -> tuple:
     """The levels training and validation sequences draw from."""
-    return cfg["train_ms"] if task == "loud_copy" else levels(task, cfg)
+    return cfg.train_ms if task == "loud_copy" else levels(task, cfg)
 
 
-def _draw(choices: list, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+def _draw(choices: tuple, batch_size: int, generator: torch.Generator) -> torch.Tensor:
     return torch.tensor(choices, dtype=torch.float32)[
         torch.randint(0, len(choices), (batch_size,), generator=generator)
     ]
@@ -118,7 +121,9 @@ def mqar_batch(batch_size: int, length: int, vocab: int, generator: torch.Genera
     return Batch(tokens, targets, torch.ones(batch_size, length), pairs[:, 0].float())
 
 
-def make_batch(task: str, cfg: dict, batch_size: int, length: int, generator: torch.Generator, level=None) -> Batch:
+def make_batch(
+    task: str, cfg: AttentionStudyConfig, batch_size: int, length: int, generator: torch.Generator, level=None
+) -> Batch:
     """A batch of `task` at `length`; each row's level is `level`, or drawn uniformly from training_levels."""
     drawn = (
         torch.full((batch_size,), float(level))
@@ -126,9 +131,9 @@ def make_batch(task: str, cfg: dict, batch_size: int, length: int, generator: to
         else _draw(training_levels(task, cfg), batch_size, generator)
     )
     if task == "offset_copy":
-        return copy_batch(batch_size, length, cfg["vocab"], generator, cfg["items"])
+        return copy_batch(batch_size, length, cfg.vocab, generator, cfg.items)
     if task == "loud_copy":
-        return copy_batch(batch_size, length, cfg["vocab"], generator, cfg["items"], cfg["distractors"], drawn)
+        return copy_batch(batch_size, length, cfg.vocab, generator, cfg.items, cfg.distractors, drawn)
     if task == "mqar":
-        return mqar_batch(batch_size, length, cfg["vocab"], generator, drawn)
+        return mqar_batch(batch_size, length, cfg.vocab, generator, drawn)
     raise ValueError(f"task {task!r} is not one of {TASKS}")

@@ -22,6 +22,7 @@ import copy
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -34,8 +35,45 @@ from uph.errors import TrainingDivergedError
 STREAM = 1_000_003
 
 
-def eval_lengths(cfg: dict) -> list[int]:
-    return [cfg["train_len"] * factor for factor in [1, *cfg["eval_factors"]]]
+@dataclass(frozen=True)
+class AttentionStudyConfig:
+    """The `attention:` config section as one training job reads it: every key but the models and
+    attentions its wildcards pick (rules/attention.smk). schemas/attention.schema.yaml documents each
+    key and holds the defaults."""
+
+    tasks: tuple[str, ...]
+    seeds: tuple[int, ...]
+    sweep_seeds: int
+    lrs: tuple[float, ...]
+    schedule: str
+    warmup: float
+    weight_decay: float
+    vocab: int
+    train_len: int
+    eval_factors: tuple[int, ...]
+    items: int
+    distractors: int
+    ms: tuple[float, ...]
+    train_ms: tuple[float, ...]
+    pairs: tuple[int, ...]
+    d_model: int
+    n_head: int
+    n_layer: int
+    steps: int
+    batch_size: int
+    log_every: int
+    eval_size: int
+    probe_size: int
+
+    @classmethod
+    def from_config(cls, section: dict) -> AttentionStudyConfig:
+        """From the validated section, or the part of it a job's params hold (lists become tuples)."""
+        values = {key: section[key] for key in cls.__dataclass_fields__}
+        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in values.items()})
+
+
+def eval_lengths(cfg: AttentionStudyConfig) -> list[int]:
+    return [cfg.train_len * factor for factor in [1, *cfg.eval_factors]]
 
 
 SCHEDULES = {  # config key attention.schedule: lr multiplier after warmup, at fraction x of the remaining steps
@@ -44,9 +82,9 @@ SCHEDULES = {  # config key attention.schedule: lr multiplier after warmup, at f
 }
 
 
-def schedule(cfg: dict):
+def schedule(cfg: AttentionStudyConfig):
     """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then SCHEDULES[schedule]."""
-    steps, warmup, decay = cfg["steps"], max(1, round(cfg["warmup"] * cfg["steps"])), SCHEDULES[cfg["schedule"]]
+    steps, warmup, decay = cfg.steps, max(1, round(cfg.warmup * cfg.steps)), SCHEDULES[cfg.schedule]
 
     def factor(step: int) -> float:
         return (step + 1) / warmup if step < warmup else decay((step - warmup) / max(1, steps - warmup))
@@ -75,28 +113,30 @@ def _on(batch: Batch, device: torch.device) -> Batch:
     return Batch(*(t.to(device) for t in batch))
 
 
-def train_run(cfg: dict, task: str, model_name: str, attention: str, lr: float, seed: int, device: torch.device):
+def train_run(
+    cfg: AttentionStudyConfig, task: str, model_name: str, attention: str, lr: float, seed: int, device: torch.device
+):
     """Train one run; returns (model, curve rows, final validation metrics, diverged)."""
     torch.manual_seed(seed)
-    model = build_model(model_name, attention, cfg["vocab"], cfg).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg["weight_decay"])
+    model = build_model(model_name, attention, cfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(cfg))
     batches = torch.Generator().manual_seed(seed)
-    L = cfg["train_len"]
-    val = _on(make_batch(task, cfg, cfg["eval_size"], L, torch.Generator().manual_seed(seed * STREAM + 1)), device)
-    probe = Batch(*(t[: cfg["probe_size"]] for t in val))
+    L = cfg.train_len
+    val = _on(make_batch(task, cfg, cfg.eval_size, L, torch.Generator().manual_seed(seed * STREAM + 1)), device)
+    probe = Batch(*(t[: cfg.probe_size] for t in val))
     rows, running = [], []
-    for step in range(1, cfg["steps"] + 1):
-        batch = _on(make_batch(task, cfg, cfg["batch_size"], L, batches), device)
+    for step in range(1, cfg.steps + 1):
+        batch = _on(make_batch(task, cfg, cfg.batch_size, L, batches), device)
         logits = model(batch.inputs, batch.loud)
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         running.append(loss.detach())
-        if step % cfg["log_every"] == 0 or step == cfg["steps"]:
+        if step % cfg.log_every == 0 or step == cfg.steps:
             train_loss = torch.stack(running).mean().item()
             running = []
-            metrics = evaluate(model, val, cfg["batch_size"]) if math.isfinite(train_loss) else {}
+            metrics = evaluate(model, val, cfg.batch_size) if math.isfinite(train_loss) else {}
             rows.append(
                 {
                     "lr": lr,
@@ -125,14 +165,14 @@ def best_lr(sweep: pd.DataFrame) -> float | None:
     return float(means.sort_values(["val_token_acc", "val_loss"], ascending=[False, True], kind="stable").index[0])
 
 
-def test_sets(task: str, cfg: dict, seed: int, device: torch.device) -> dict[tuple[int, float], Batch]:
+def test_sets(task: str, cfg: AttentionStudyConfig, seed: int, device: torch.device) -> dict[tuple[int, float], Batch]:
     """(eval length, level) -> the fixed test batch of `eval_size` sequences."""
     return {
         (length, level): _on(
             make_batch(
                 task,
                 cfg,
-                cfg["eval_size"],
+                cfg.eval_size,
                 length,
                 torch.Generator().manual_seed(seed * STREAM + 2 + 64 * length + i),
                 level,
@@ -145,7 +185,12 @@ def test_sets(task: str, cfg: dict, seed: int, device: torch.device) -> dict[tup
 
 
 def run_cell(
-    cfg: dict, task: str, model_name: str, attention: str, device: torch.device, log: logging.Logger | None = None
+    cfg: AttentionStudyConfig,
+    task: str,
+    model_name: str,
+    attention: str,
+    device: torch.device,
+    log: logging.Logger | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation)."""
     log = log or logging.getLogger(__name__)
@@ -170,35 +215,35 @@ def run_cell(
             time.perf_counter() - start,
         )
 
-    for lr in cfg["lrs"]:
-        for seed in cfg["seeds"][: cfg["sweep_seeds"]]:
+    for lr in cfg.lrs:
+        for seed in cfg.seeds[: cfg.sweep_seeds]:
             run(lr, seed)
     chosen = best_lr(pd.DataFrame(sweep))
     if chosen is None:
         raise TrainingDivergedError(
             f"{task} with the {model_name} model and {attention} attention: every lr has a diverged run; "
-            f"lower config key 'attention.lrs' ({cfg['lrs']})"
+            f"lower config key 'attention.lrs' ({list(cfg.lrs)})"
         )
-    for seed in cfg["seeds"][cfg["sweep_seeds"] :]:
+    for seed in cfg.seeds[cfg.sweep_seeds :]:
         run(chosen, seed)
     final = pd.DataFrame(sweep).set_index(["lr", "seed"])
     rows = []
-    for seed in cfg["seeds"]:
-        model = build_model(model_name, attention, cfg["vocab"], cfg).to(device)
+    for seed in cfg.seeds:
+        model = build_model(model_name, attention, cfg).to(device)
         model.load_state_dict(models[chosen, seed])
         validation = final.loc[(chosen, seed)]
         for (length, level), batch in test_sets(task, cfg, seed, device).items():
             metrics = (
                 dict.fromkeys(("loss", "token_acc", "seq_acc"), math.nan)
                 if validation["diverged"]
-                else evaluate(model, batch, cfg["batch_size"])
+                else evaluate(model, batch, cfg.batch_size)
             )  # a diverged model's argmax is noise, not an accuracy
             rows.append(
                 {
                     **cell,
                     "lr": chosen,
                     "seed": seed,
-                    "train_len": cfg["train_len"],
+                    "train_len": cfg.train_len,
                     "eval_len": length,
                     "level": level,
                     **metrics,
