@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from uph.lm.basis import top_singular_triplets
 from uph.lm.corpus import load_shakespeare_roles
 from uph.lm.fit import SolverSettings, fit_theta, prepare
-from uph.lm.heads import make_head
+from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import final_hidden, load_model, load_tokenizer, materialize, read_output_layer
 
 CHUNK_SIZE = 16
@@ -123,7 +123,8 @@ def main() -> None:
     W, b = layer.W, layer.b
     n, (V, H) = len(targets), W.shape
     U, S, Vh = top_singular_triplets(W, args.d)
-    head = make_head("lm_head_update", W, svd=(U, S, Vh), d=args.d, alpha=args.alpha, gamma=gamma, basis="svd", bias=b)
+    settings = HeadSettings.defaults(gamma=gamma, basis="svd")
+    head = make_head("lm_head_update", W, d=args.d, alpha=args.alpha, settings=settings, svd=(U, S, Vh), bias=b)
     update = SeedHeadUpdate(U * S, Vh, args.alpha)
 
     start, cpu = time.perf_counter(), time.process_time()

@@ -21,8 +21,8 @@ import torch
 import yaml
 
 from uph.config import EXTRACT_KEYS, job_params, validate
-from uph.lm.fit import SolverSettings, fit_theta
-from uph.lm.sweep import load_fit_job, prepared, sweep_points
+from uph.lm.fit import fit_theta
+from uph.lm.sweep import FitConfig, load_fit_job, prepared
 
 
 def main() -> None:
@@ -34,17 +34,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     results = Path(args.results)
     config = validate(yaml.safe_load(Path("config.yaml").read_text()))
-    fit = config["fit"]
+    fit = FitConfig.from_config(config["fit"])
     inputs = SimpleNamespace(
         model=results / "model" / "identity.json",
         users=results / "corpus" / "users.parquet",
         basis=results / "basis" / "svd.safetensors",
         shards=[results / "cache" / "shard-0.parquet"],
     )
-    job = load_fit_job(inputs, sweep_points(fit), fit, job_params(config["extract"], EXTRACT_KEYS), "cpu")
+    job = load_fit_job(inputs, fit.points, fit.heads, job_params(config["extract"], EXTRACT_KEYS), "cpu")
     layer, heads, device = job.layer, job.heads, job.device
     users = dict(list(job.users.items())[: args.users])
-    settings = SolverSettings.from_config(fit)
+    settings = fit.solver
 
     def per_point():
         for head in heads.values():

@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import sample_text, tiny_llama, user_split
 
+from uph.config import schema_defaults
 from uph.lm.baselines import mixture_nll, unigram_interpolation
 from uph.lm.cache import UserStates
 from uph.lm.evaluate import HeldOut
 from uph.lm.fit import SolverSettings, fit_theta, pool, prepare
-from uph.lm.heads import make_head
+from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import OutputLayer
-from uph.lm.sweep import Point, cross_user, fit_user
+from uph.lm.sweep import FitConfig, Point, cross_user, fit_user
 
 D = 8
 SHARED = 2.0 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(20)), dim=0)
@@ -31,7 +32,9 @@ def planted(tmp_path_factory):
     model = tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
     W = model.get_output_embeddings().weight.detach()
     layer = OutputLayer(W)
-    head = make_head("svd_cvh", W, svd=torch.linalg.svd(W, full_matrices=False), d=D, alpha=1.0)
+    head = make_head(
+        "svd_cvh", W, d=D, alpha=1.0, settings=HeadSettings.defaults(), svd=torch.linalg.svd(W, full_matrices=False)
+    )
     stars, trains, tests = {}, {}, {}
     for i, (user, sign) in enumerate([("romeo", 1.0), ("juliet", -1.0)]):
         stars[user] = SHARED + sign * OWN
@@ -75,12 +78,17 @@ def test_residual_fit_recovers_a_planted_personal_theta_on_top_of_a_planted_glob
 def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
     head, layer, trains, tests, _ = planted
     point = Point.of("svd_cvh", 1.0, D)
-    fit = {
-        "solvers": ["exact"],
-        "dose_response": {"points": [{**point.columns, "solver": "exact"}], "train_tokens": [160, 320]},
-        "baselines": [],
-        **SolverSettings.defaults().__dict__,
-    }
+    fit = FitConfig.from_config(
+        {
+            **schema_defaults("fit"),
+            "heads": [point.head],
+            "alphas": [point.alpha],
+            "ds": [point.d],
+            "solvers": ["exact"],
+            "dose_response": {"points": [{**point.columns, "solver": "exact"}], "train_tokens": [160, 320]},
+            "baselines": [],
+        }
+    )
     theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", SolverSettings.defaults())
     thetas_g = {(point, "exact"): theta_g.double()}
     rows = {user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, fit) for user in trains}

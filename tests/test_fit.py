@@ -14,10 +14,11 @@ from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 import uph.lm.fit
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.fit import Objective, SolverSettings, fit_theta, pool, prepare, projected_gradient_norm
-from uph.lm.heads import HEADS, full_bias_head, make_head
+from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 
 D = 8
+HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_objective_and_gradient_match_autograd(lm, name):
     # chunks of 64 tokens; the cache holds two of them, the rest are recomputed on use
     tokens = prepare(h, y, OutputLayer(W, b), chunk=64, cache_bytes=2 * 64 * W.shape[0] * 8)
     assert [c.p0 is not None for c in tokens.chunks] == [True, True, False, False, False]
-    head = make_head(name, W, svd=svd, d=D, alpha=0.5, bias=b)
+    head = make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b)
     theta = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
     expected, ce, kl = seed_objective(head, h, y, W, b, theta, beta=0.05, lam=1e-3)
     expected.backward()
@@ -63,7 +64,7 @@ def test_objective_and_gradient_match_autograd(lm, name):
 @pytest.mark.parametrize("name", ["lm_head_update", "uncond"])
 def test_curvature_is_the_hessian_diagonal_at_zero(lm, name):
     h, y, W, b, svd = lm
-    head = make_head(name, W, svd=svd, d=D, alpha=0.5, bias=b)
+    head = make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b)
     hessian = torch.autograd.functional.hessian(
         lambda theta: seed_objective(head, h, y, W, b, theta, beta=0.05, lam=1e-3)[0], torch.zeros(D, dtype=W.dtype)
     )
@@ -76,15 +77,19 @@ def test_kl_is_zero_and_nll_is_base_at_theta_zero(lm):
     tokens = prepare(h, y, OutputLayer(W, b), chunk=64)
     assert tokens.base_nll == pytest.approx(float(F.cross_entropy(F.linear(h, W, b), y)), rel=1e-12)
     for name in ("cvh", "svd_uncond"):
-        value = Objective(tokens, make_head(name, W, svd=svd, d=D, alpha=0.5, bias=b))(torch.zeros(D))
+        value = Objective(tokens, make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b))(
+            torch.zeros(D)
+        )
         assert value.kl == 0.0 and value.ce == tokens.base_nll and value.objective == tokens.base_nll
 
 
 def test_float32_engine_on_bfloat16_states_matches_float64(lm):
     h, y, W, b, svd = lm
     h = h.to(torch.bfloat16)
-    head64 = make_head("svd_cvh", W, svd=svd, d=D, alpha=0.5, bias=b)
-    head32 = make_head("svd_cvh", W.float(), svd=tuple(t.float() for t in svd), d=D, alpha=0.5, bias=b.float())
+    head64 = make_head("svd_cvh", W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b)
+    head32 = make_head(
+        "svd_cvh", W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=tuple(t.float() for t in svd), bias=b.float()
+    )
     theta = torch.randn(D, generator=torch.Generator().manual_seed(3))
     exact = Objective(prepare(h, y, OutputLayer(W, b)), head64)(theta.double())
     fast = Objective(prepare(h, y, OutputLayer(W.float(), b.float())), head32)(theta)
@@ -94,8 +99,8 @@ def test_float32_engine_on_bfloat16_states_matches_float64(lm):
 
 def test_float32_engine_survives_logit_changes_beyond_exp_range(lm):
     h, y, W, b, svd = lm
-    head64 = make_head("cvh", W, d=D, alpha=300.0, bias=b)
-    head32 = make_head("cvh", W.float(), d=D, alpha=300.0, bias=b.float())
+    head64 = make_head("cvh", W, d=D, alpha=300.0, settings=HEAD_SETTINGS, bias=b)
+    head32 = make_head("cvh", W.float(), d=D, alpha=300.0, settings=HEAD_SETTINGS, bias=b.float())
     theta = 5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), dim=0)
     assert head64.correction(h, theta).abs().max() > 200  # exp(200) overflows float32
     exact = Objective(prepare(h, y, OutputLayer(W, b)), head64)(theta)
@@ -128,7 +133,7 @@ def seed_002_written_out(h, y, W, b, head, d, lr=0.05, steps=30, beta=0.05, lam=
 @pytest.mark.parametrize("name, max_norm", [("lm_head_update", 5.0), ("svd_uncond", 5.0), ("cvh", 0.2)])
 def test_adam_solver_reproduces_seed_002(lm, name, max_norm):
     h, y, W, b, svd = lm
-    head = make_head(name, W, svd=svd, d=D, alpha=2.0, bias=b)
+    head = make_head(name, W, d=D, alpha=2.0, settings=HEAD_SETTINGS, svd=svd, bias=b)
     expected = seed_002_written_out(h, y, W, b, head, D, max_norm=max_norm)
     theta, result = fit_theta(
         prepare(h, y, OutputLayer(W, b)), head, "adam", SolverSettings.defaults(max_norm=max_norm)
@@ -141,7 +146,7 @@ def test_adam_solver_reproduces_seed_002(lm, name, max_norm):
 def test_exact_solver_certifies_an_optimum_no_worse_than_adam(lm, name, max_norm, monkeypatch):
     h, y, W, b, svd = lm
     tokens = prepare(h, y, OutputLayer(W, b))
-    head = make_head(name, W, svd=svd, d=D, alpha=2.0, bias=b)
+    head = make_head(name, W, d=D, alpha=2.0, settings=HEAD_SETTINGS, svd=svd, bias=b)
     settings = SolverSettings.defaults(max_norm=max_norm, tol=1e-7)
     _, adam = fit_theta(tokens, head, "adam", settings)
     theta, exact = fit_theta(tokens, head, "exact", settings)
@@ -172,7 +177,7 @@ def test_projected_gradient_norm_drops_only_the_blocked_part():
 
 def test_planted_user_is_recovered(model):
     W = model.get_output_embeddings().weight.detach()
-    head = make_head("svd_cvh", W, svd=torch.linalg.svd(W, full_matrices=False), d=D, alpha=1.0)
+    head = make_head("svd_cvh", W, d=D, alpha=1.0, settings=HEAD_SETTINGS, svd=torch.linalg.svd(W, full_matrices=False))
     planted = 3.0 * F.normalize(torch.randn(D, dtype=W.dtype, generator=torch.Generator().manual_seed(5)), dim=0)
     ids = sample_text(model, lambda h: head.logits(h, planted), batch=20, length=97, seed=6)
     (h_train, y_train), (h_test, y_test) = user_split(model, ids)
@@ -188,7 +193,7 @@ def test_planted_user_is_recovered(model):
 
 def test_nan_stops_the_fit_naming_user_and_configuration(lm):
     h, y, W, b, svd = lm
-    head = make_head("cvh", W, d=D, alpha=0.5, bias=b)
+    head = make_head("cvh", W, d=D, alpha=0.5, settings=HEAD_SETTINGS, bias=b)
     broken = h.clone()
     broken[7, 3] = float("nan")
     for solver in ("adam", "exact"):
@@ -205,7 +210,7 @@ def test_nan_stops_the_fit_naming_user_and_configuration(lm):
                 user="hamlet/Hamlet",
                 label="head=cvh alpha=0.5 d=8",
             )
-    exploding = make_head("cvh", W, d=D, alpha=float("inf"), bias=b)
+    exploding = make_head("cvh", W, d=D, alpha=float("inf"), settings=HEAD_SETTINGS, bias=b)
     with pytest.raises(FitDivergedError, match="user 'u1'"):
         fit_theta(
             prepare(h, y, OutputLayer(W, b)), exploding, "adam", SolverSettings.defaults(), user="u1", label="cvh/inf"
@@ -216,7 +221,7 @@ def test_nan_stops_the_fit_naming_user_and_configuration(lm):
 
 def test_pooled_users_fit_one_global_theta(lm):
     h, y, W, b, svd = lm
-    head = make_head("svd_cvh", W, svd=svd, d=D, alpha=0.5, bias=b)
+    head = make_head("svd_cvh", W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b)
     users = [
         prepare(h[:120], y[:120], OutputLayer(W, b), chunk=64),
         prepare(h[120:], y[120:], OutputLayer(W, b), chunk=64),
@@ -235,7 +240,7 @@ def test_pooled_users_fit_one_global_theta(lm):
 def test_residual_objective_is_j_on_top_of_a_fixed_theta(lm, name):
     """With offset g the base is p_g ∝ p0 exp(P u_g): CE and KL(p_g ‖ p) at g + theta, penalty on theta."""
     h, y, W, b, svd = lm
-    head = make_head(name, W, svd=svd, d=D, alpha=0.5, bias=b)
+    head = make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b)
     g = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     theta = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(8)).requires_grad_(True)
     base = head.logits(h, g)
@@ -278,7 +283,7 @@ def test_logits_spanning_over_100_nats_fit_without_minus_inf(lm):
     layer = OutputLayer(60 * W.float(), 60 * b.float())
     z = F.linear(h.float(), layer.W, layer.b)
     assert float((z.amax(-1) - z.amin(-1)).min()) > 100
-    head = make_head("uncond", layer.W, d=D, alpha=40.0, bias=layer.b)
+    head = make_head("uncond", layer.W, d=D, alpha=40.0, settings=HEAD_SETTINGS, bias=layer.b)
     tokens = prepare(h.float(), y, layer)
     theta = 5 * F.normalize(torch.randn(D, generator=torch.Generator().manual_seed(4)), dim=0)
     reference = F.linear(h, 60 * W, 60 * b) + head.correction(h.float(), theta).double()  # no cache
@@ -289,7 +294,7 @@ def test_logits_spanning_over_100_nats_fit_without_minus_inf(lm):
     layer64 = OutputLayer(60 * W, 60 * b)
     _, exact64 = fit_theta(
         prepare(h, y, layer64),
-        make_head("uncond", layer64.W, d=D, alpha=40.0, bias=layer64.b),
+        make_head("uncond", layer64.W, d=D, alpha=40.0, settings=HEAD_SETTINGS, bias=layer64.b),
         "exact",
         SolverSettings.defaults(),
     )

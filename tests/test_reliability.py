@@ -47,7 +47,7 @@ from uph.lm.cache import (
     shard_writer,
 )
 from uph.lm.fit import SolverSettings, fit_theta, prepare
-from uph.lm.heads import make_head
+from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import OutputLayer
 from uph.report.figures import STYLE
 from uph.report.provenance import table_code
@@ -687,15 +687,22 @@ def _tokens():
 def test_fits_at_the_extremes_stay_finite_and_a_nan_names_the_user_the_point_and_the_keys():
     tokens, W = _tokens()
     huge_lr = SolverSettings.defaults(lr=1e6, max_norm=5.0)
-    _, result = fit_theta(tokens, make_head("cvh", W, d=4, alpha=1.0), "adam", huge_lr)
+    _, result = fit_theta(
+        tokens, make_head("cvh", W, d=4, alpha=1.0, settings=HeadSettings.defaults()), "adam", huge_lr
+    )
     assert result.theta_norm <= 5.0 + 1e-6 and torch.isfinite(torch.tensor(result.objective))  # huge lr: bounced
     for solver in ("adam", "exact"):  # largest alpha
-        _, result = fit_theta(tokens, make_head("uncond", W, d=4, alpha=1e6), solver, SolverSettings.defaults())
+        _, result = fit_theta(
+            tokens,
+            make_head("uncond", W, d=4, alpha=1e6, settings=HeadSettings.defaults()),
+            solver,
+            SolverSettings.defaults(),
+        )
         assert torch.isfinite(torch.tensor([result.objective, result.certificate])).all()
     with pytest.raises(FitDivergedError) as error:  # beyond the cap
         fit_theta(
             tokens,
-            make_head("cvh", W, d=4, alpha=1e20),
+            make_head("cvh", W, d=4, alpha=1e20, settings=HeadSettings.defaults()),
             "exact",
             SolverSettings.defaults(),
             user="hamlet/Hamlet",

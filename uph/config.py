@@ -57,9 +57,17 @@ def _with_defaults(validator_class, registry: Registry):
 
 
 def schema_defaults(section: str, schema_dir: Path | str = SCHEMA_DIR) -> dict:
-    """The defaults schemas/<section>.schema.yaml gives the section's keys: the one place they are written."""
-    properties = yaml.safe_load((Path(schema_dir) / f"{section}.schema.yaml").read_text())["properties"]
-    return {key: spec["default"] for key, spec in properties.items() if "default" in spec}
+    """The defaults schemas/<section>.schema.yaml gives the section's keys, nested objects filled as
+    `validate` fills them: the one place they are written."""
+
+    def filled(properties: dict) -> dict:
+        out = {key: spec["default"] for key, spec in properties.items() if "default" in spec}
+        for key, spec in properties.items():
+            if spec.get("type") == "object" and "properties" in spec and key in out:
+                out[key] = {**filled(spec["properties"]), **out[key]}
+        return out
+
+    return filled(yaml.safe_load((Path(schema_dir) / f"{section}.schema.yaml").read_text())["properties"])
 
 
 def key_path(path) -> str:

@@ -5,6 +5,7 @@ import pandas as pd
 import torch
 
 from uph.io import write_parquet
+from uph.lm.heads import HeadSettings
 from uph.lm.sweep import Point, cross_user, global_thetas, load_fit_job
 from uph.logs import rule_logging
 
@@ -19,7 +20,11 @@ with rule_logging(snakemake) as log:
         user: torch.tensor(theta, dtype=torch.float64) for user, theta in zip(fits["user"], fits["theta_residual"])
     }
     job = load_fit_job(
-        snakemake.input, [point], snakemake.params.heads, snakemake.params.cache, snakemake.params.device
+        snakemake.input,
+        [point],
+        HeadSettings.from_config(snakemake.params.heads),
+        snakemake.params.cache,
+        snakemake.params.device,
     )
     theta_g = global_thetas(pd.read_parquet(snakemake.input.global_fit))[(point, solver)]
     log.info("%s, solver %s: %d x %d cross-user scores", point.label, solver, len(residuals), len(job.users))

@@ -3,11 +3,11 @@
 import torch
 
 from uph.io import write_parquet
-from uph.lm.sweep import fit_global, load_fit_job, sweep_points
+from uph.lm.sweep import FitConfig, fit_global, load_fit_job
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
-    fit = snakemake.params.fit
-    job = load_fit_job(snakemake.input, sweep_points(fit), fit, snakemake.params.cache, snakemake.params.device)
+    fit = FitConfig.from_config(snakemake.params.fit)
+    job = load_fit_job(snakemake.input, fit.points, fit.heads, snakemake.params.cache, snakemake.params.device)
     write_parquet(fit_global(job.users, job.heads, job.layer, fit, job.device), snakemake.output[0])

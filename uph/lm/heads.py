@@ -25,14 +25,34 @@ draws A ~ N(0, 1/H) [d, H] and then C ~ N(0, 1/d) [V, d] from one generator seed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
+from uph.config import schema_defaults
 from uph.errors import ConfigError
 
 BASES = ("svd", "random")
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """What building a head reads besides its point (head, alpha, d): the fit section's basis_seed and
+    lm_head_update keys (schemas/fit.schema.yaml documents each and holds the defaults)."""
+
+    basis_seed: int
+    gamma: float
+    basis: str
+
+    @classmethod
+    def from_config(cls, fit: dict) -> HeadSettings:
+        return cls(fit["basis_seed"], fit["lm_head_update"]["gamma"], fit["lm_head_update"]["basis"])
+
+    @classmethod
+    def defaults(cls, **changes) -> HeadSettings:
+        """The schema's defaults, with `changes`."""
+        return replace(cls.from_config(schema_defaults("fit")), **changes)
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,20 +163,19 @@ def _top_singular(W: torch.Tensor, d: int, svd: tuple | None):
 def make_head(
     name: str,
     W: torch.Tensor,
+    *,
+    d: int,
+    alpha: float,
+    settings: HeadSettings,
     svd: tuple | None = None,
-    d: int = 64,
-    alpha: float = 0.1,
-    basis_seed: int = 42,
-    gamma: float = 0.5,
-    basis: str = "svd",
     bias: torch.Tensor | None = None,
 ) -> Head:
-    """Build head `name` on the lm_head (W [V, H], `bias`), with svd = (U, S, Vh) of W when needed."""
+    """Build head `name` at (alpha, d) on the lm_head (W [V, H], `bias`), with svd = (U, S, Vh) of W when needed."""
     if name not in BUILDERS:
         raise ConfigError(f"config key 'fit.heads': unknown head '{name}' (known: {', '.join(HEADS)})")
     if not 1 <= d <= W.shape[1]:
         raise ConfigError(f"config key 'fit.ds': d={d} must be between 1 and the hidden size {W.shape[1]}")
-    A, up = BUILDERS[name](W, d=d, alpha=alpha, svd=svd, basis_seed=basis_seed, gamma=gamma, basis=basis)
+    A, up = BUILDERS[name](W, d=d, alpha=alpha, svd=svd, **asdict(settings))
     A = None if A is None else A.to(W.dtype)
     if name in ACTS_ON_LM_HEAD:
         return Head(name, d, P=up.to(W.dtype), A=A, up=None, W=W, b=bias)

@@ -32,7 +32,7 @@ from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
 from uph.lm.evaluate import HeldOut
 from uph.lm.fit import FitResult, SolverSettings, Tokens, fit_theta, pool, prepare
-from uph.lm.heads import Head, full_bias_head, make_head
+from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
 
 log = logging.getLogger(__name__)
@@ -57,15 +57,54 @@ class Point:
         return f"head={self.head} alpha={self.alpha:g} d={self.d}"
 
 
-def sweep_points(fit: dict) -> list[Point]:
-    return [Point.of(h, a, d) for h in fit["heads"] for a in fit["alphas"] for d in fit["ds"]]
+@dataclass(frozen=True)
+class DoseResponse:
+    """fit.dose_response: the residual arm refitted on each user's first k train tokens, at `points`."""
+
+    points: tuple[tuple[Point, str], ...]  # (point, solver)
+    train_tokens: tuple[int, ...]
+
+    @classmethod
+    def from_config(cls, section: dict) -> DoseResponse:
+        points = tuple((Point.of(p["head"], p["alpha"], p["d"]), p["solver"]) for p in section["points"])
+        return cls(points, tuple(section["train_tokens"]))
 
 
-def build_heads(points, layer: OutputLayer, basis_path: str | Path, fit: dict) -> dict[Point, Head]:
-    """Each point's head on the model's output layer and SVD basis (`fit`: its HEAD_KEYS)."""
-    svd, settings = load_basis(basis_path), {"basis_seed": fit["basis_seed"], **fit["lm_head_update"]}
+@dataclass(frozen=True)
+class FitConfig:
+    """The `fit:` section as a fit-stage job receives it (its keys in uph.config: FIT_GLOBAL_KEYS or
+    FIT_SHARD_KEYS; defaults in schemas/fit.schema.yaml only), built once by the job's script. A part
+    the job is not given is None: global_max_tokens (null there: no cap) is fit_global's, dose_response
+    and baselines the shard fits'."""
+
+    points: tuple[Point, ...]  # heads x alphas x ds
+    solvers: tuple[str, ...]
+    heads: HeadSettings
+    solver: SolverSettings
+    global_max_tokens: int | None
+    dose_response: DoseResponse | None
+    baselines: tuple[str, ...] | None
+
+    @classmethod
+    def from_config(cls, fit: dict) -> FitConfig:
+        points = tuple(Point.of(h, a, d) for h in fit["heads"] for a in fit["alphas"] for d in fit["ds"])
+        dose = fit.get("dose_response")
+        return cls(
+            points,
+            tuple(fit["solvers"]),
+            HeadSettings.from_config(fit),
+            SolverSettings.from_config(fit),
+            fit.get("global_max_tokens"),
+            None if dose is None else DoseResponse.from_config(dose),
+            None if "baselines" not in fit else tuple(fit["baselines"]),
+        )
+
+
+def build_heads(points, layer: OutputLayer, basis_path: str | Path, settings: HeadSettings) -> dict[Point, Head]:
+    """Each point's head on the model's output layer and SVD basis."""
+    svd = load_basis(basis_path)
     return {
-        point: make_head(point.head, layer.W, svd=svd, d=point.d, alpha=point.alpha, bias=layer.b, **settings)
+        point: make_head(point.head, layer.W, d=point.d, alpha=point.alpha, settings=settings, svd=svd, bias=layer.b)
         for point in points
     }
 
@@ -81,13 +120,13 @@ class FitJob:
     device: torch.device
 
 
-def load_fit_job(inputs, points, fit: dict, cache: dict, device: str, shards=None) -> FitJob:
+def load_fit_job(inputs, points, heads: HeadSettings, cache: dict, device: str, shards=None) -> FitJob:
     """`inputs`: the rule's model (identity.json), users (users.parquet), basis and shards (or `shards`);
-    `fit`: its HEAD_KEYS; `cache`: the job's extract keys."""
+    `cache`: the job's extract keys."""
     model_dir = Path(inputs.model).parent
     layer = read_output_layer(model_dir)
     users = read_users(shards or inputs.shards, model_dir, inputs.users, cache)
-    return FitJob(layer, users, build_heads(points, layer, inputs.basis, fit), resolve_device(device))
+    return FitJob(layer, users, build_heads(points, layer, inputs.basis, heads), resolve_device(device))
 
 
 def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tuple[Tokens, Tokens]:
@@ -103,10 +142,10 @@ def _fit_columns(prefix: str, result: FitResult) -> dict:
 
 
 def fit_global(
-    users: dict[str, UserStates], heads: dict[Point, Head], layer: OutputLayer, fit: dict, device: torch.device
+    users: dict[str, UserStates], heads: dict[Point, Head], layer: OutputLayer, fit: FitConfig, device: torch.device
 ) -> pd.DataFrame:
     """The global theta of every (point, solver) on the pooled train tokens (module docstring)."""
-    cap = fit["global_max_tokens"]
+    cap = fit.global_max_tokens
     share = None if cap is None else math.ceil(cap / len(users))
     train = pool(
         [
@@ -114,12 +153,11 @@ def fit_global(
             for states in users.values()
         ]
     )
-    settings = SolverSettings.from_config(fit)
     log.info("global theta on %d pooled train tokens of %d users", train.n, len(users))
     rows = []
     for point, head in heads.items():
-        for solver in fit["solvers"]:
-            theta, result = fit_theta(train, head, solver, settings, user="global", label=point.label)
+        for solver in fit.solvers:
+            theta, result = fit_theta(train, head, solver, fit.solver, user="global", label=point.label)
             rows.append(
                 {
                     **point.columns,
@@ -147,16 +185,15 @@ def fit_user(
     test: Tokens,
     heads: dict[Point, Head],
     thetas_g: dict,
-    fit: dict,
+    fit: FitConfig,
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """One user's rows: (every point x solver with its three arms, dose-response, baselines)."""
-    settings = SolverSettings.from_config(fit)
-    dose_points = {Point.of(p["head"], p["alpha"], p["d"]): p["solver"] for p in fit["dose_response"]["points"]}
+    settings, dose_points = fit.solver, dict(fit.dose_response.points)
     fits, dose, baselines = [], [], []
     user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
     for point, head in heads.items():
         held_out = HeldOut(test, head)
-        for solver in fit["solvers"]:
+        for solver in fit.solvers:
             theta_g = thetas_g[(point, solver)]
             theta_p, personal = fit_theta(train, head, solver, settings, user=user, label=point.label)
             theta_r, residual = fit_theta(train, head, solver, settings, offset=theta_g, user=user, label=point.label)
@@ -180,7 +217,7 @@ def fit_user(
                 }
             )
             if dose_points.get(point) == solver:
-                for k in [k for k in fit["dose_response"]["train_tokens"] if k < train.n] + [train.n]:
+                for k in [k for k in fit.dose_response.train_tokens if k < train.n] + [train.n]:
                     theta_k = (
                         theta_r
                         if k == train.n
@@ -206,7 +243,7 @@ def fit_user(
         )
     vocab_size = train.layer.W.shape[0]
     row = {**user_columns, "base_nll": test.base_nll}
-    if "unigram" in fit["baselines"]:
+    if "unigram" in fit.baselines:
         unigram = unigram_interpolation(train, test, vocab_size)
         baselines.append(
             {
@@ -218,10 +255,10 @@ def fit_user(
                 "params_per_user": vocab_size + 1,
             }
         )
-    if "full_bias" in fit["baselines"]:
+    if "full_bias" in fit.baselines:
         head = full_bias_head(train.layer.W, train.layer.b)
         held_out = HeldOut(test, head)
-        for solver in fit["solvers"]:
+        for solver in fit.solvers:
             theta, result = fit_theta(train, head, solver, settings, user=user, label="full_bias")
             baselines.append(
                 {
@@ -241,7 +278,7 @@ def fit_shard(
     heads: dict[Point, Head],
     thetas_g: dict,
     layer: OutputLayer,
-    fit: dict,
+    fit: FitConfig,
     device: torch.device,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Every user of one shard: (fits, dose_response, baselines) tables (module docstring)."""
