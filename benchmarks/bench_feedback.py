@@ -30,7 +30,7 @@ import yaml
 
 from uph.config import validate
 from uph.feedback.char_lm import CharCorpus, CharMLP, sample_batch
-from uph.feedback.training import METHODS, TrainConfig, train, train_config
+from uph.feedback.training import METHODS, TrainConfig, train
 
 VOCAB = 81
 REPO = Path(__file__).resolve().parent.parent
@@ -69,7 +69,9 @@ def main() -> None:
     tokens = torch.randint(VOCAB, (200_000,), generator=torch.Generator().manual_seed(0))
     corpus = CharCorpus("".join(chr(33 + i) for i in range(VOCAB)), tokens, tokens[:1000])
     section = validate(yaml.safe_load((REPO / "config.yaml").read_text()))["feedback"]
-    config = dataclasses.replace(train_config(section), steps=args.steps, log_every=args.steps, eval_windows=1)
+    config = dataclasses.replace(
+        TrainConfig.from_config(section), steps=args.steps, log_every=args.steps, eval_windows=1
+    )
 
     autograd_seconds(corpus, dataclasses.replace(config, steps=5))  # warm up autograd and torch.optim
     seconds = {name: [] for name in ("autograd + torch Adam", *METHODS)}

@@ -29,12 +29,12 @@ from uph.feedback.training import (
     METHODS,
     Adam,
     Batch,
+    TrainConfig,
     evaluate,
     learn,
     make_method,
     summarize,
     train,
-    train_config,
 )
 from uph.lm.corpus import load_shakespeare_roles
 
@@ -50,7 +50,7 @@ def update_config(**changes) -> UpdateConfig:
 
 def settings(**changes):
     """A TrainConfig: the schema's defaults with `changes`."""
-    return dataclasses.replace(train_config(SCHEMA_FEEDBACK), **changes)
+    return dataclasses.replace(TrainConfig.from_config(SCHEMA_FEEDBACK), **changes)
 
 
 def gen(seed=0):
@@ -429,7 +429,7 @@ def test_config_errors_name_the_key():
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
     config["feedback"]["update"] = {"alpha_min": 2.0, "alpha_max": 1.0}
     with pytest.raises(ConfigError, match=r"'feedback.update.alpha_min': 2.0 is above feedback.update.alpha_max=1.0"):
-        train_config(validate(config)["feedback"])
+        TrainConfig.from_config(validate(config)["feedback"])
     config["feedback"]["signal"] = "reconstruction"
     with pytest.raises(ConfigError, match=r"config key 'feedback.signal': 'reconstruction' is not one of"):
         validate(config)

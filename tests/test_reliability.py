@@ -34,8 +34,8 @@ from uph.attention.copy_task import train as train_copy_task
 from uph.config import check_results_folder, job_params, validate
 from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDivergedError
 from uph.feedback.char_lm import char_corpus
+from uph.feedback.training import TrainConfig
 from uph.feedback.training import train as train_feedback
-from uph.feedback.training import train_config
 from uph.io import code_version, write_json, write_table
 from uph.lm.cache import (
     cache_identity,
@@ -725,7 +725,7 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
         "copy task with triple attention, seed 0: the training loss is nan by step 10; "
         "lower config key 'copy_task.lr' (1000.0)"
     )
-    settings = train_config({**config["feedback"], "lr": 1e37})
+    settings = TrainConfig.from_config({**config["feedback"], "lr": 1e37})
     corpus = char_corpus("to be, or not to be, that is the question. " * 40, 0.1, settings.context)
     with pytest.raises(
         TrainingDivergedError,

@@ -5,14 +5,14 @@ import torch
 
 from uph.device import resolve_device
 from uph.feedback.char_lm import char_corpus
-from uph.feedback.training import train, train_config
+from uph.feedback.training import TrainConfig, train
 from uph.io import write_parquet
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     section = snakemake.params.feedback
-    config = train_config(section)
+    config = TrainConfig.from_config(section)
     text = "\n".join(pd.read_parquet(snakemake.input.roles)["text"])
     corpus = char_corpus(text, section["test_fraction"], config.context)
     method, seed = snakemake.wildcards.method, int(snakemake.wildcards.seed)

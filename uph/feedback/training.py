@@ -91,6 +91,27 @@ class TrainConfig:
     sigma: float | None
     update: UpdateConfig | None
 
+    @classmethod
+    def from_config(cls, section: dict) -> TrainConfig:
+        """The validated `feedback:` config section as a TrainConfig. A training job gets only the keys its
+        method reads (rules/feedback.smk): rank, update, signal and node_perturbation may be missing, and
+        are None then."""
+        update = UpdateConfig(**section["update"]) if "update" in section else None
+        if update and update.alpha_min > update.alpha_max:
+            raise ConfigError(
+                f"config key 'feedback.update.alpha_min': {update.alpha_min} is above "
+                f"feedback.update.alpha_max={update.alpha_max}"
+            )
+        keys = ("context", "steps", "batch_size", "lr", "log_every", "eval_windows")
+        return cls(
+            hidden=tuple(section["hidden"]),
+            rank=section.get("rank"),
+            signal=section.get("signal"),
+            sigma=section.get("node_perturbation", {}).get("sigma"),
+            update=update,
+            **{key: section[key] for key in keys},
+        )
+
 
 @dataclass
 class Batch:
@@ -292,24 +313,3 @@ def summarize(curves: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(
         ["method", "seed"], key=lambda s: s.map(order) if s.name == "method" else s, kind="stable"
     ).reset_index(drop=True)
-
-
-def train_config(section: dict) -> TrainConfig:
-    """The validated `feedback:` config section as a TrainConfig. A training job gets only the keys its
-    method reads (rules/feedback.smk): rank, update, signal and node_perturbation may be missing, and
-    are None then."""
-    update = UpdateConfig(**section["update"]) if "update" in section else None
-    if update and update.alpha_min > update.alpha_max:
-        raise ConfigError(
-            f"config key 'feedback.update.alpha_min': {update.alpha_min} is above "
-            f"feedback.update.alpha_max={update.alpha_max}"
-        )
-    keys = ("context", "steps", "batch_size", "lr", "log_every", "eval_windows")
-    return TrainConfig(
-        hidden=tuple(section["hidden"]),
-        rank=section.get("rank"),
-        signal=section.get("signal"),
-        sigma=section.get("node_perturbation", {}).get("sigma"),
-        update=update,
-        **{key: section[key] for key in keys},
-    )
