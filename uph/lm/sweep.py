@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from uph.device import resolve_device
 from uph.lm.baselines import unigram_interpolation
@@ -301,7 +302,7 @@ def cross_user(
     """One row per (theta user u, text user v): theta_g + u's residual theta on v's held-out text,
     against theta_g alone; one text's held-out p0 in memory at a time."""
     rows = []
-    for text_user, states in users.items():
+    for text_user, states in tqdm(users.items(), desc="cross_user", unit="text", mininterval=5):
         test = prepare(states.test_hidden, states.test_targets, layer, device=device)
         held_out = HeldOut(test, head)
         global_nll = held_out(theta_g)["nll"]
