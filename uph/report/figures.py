@@ -166,20 +166,33 @@ def dose_response(fig: Figure, study: Study) -> None:
     axes = fig.subplots(1, len(alphas), sharey=True, squeeze=False)[0]
     for ax, alpha in zip(axes, alphas):
         for (head, d), rows in table[table["alpha"] == alpha].groupby(["head", "d"], sort=True):
-            rows = rows.sort_values("train_tokens")
-            x, color = rows["train_tokens"], colors[head]
-            ax.plot(x, rows["delta_nll"] * MILLI, color=color, linestyle=linestyles[d], marker="o")
+            rows, color = rows.sort_values("train_tokens"), colors[head]
+            fixed, everything = rows[~rows["all_train_tokens"]], rows[rows["all_train_tokens"]]
+            x = fixed["train_tokens"]
+            ax.plot(x, fixed["delta_nll"] * MILLI, color=color, linestyle=linestyles[d], marker="o")
             ax.fill_between(
                 x,
-                rows["delta_nll_ci_low"] * MILLI,
-                rows["delta_nll_ci_high"] * MILLI,
+                fixed["delta_nll_ci_low"] * MILLI,
+                fixed["delta_nll_ci_high"] * MILLI,
                 color=color,
                 alpha=0.2,
                 linewidth=0,
             )
+            ax.errorbar(
+                everything["train_tokens"],
+                everything["delta_nll"] * MILLI,
+                yerr=[
+                    (everything["delta_nll"] - everything["delta_nll_ci_low"]) * MILLI,
+                    (everything["delta_nll_ci_high"] - everything["delta_nll"]) * MILLI,
+                ],
+                color=color,
+                marker="*",
+                markersize=10,
+                linestyle="none",
+            )
         ax.axhline(0, color="0.4", linewidth=0.8)
         _log2_axis(ax, ticks)
-        ax.set_xlabel("user's train tokens (largest: all, mean over users)")
+        ax.set_xlabel("first k train tokens (users with more than k); ★ all of each user's (at their mean)")
         ax.set_title(f"α = {alpha:g}")
     axes[0].set_ylabel("Δ NLL beyond global θ\n(10⁻³ nats/token)")
     handles = [Line2D([], [], color=color, label=head) for head, color in colors.items()]

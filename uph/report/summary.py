@@ -119,10 +119,10 @@ def dose_response_finding(study: Study) -> str:
     beyond = heads[(heads["solver"] == solver) & (heads["control"] == "global+personal")]
     point = beyond.loc[beyond["delta_nll"].idxmin()]
     if not _at(table, point).any():
-        all_tokens = table.loc[table.groupby(POINT)["train_tokens"].idxmax()]
+        all_tokens = table[table["all_train_tokens"]]
         point = all_tokens.loc[all_tokens["delta_nll"].idxmin()]
     curve = table[_at(table, point)].sort_values("train_tokens")
-    first, last = curve.iloc[0], curve.iloc[-1]
+    first, last = curve.iloc[0], curve[curve["all_train_tokens"]].iloc[0]  # a fixed k can exceed the mean of all
     reliable = curve.loc[curve["delta_nll_ci_high"] < 0, "train_tokens"]
     where = (
         f"the interval lies below 0 at {len(reliable)} of {len(curve)} train sizes, the smallest {reliable.iloc[0]:.0f} tokens"
