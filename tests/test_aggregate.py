@@ -261,9 +261,13 @@ def test_cross_user_finding_quotes_the_diagonal_dominance():
     )
 
 
-def dose_table(deltas, head="cvh", tokens=(256, 512, 1024, 1600.0)) -> pd.DataFrame:
+def dose_table(deltas, head="cvh", tokens=(256, 512, 1024, 1600.0), everything=3) -> pd.DataFrame:
+    """Rows at each train size; row `everything` fits all train tokens (its size the mean count)."""
     return pd.DataFrame(
-        [{**lm_row(head, "global+personal", delta), "train_tokens": t} for t, delta in zip(tokens, deltas)]
+        [
+            {**lm_row(head, "global+personal", delta), "train_tokens": t, "all_train_tokens": i == everything}
+            for i, (t, delta) in enumerate(zip(tokens, deltas))
+        ]
     )
 
 
@@ -278,6 +282,10 @@ def test_dose_response_finding_follows_the_numbers():
         in line
     )
     assert "the interval lies below 0 at 2 of 4 train sizes, the smallest 1024 tokens" in line
+    # a fixed k above the mean count of all train tokens (the full study's 4,096, held by a few users)
+    above = dose_table([0.001, -0.001, -0.003, -0.004, -0.007], tokens=(256, 512, 1024, 1600.0, 2048))
+    line = dose_response_finding(study(personalization=table, dose_response=above))
+    assert "-4.00 (95 % CI -6.00 to -2.00) from all of them (1600 on average)" in line
     flat = dose_response_finding(study(personalization=table, dose_response=dose_table([0.001, 0.0, 0.0, -0.001])))
     assert "the interval lies below 0 at none of the 4 train sizes" in flat
     # no dose-response curve at the headline point: the one with the best gain on all train tokens
