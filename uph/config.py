@@ -11,6 +11,7 @@ imports this module, so `snakemake -n` stays fast.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -68,6 +69,13 @@ def schema_defaults(section: str, schema_dir: Path | str = SCHEMA_DIR) -> dict:
         return out
 
     return filled(yaml.safe_load((Path(schema_dir) / f"{section}.schema.yaml").read_text())["properties"])
+
+
+def dataclass_fields(cls, section: dict) -> dict:
+    """The entries of a validated config `section` that are fields of the frozen dataclass `cls`, lists
+    as tuples: what a section's `from_config` builds it from (a job's params may hold more keys)."""
+    values = {field.name: section[field.name] for field in dataclasses.fields(cls)}
+    return {key: tuple(value) if isinstance(value, list) else value for key, value in values.items()}
 
 
 def key_path(path) -> str:

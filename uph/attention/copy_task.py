@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from uph.attention.model import attention_stats
 from uph.attention.self_attention import OneLayerModel
+from uph.config import dataclass_fields
 from uph.errors import TrainingDivergedError
 
 DTYPES = ("float32", "bfloat16")  # config key copy_task.dtype: float32, or bfloat16 autocast (the score stays float32)
@@ -50,9 +51,7 @@ class CopyTaskConfig:
     @classmethod
     def from_config(cls, section: dict) -> CopyTaskConfig:
         """From the validated section, or the part of it a job's params hold."""
-        return cls(
-            **{key: section[key] for key in cls.__dataclass_fields__} | {"eval_lens": tuple(section["eval_lens"])}
-        )
+        return cls(**dataclass_fields(cls, section))
 
 
 def copy_batch(batch_size: int, length: int, vocab: int, generator: torch.Generator):

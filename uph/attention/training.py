@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from uph.attention.model import attention_stats, build_model
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
+from uph.config import dataclass_fields
 from uph.errors import TrainingDivergedError
 
 STREAM = 1_000_003
@@ -68,8 +69,7 @@ class AttentionStudyConfig:
     @classmethod
     def from_config(cls, section: dict) -> AttentionStudyConfig:
         """From the validated section, or the part of it a job's params hold (lists become tuples)."""
-        values = {key: section[key] for key in cls.__dataclass_fields__}
-        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in values.items()})
+        return cls(**dataclass_fields(cls, section))
 
 
 def eval_lengths(cfg: AttentionStudyConfig) -> list[int]:

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from uph.config import schema_defaults
+from uph.config import dataclass_fields, schema_defaults
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
 from uph.lm.models import OutputLayer
@@ -77,7 +77,7 @@ class SolverSettings:
 
     @classmethod
     def from_config(cls, fit: dict) -> SolverSettings:
-        return cls(**{key: fit[key] for key in cls.__dataclass_fields__})
+        return cls(**dataclass_fields(cls, fit))
 
     @classmethod
     def defaults(cls, **changes) -> SolverSettings:
