@@ -19,7 +19,7 @@ from uph.config import (
     validate,
 )
 from uph.errors import UphError
-from uph.lm.identity import IDENTITY, read_identity
+from uph.model_identity import IDENTITY, read_identity
 
 try:
     validate(config)

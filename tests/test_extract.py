@@ -7,8 +7,8 @@ from uph.errors import CacheError, ModelError
 from uph.lm.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
 from uph.lm.corpus import temporal_split
 from uph.lm.extract import extract_users, user_windows
-from uph.lm.identity import read_identity
 from uph.lm.models import load_model, materialize, read_output_layer
+from uph.model_identity import read_identity
 
 
 def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):

@@ -25,7 +25,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from uph.errors import ConfigError
-from uph.lm.identity import check_model_folder
+from uph.model_identity import check_model_folder
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"

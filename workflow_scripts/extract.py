@@ -9,9 +9,9 @@ import torch
 from uph.device import resolve_device, resolve_dtype
 from uph.lm.cache import cache_identity, shard_manifest, shard_users, shard_writer
 from uph.lm.extract import extract_users
-from uph.lm.identity import read_identity
 from uph.lm.models import load_model
 from uph.logs import rule_logging
+from uph.model_identity import read_identity
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.extract

@@ -4,8 +4,8 @@ seeds, host, device, wall time per rule). Its own benchmark file is left out: it
 from pathlib import Path
 
 from uph.io import write_json
-from uph.lm.identity import read_identity
 from uph.logs import rule_logging
+from uph.model_identity import read_identity
 from uph.report.provenance import provenance
 
 with rule_logging(snakemake) as log:

@@ -3,9 +3,9 @@
 from pathlib import Path
 
 from uph.lm.basis import save_basis, top_singular_triplets
-from uph.lm.identity import read_identity
 from uph.lm.models import read_output_layer
 from uph.logs import rule_logging
+from uph.model_identity import read_identity
 
 with rule_logging(snakemake) as log:
     model_dir = Path(snakemake.input.model).parent

@@ -34,7 +34,7 @@ import torch
 
 from uph.errors import CacheError
 from uph.io import atomic_path
-from uph.lm.identity import read_identity as read_model_identity
+from uph.model_identity import read_identity as read_model_identity
 
 SCHEMA_VERSION = 2
 METADATA_KEY = b"uph"

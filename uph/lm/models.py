@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from uph.config import TINY_ARCHITECTURES
 from uph.errors import ModelError
 from uph.io import write_json
-from uph.lm.identity import IDENTITY, TOKENIZER_PREFIXES, WEIGHTS, check_model_folder, file_sha256, read_identity
+from uph.model_identity import IDENTITY, TOKENIZER_PREFIXES, WEIGHTS, check_model_folder, file_sha256, read_identity
 
 log = logging.getLogger(__name__)
 
