@@ -15,6 +15,7 @@ rule aggregate:
         ],
         pdf=[results("figures", f"{name}.pdf") for name in FIGURES],
         summary=report(results("summary.md"), caption="../report/summary.rst", category="Summary"),
+        answers=report(results("answers.html"), caption="../report/answers.rst", category="Summary"),
     log:
         results("logs", "aggregate.log"),
     benchmark:

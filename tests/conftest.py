@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -38,11 +39,20 @@ def snakemake_command(workdir, *args, config="config/test.yaml") -> list[str]:
     ]
 
 
-def snakemake(workdir, *args, config="config/test.yaml", timeout=600):
-    """Run `snakemake_command` to its end."""
+def snakemake(workdir, *args, config="config/test.yaml", timeout=600, env=None):
+    """Run `snakemake_command` to its end (`env`: the environment, default this process's)."""
     return subprocess.run(
-        snakemake_command(workdir, *args, config=config), capture_output=True, text=True, timeout=timeout
+        snakemake_command(workdir, *args, config=config), capture_output=True, text=True, timeout=timeout, env=env
     )
+
+
+def without_modules(folder: Path, *names: str, where: str) -> dict:
+    """This process's environment with `names` made unimportable: a package of each name in `folder`,
+    first on PYTHONPATH, raises ImportError('<where> imported <name>')."""
+    for name in names:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(f"raise ImportError('{where} imported {name}')")
+    return {**os.environ, "PYTHONPATH": str(folder)}
 
 
 @dataclass

@@ -3,6 +3,7 @@ tables alone, determinism of two clean runs, and the summary's findings on hand-
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -11,8 +12,24 @@ from dataclasses import fields
 import matplotlib.image
 import numpy as np
 import pandas as pd
-from conftest import REPO, snakemake
+import pytest
+from conftest import REPO, snakemake, without_modules
 
+from uph.report.answers import (
+    Answer,
+    answers_html,
+    answers_markdown,
+    attention_task,
+    copy_task_at_train_length,
+    copy_task_beyond_train_length,
+    feedback_beats,
+    gram_resilience,
+    head_against_baselines,
+    little_text,
+    loud_copy_loudest,
+    own_theta_on_own_text,
+    personal_beyond_global,
+)
 from uph.report.catalog import FIGURES, TABLES
 from uph.report.figures import pixel_size
 from uph.report.provenance import config_seeds, git_state
@@ -65,9 +82,18 @@ def test_every_figure_is_a_nonempty_image_of_its_paper_size(tiny_study):
         assert np.allclose([float(box[1]), float(box[2])], np.array(spec.size) * 72), name
 
 
-def test_summary_links_every_figure_and_table_with_a_finding(tiny_study):
+def test_summary_opens_with_the_answers_and_links_every_figure_and_table(tiny_study):
     results = tiny_study.workdir / "results"
     summary = (results / "summary.md").read_text()
+    answers_table = summary[summary.index("## Answers") : summary.index("## Figures")]
+    rows = [line for line in answers_table.splitlines() if line.startswith("| ")][2:]
+    assert len(rows) == 12 and all(re.search(r"\| \*\*(yes|no|not shown|untested)\*\* \|", row) for row in rows)
+    assert summary.index("## Answers") < summary.index("## Figures") < summary.index("## Tables")
+    # the report's Summary category shows the same answers
+    page = (results / "answers.html").read_text()
+    for row in rows:
+        question = row.split(" | ")[0].removeprefix("| ").replace("\\|", "|")
+        assert html.escape(question) in page
     links = re.findall(r"\]\(([^)]+)\)", summary)
     for name in FIGURES:
         assert f"figures/{name}.png" in links and f"figures/{name}.pdf" in links
@@ -75,8 +101,8 @@ def test_summary_links_every_figure_and_table_with_a_finding(tiny_study):
     table = pd.read_csv(results / "tables/personalization.csv")
     beyond = table[(table["control"] == "global+personal") & (table["solver"] == "exact")]
     best = beyond.nsmallest(1, "delta_nll").iloc[0]
-    assert f"({best['head']} at α = {best['alpha']:g}, d = {best['d']:g}, exact solver)" in summary
-    assert f"NLL by {best['delta_nll'] * 1e3:+.2f} (95 % CI {best['delta_nll_ci_low'] * 1e3:+.2f}" in summary
+    assert f"{best['head']} at α = {best['alpha']:g}, d = {best['d']:g} (exact solver), " in summary
+    assert f"{best['delta_nll'] * 1e3:+.2f} (95 % CI {best['delta_nll_ci_low'] * 1e3:+.2f}" in rows[0]
 
 
 def test_provenance_records_the_run(tiny_study):
@@ -110,26 +136,22 @@ def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_
     shutil.rmtree(workdir / "results/cache")
     shutil.rmtree(workdir / "results/figures")
     (workdir / "results/summary.md").unlink()
+    (workdir / "results/answers.html").unlink()
+    # "tables alone": the aggregate job runs with torch and transformers unimportable
+    env = without_modules(tmp_path / "blocked", "torch", "transformers", where="the aggregate job")
     run = snakemake(
-        workdir,
-        "--forcerun",
-        "aggregate",
-        "--allowed-rules",
-        "aggregate",
-        "provenance",
-        "--",
-        "results/summary.md",
-        "results/provenance.json",
+        workdir, "--forcerun", "aggregate", "--allowed-rules", "aggregate", "--", "results/summary.md", env=env
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert files_under(workdir, ["results/figures", "results/summary.md"]) == files_under(
-        tiny_study.workdir, ["results/figures", "results/summary.md"]
-    )
+    run = snakemake(workdir, "--allowed-rules", "provenance", "--", "results/provenance.json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    redrawn = ["results/figures", "results/summary.md", "results/answers.html"]
+    assert files_under(workdir, redrawn) == files_under(tiny_study.workdir, redrawn)
     report = snakemake(workdir, "--report", str(tmp_path / "report.html"))
     assert report.returncode == 0, report.stderr[-3000:]
     assert "ERROR" not in report.stderr  # captions are valid reStructuredText
-    html = (tmp_path / "report.html").read_text()
-    assert all(f"{name}.png" in html for name in FIGURES) and "provenance.json" in html
+    page = (tmp_path / "report.html").read_text()
+    assert all(f"{name}.png" in page for name in FIGURES) and "provenance.json" in page and "answers.html" in page
 
 
 # --- findings on hand-made tables -----------------------------------------------------------------
@@ -198,67 +220,107 @@ def cross_matrix(head, own, other, solver="exact", users=("a", "b", "c")) -> pd.
     )
 
 
-def test_personalization_finding_states_the_answer_from_the_numbers():
-    line = personalization_finding(
-        study(
-            personalization=personalization_table(-0.004, -0.001), cross_user=cross_matrix("cvh", -0.01, 0.0).iloc[:0]
-        )
-    )
-    assert "help beyond domain adaptation? yes: at the best of 2 points (cvh at α = 1, d = 8, exact solver)" in line
+def lines(facts: list[str]) -> str:
+    return "\n".join(facts)
+
+
+def no_cross(head="cvh") -> pd.DataFrame:
+    return cross_matrix(head, 0, 0).iloc[:0]
+
+
+def test_personal_beyond_global_answers_from_the_numbers():
+    answer = personal_beyond_global(study(personalization=personalization_table(-0.004, -0.001), cross_user=no_cross()))
+    assert (answer.answer, answer.n, answer.figure) == ("yes", "24 users", "personalization")
+    assert answer.rests_on.startswith("-4.00 (95 % CI -6.00 to -2.00) × 10⁻³ nats/token at the best of 2 points")
     assert (
-        "NLL by -4.00 (95 % CI -6.00 to -2.00) × 10⁻³ nats/token, 18 of 24 users improved, sign test p = 0.023" in line
+        "(cvh at α = 1, d = 8, exact); 18 users improved, sign test p = 0.023 (0.046 after Bonferroni"
+        in answer.rests_on
     )
-    assert "1 of 2 points have an interval excluding 0 (1 below, 0 above)" in line
-    assert "global θ -10.00 (95 % CI -12.00 to -8.00), personal θ -8.00" in line
-    assert "the best head (cvh at α = 1, d = 8) -8.00 (95 % CI -10.00 to -6.00) vs the baselines unigram -3.00" in line
-    assert "full_bias -5.00" in line and "No cross-user point at the exact solver" in line
-    swapped = personalization_finding(
-        study(personalization=personalization_table(-0.001, -0.004), cross_user=cross_matrix("cvh", 0, 0).iloc[:0])
+    swapped = personal_beyond_global(
+        study(personalization=personalization_table(-0.001, -0.004), cross_user=no_cross())
     )
-    assert "? yes: at the best of 2 points (uncond at α = 1" in swapped
-    null = personalization_finding(
-        study(personalization=personalization_table(0.0005, -0.001), cross_user=cross_matrix("cvh", 0, 0).iloc[:0])
-    )
-    assert "? no, not distinguishable from 0: at the best of 2 points (uncond" in null
-    assert "0 of 2 points have an interval excluding 0" in null
+    assert swapped.answer == "yes" and "(uncond at α = 1" in swapped.rests_on
+    null = personal_beyond_global(study(personalization=personalization_table(0.0005, -0.001), cross_user=no_cross()))
+    assert null.answer == "not shown" and "(uncond at" in null.rests_on
     table = personalization_table(-0.004, -0.001)
     table.loc[table["control"] == "global+personal", "sign_test_p"] = 0.04  # 0.08 after Bonferroni over 2 points
-    picked = personalization_finding(study(personalization=table, cross_user=cross_matrix("cvh", 0, 0).iloc[:0]))
-    assert "? not shown: the best point's interval excludes 0, but picked from 2 points its sign test gives " in picked
-    assert "p = 0.08 after Bonferroni: at the best of 2 points (cvh" in picked
-    worse = personalization_finding(
-        study(personalization=personalization_table(0.004, 0.005), cross_user=cross_matrix("cvh", 0, 0).iloc[:0])
+    picked = personal_beyond_global(study(personalization=table, cross_user=no_cross()))
+    assert picked.answer == "not shown" and "(0.08 after Bonferroni over 2)" in picked.rests_on
+    worse = personal_beyond_global(study(personalization=personalization_table(0.004, 0.005), cross_user=no_cross()))
+    assert worse.answer == "no"
+
+
+def test_personalization_finding_lists_the_facts_at_the_headline_point():
+    facts = personalization_finding(study(personalization=personalization_table(-0.004, -0.001), cross_user=no_cross()))
+    assert facts[0] == (
+        "best of 2 points, personal beyond global: cvh at α = 1, d = 8 (exact solver), "
+        "-4.00 (95 % CI -6.00 to -2.00) × 10⁻³ nats/token"
     )
-    assert "? no, it is worse: at the best of 2 points (cvh" in worse and "(0 below, 2 above)" in worse
+    assert facts[1] == "there: 18 of 24 users improved, sign test p = 0.023, 0.046 after Bonferroni over the 2 points"
+    assert facts[2] == "1 of 2 points have an interval excluding 0 (1 below, 0 above)"
+    assert "global θ -10.00 (95 % CI -12.00 to -8.00), personal θ -8.00" in facts[3]
+    assert facts[4] == "base → personal, the best head: cvh at α = 1, d = 8 -8.00 (95 % CI -10.00 to -6.00)"
+    assert "baseline unigram (exact): -3.00" in lines(facts) and "baseline full_bias (exact): -5.00" in lines(facts)
+    assert facts[-1] == "no cross-user point at the exact solver (fit.cross_user)"
+    worse = personalization_finding(study(personalization=personalization_table(0.004, 0.005), cross_user=no_cross()))
+    assert "(0 below, 2 above)" in lines(worse)
+
+
+def test_head_against_baselines_compares_their_intervals():
+    table = personalization_table(-0.004, -0.001)  # best head -8 ± 2, baselines -3 and -5 ± 2
+    answer = head_against_baselines(study(personalization=table, cross_user=no_cross()))
+    assert answer.answer == "not shown"  # -8 ± 2 overlaps full_bias's -5 ± 2
+    assert "cvh at α = 1, d = 8 -8.00 (95 % CI -10.00 to -6.00) vs unigram -3.00" in answer.rests_on
+    assert "; full_bias -5.00 (95 % CI -7.00 to -3.00) × 10⁻³ nats/token against the frozen model" in answer.rests_on
+    table.loc[table["head"] == "full_bias", "delta_nll_ci_low"] = -0.0055
+    assert head_against_baselines(study(personalization=table, cross_user=no_cross())).answer == "yes"
+    table.loc[table["head"] == "unigram", ["delta_nll_ci_low", "delta_nll_ci_high"]] = (-0.05, -0.04)
+    assert head_against_baselines(study(personalization=table, cross_user=no_cross())).answer == "no"
+    heads_only = table[table["d"].notna()]
+    assert head_against_baselines(study(personalization=heads_only, cross_user=no_cross())).answer == "untested"
 
 
 def test_personalization_finding_quotes_the_headline_solver_and_the_diagonal_dominance():
     table = personalization_table(-0.004, -0.001, solvers=("adam",))  # the unigram baseline is always exact
-    line = personalization_finding(study(personalization=table, cross_user=cross_matrix("cvh", -0.01, 0.0, "adam")))
-    assert "(cvh at α = 1, d = 8, adam solver)" in line and "unigram -3.00" in line and "full_bias -5.00" in line
+    facts = lines(
+        personalization_finding(study(personalization=table, cross_user=cross_matrix("cvh", -0.01, 0.0, "adam")))
+    )
+    assert "cvh at α = 1, d = 8 (adam solver)" in facts and "unigram (exact): -3.00" in facts
+    assert "full_bias (adam): -5.00" in facts
     # own theta best on all 3 texts: 1 of the 3! = 6 matchings is as good, p = 1/6 up to permutation noise
     assert (
-        "Cross-user residual θs at cvh at α = 1, d = 8: own θ mean rank 1.00 of 3 (chance 2, permutation p = 0.17)"
-        in line
+        "cross-user residual θs at cvh at α = 1, d = 8: own θ mean rank 1.00 of 3 (chance 2, permutation p = 0.17)"
+        in facts
     )
-    assert "the best on 3 of 3 users' texts (1 by chance)" in line
-    elsewhere = personalization_finding(
-        study(personalization=table, cross_user=cross_matrix("uncond", 0.01, 0.0, "adam"))
+    assert "the best on 3 of 3 users' texts (1 by chance)" in facts
+    elsewhere = lines(
+        personalization_finding(study(personalization=table, cross_user=cross_matrix("uncond", 0.01, 0.0, "adam")))
     )
-    assert "Cross-user residual θs at uncond at α = 1, d = 8: own θ mean rank 3.00 of 3" in elsewhere
+    assert "cross-user residual θs at uncond at α = 1, d = 8: own θ mean rank 3.00 of 3" in elsewhere
     assert "the best on 0 of 3 users' texts" in elsewhere
 
 
+def test_own_theta_answer_follows_the_permutation_test():
+    table = personalization_table(-0.004, -0.001)
+    users = tuple("abcdef")  # own best on all 6 texts: p = 1/720 up to permutation noise
+    answer = own_theta_on_own_text(
+        study(personalization=table, cross_user=cross_matrix("cvh", -0.01, 0.0, users=users))
+    )
+    assert (answer.answer, answer.n, answer.figure) == ("yes", "6 users", "cross_user")
+    assert answer.rests_on.startswith("own θ mean rank 1.00 (chance 3.5), one-sided permutation p = 0.00")
+    three = own_theta_on_own_text(study(personalization=table, cross_user=cross_matrix("cvh", -0.01, 0.0)))
+    assert three.answer == "not shown"  # 3 users: p = 1/6 at best
+    assert own_theta_on_own_text(study(personalization=table, cross_user=no_cross())).answer == "untested"
+
+
 def test_cross_user_finding_quotes_the_diagonal_dominance():
-    assert "the best on 3 of 3 users' texts" in cross_user_finding(
-        study(cross_user=cross_matrix("svd_cvh", -0.02, -0.01))
+    assert "the best on 3 of 3 users' texts" in lines(
+        cross_user_finding(study(cross_user=cross_matrix("svd_cvh", -0.02, -0.01)))
     )
-    line = cross_user_finding(study(cross_user=cross_matrix("svd_cvh", -0.01, -0.02)))
-    assert "own residual θ Δ NLL -10.00 vs other users' -20.00 × 10⁻³ nats/token against the global θ" in line
-    assert "own θ mean rank 3.00 of 3 (chance 2, permutation p = 1)" in line and "the best on 0 of 3" in line
-    assert cross_user_finding(study(cross_user=cross_matrix("svd_cvh", 0, 0).iloc[:0])).startswith(
-        "no cross-user point"
-    )
+    facts = lines(cross_user_finding(study(cross_user=cross_matrix("svd_cvh", -0.01, -0.02))))
+    assert "own residual θ Δ NLL -10.00 vs other users' -20.00 × 10⁻³ nats/token against the global θ" in facts
+    assert "own θ mean rank 3.00 of 3 (chance 2, permutation p = 1)" in facts and "the best on 0 of 3" in facts
+    assert cross_user_finding(study(cross_user=no_cross("svd_cvh")))[0].startswith("no cross-user point")
 
 
 def dose_table(deltas, head="cvh", tokens=(256, 512, 1024, 1600.0), everything=3) -> pd.DataFrame:
@@ -273,46 +335,59 @@ def dose_table(deltas, head="cvh", tokens=(256, 512, 1024, 1600.0), everything=3
 
 def test_dose_response_finding_follows_the_numbers():
     table = personalization_table(-0.004, -0.001)
-    line = dose_response_finding(
-        study(personalization=table, dose_response=dose_table([0.001, -0.001, -0.003, -0.004]))
+    facts = lines(
+        dose_response_finding(study(personalization=table, dose_response=dose_table([0.001, -0.001, -0.003, -0.004])))
     )
-    assert "beyond the global θ at cvh at α = 1, d = 8 (exact solver): +1.00 (95 % CI -1.00 to +3.00)" in line
-    assert (
-        "from the first 256 train tokens per user, -4.00 (95 % CI -6.00 to -2.00) from all of them (1600 on average)"
-        in line
-    )
-    assert "the interval lies below 0 at 2 of 4 train sizes, the smallest 1024 tokens" in line
+    assert "beyond the global θ at cvh at α = 1, d = 8 (exact solver)" in facts
+    assert "from the first 256 train tokens per user: +1.00 (95 % CI -1.00 to +3.00)" in facts
+    assert "from all of them (1600 on average): -4.00 (95 % CI -6.00 to -2.00)" in facts
+    assert "the interval lies below 0 at 2 of 4 train sizes, the smallest 1024 tokens" in facts
     # a fixed k above the mean count of all train tokens (the full study's 4,096, held by a few users)
     above = dose_table([0.001, -0.001, -0.003, -0.004, -0.007], tokens=(256, 512, 1024, 1600.0, 2048))
-    line = dose_response_finding(study(personalization=table, dose_response=above))
-    assert "-4.00 (95 % CI -6.00 to -2.00) from all of them (1600 on average)" in line
-    flat = dose_response_finding(study(personalization=table, dose_response=dose_table([0.001, 0.0, 0.0, -0.001])))
+    facts = lines(dose_response_finding(study(personalization=table, dose_response=above)))
+    assert "from all of them (1600 on average): -4.00 (95 % CI -6.00 to -2.00)" in facts
+    flat = lines(
+        dose_response_finding(study(personalization=table, dose_response=dose_table([0.001, 0.0, 0.0, -0.001])))
+    )
     assert "the interval lies below 0 at none of the 4 train sizes" in flat
     # no dose-response curve at the headline point: the one with the best gain on all train tokens
     other = pd.concat(
         [dose_table([0.0, 0.0, 0.0, -0.001], "svd_cvh"), dose_table([0.0, 0.0, 0.0, -0.002], "uncond")],
         ignore_index=True,
     )
-    assert "at uncond at α = 1" in dose_response_finding(study(personalization=table, dose_response=other))
-    assert dose_response_finding(study(personalization=table, dose_response=dose_table([0.0]).iloc[:0])).startswith(
+    assert "at uncond at α = 1" in lines(dose_response_finding(study(personalization=table, dose_response=other)))
+    assert dose_response_finding(study(personalization=table, dose_response=dose_table([0.0]).iloc[:0]))[0].startswith(
         "no dose"
     )
 
 
+def test_little_text_answer_reads_the_smallest_train_size():
+    table = personalization_table(-0.004, -0.001)
+    hurts = little_text(study(personalization=table, dose_response=dose_table([0.003, -0.001, -0.003, -0.004])))
+    assert hurts.question.endswith("from only their first 256 train tokens?")
+    assert (hurts.answer, hurts.n, hurts.figure) == ("no", "24 users", "dose_response")
+    assert hurts.rests_on == "+3.00 (95 % CI +1.00 to +5.00) × 10⁻³ nats/token at cvh at α = 1, d = 8 (exact)"
+    assert little_text(study(personalization=table, dose_response=dose_table([-0.003, -0.004]))).answer == "yes"
+    assert little_text(study(personalization=table, dose_response=dose_table([0.001, -0.004]))).answer == "not shown"
+    empty = dose_table([0.0]).iloc[:0]
+    assert little_text(study(personalization=table, dose_response=empty)).answer == "untested"
+
+
 def test_solver_gap_finding_compares_adam_to_exact():
-    line = solver_gap_finding(study(personalization=personalization_table(-0.004, -0.001, solvers=("adam", "exact"))))
-    assert (
-        "Adam schedule (adam) stops on average 2.00 × 10⁻³ nats above" in line
-        and "norm 1.0e-03 (adam) vs 1.0e-07" in line
+    facts = lines(
+        solver_gap_finding(study(personalization=personalization_table(-0.004, -0.001, solvers=("adam", "exact"))))
     )
-    assert solver_gap_finding(study(personalization=personalization_table(-0.004, -0.001))).startswith("needs both")
+    assert "Adam schedule (adam) stops on average 2.00 × 10⁻³ nats above" in facts
+    assert "norm 1.0e-03 (adam) vs 1.0e-07" in facts
+    assert solver_gap_finding(study(personalization=personalization_table(-0.004, -0.001)))[0].startswith("needs both")
 
 
-def test_feedback_finding_answers_from_paired_seeds():
-    def table(learned):  # per-seed final losses of feedback_learned; the others fixed
-        losses = {"backprop": [2.0, 2.1, 2.0], "dfa": [2.5, 2.4, 2.6], "feedback_learned_oracle": [2.2] * 3}
-        losses["feedback_learned"] = learned
-        rows = [
+def feedback_table(learned, methods=("backprop", "dfa", "feedback_learned_oracle")) -> pd.DataFrame:
+    """Per-seed final losses of feedback_learned as given; the other methods' fixed."""
+    losses = {"backprop": [2.0, 2.1, 2.0], "dfa": [2.5, 2.4, 2.6], "feedback_learned_oracle": [2.2] * 3}
+    losses = {method: losses[method] for method in methods} | {"feedback_learned": learned}
+    return pd.DataFrame(
+        [
             {
                 "method": method,
                 "seed": seed,
@@ -323,18 +398,118 @@ def test_feedback_finding_answers_from_paired_seeds():
             for method, values in losses.items()
             for seed, loss in enumerate(values)
         ]
-        return pd.DataFrame(rows)
+    )
 
+
+def test_feedback_finding_lists_paired_differences_over_seeds():
     curves = pd.DataFrame({"step": [100, 300]})
-    line = feedback_finding(study(feedback=table([2.3, 2.3, 2.4]), feedback_curves=curves))
-    assert "after 300 steps, mean over 3 seeds: backprop 2.033 < feedback_learned_oracle 2.200" in line
-    assert "beat dfa? yes: -0.167 nats/character" in line and "lower on 3 of 3 seeds" in line
-    assert "feedback_frozen" not in line  # not run: no claim
-    assert "its distance to the oracle feedback_learned_oracle (U trained on the true gradient): +0.133" in line
-    worse = feedback_finding(study(feedback=table([2.6, 2.5, 2.7]), feedback_curves=curves))
-    assert "beat dfa? no, it is worse: +0.100" in worse
-    mixed = feedback_finding(study(feedback=table([2.4, 2.5, 2.7]), feedback_curves=curves))
-    assert "beat dfa? no, the interval includes 0" in mixed
+    facts = lines(feedback_finding(study(feedback=feedback_table([2.3, 2.3, 2.4]), feedback_curves=curves)))
+    assert "after 300 steps, mean over 3 seeds: backprop 2.033 < feedback_learned_oracle 2.200" in facts
+    # d = (-0.2, -0.1, -0.2): mean -0.167, s = 0.0577, t(0.975, 2) = 4.303: half width 0.143
+    assert "minus dfa: -0.167 (95 % t CI -0.310 to -0.023) nats/character, lower on 3 of 3 seeds\n" in facts
+    assert "sign test" not in facts  # 3 seeds: p >= 0.25, never quoted
+    assert "feedback_frozen" not in facts  # not run: no claim
+    assert "minus the oracle feedback_learned_oracle (U trained on the true gradient): +0.133" in facts
+
+
+def test_feedback_answers_from_paired_seeds():
+    curves = pd.DataFrame({"step": [100, 300]})
+    beats_dfa, beats_frozen = (feedback_beats("dfa"), feedback_beats("feedback_frozen"))
+    answer = beats_dfa(study(feedback=feedback_table([2.3, 2.3, 2.4]), feedback_curves=curves))
+    assert (answer.answer, answer.n, answer.figure) == ("yes", "3 seeds", "feedback")
+    assert beats_dfa(study(feedback=feedback_table([2.6, 2.5, 2.7]), feedback_curves=curves)).answer == "no"
+    assert beats_dfa(study(feedback=feedback_table([2.4, 2.5, 2.7]), feedback_curves=curves)).answer == "not shown"
+    assert beats_frozen(study(feedback=feedback_table([2.3, 2.3, 2.4]), feedback_curves=curves)).answer == "untested"
+    one = feedback_table([2.3], methods=("dfa",)).query("seed == 0")
+    assert beats_dfa(study(feedback=one, feedback_curves=curves)).answer == "not shown"
+
+
+def attention_rows(accuracies: dict, task="offset_copy", level=1.0) -> pd.DataFrame:
+    """attention.csv test rows at the training length: kind -> per-seed token accuracy."""
+    return pd.DataFrame(
+        [
+            {
+                "task": task,
+                "model": "residual",
+                "attention": kind,
+                "seed": seed,
+                "lr": 0.01,
+                "train_len": 12,
+                "eval_len": 12,
+                "level": level,
+                "token_acc": acc,
+            }
+            for kind, values in accuracies.items()
+            for seed, acc in enumerate(values)
+        ]
+    )
+
+
+def test_attention_answers_compare_each_kind_with_standard_paired_over_seeds():
+    ask = attention_task("offset_copy")
+    standard = [0.50, 0.60, 0.55, 0.52, 0.58]
+    better = ask(study(attention=attention_rows({"standard": standard, "triple": [a + 0.1 for a in standard]})))
+    assert (better.answer, better.n, better.figure) == ("yes", "5 seeds", "attention_offset_copy")
+    assert better.rests_on.startswith("best other kind triple minus standard: +0.100 (95 % t CI +0.100 to +0.100)")
+    noisy = {"standard": standard, "triple": [0.9, 0.1, 0.6, 0.3, 0.7], "simplicial": [a - 0.2 for a in standard]}
+    assert ask(study(attention=attention_rows(noisy))).answer == "not shown"
+    worse = {"standard": standard, "triple": [a - 0.05 + 0.01 * i for i, a in enumerate(standard)]}
+    assert ask(study(attention=attention_rows(worse))).answer == "no"
+    assert ask(study(attention=attention_rows({"standard": standard}))).answer == "untested"
+    assert ask(study()).answer == "untested"
+    # loud copy: at its loudest level only
+    loud = pd.concat(
+        [
+            attention_rows({"standard": standard, "triple": standard}, "loud_copy", 1.0),
+            attention_rows({"standard": standard, "triple": [a + 0.2 for a in standard]}, "loud_copy", 16.0),
+        ]
+    )
+    answer = loud_copy_loudest(study(attention=loud))
+    assert answer.answer == "yes" and "at loudness m = 16 at the training length (residual model)?" in answer.question
+
+
+def test_copy_task_answers_and_the_gram_table():
+    rows = [
+        {
+            "attention": kind,
+            "seed": seed,
+            "train_len": 8,
+            "eval_len": length,
+            "token_acc": acc + 0.1 * (kind == "triple"),
+        }
+        for kind in ("standard", "triple")
+        for seed, acc in enumerate([0.3, 0.5, 0.4])
+        for length in (8, 16)
+    ]
+    table = pd.DataFrame(rows)
+    assert copy_task_at_train_length(study(copy_task=table)).answer == "yes"
+    assert copy_task_beyond_train_length(study(copy_task=table[table["eval_len"] == 8])).answer == "untested"
+    gram = pd.DataFrame(
+        {
+            "magnitude": [0, 1, 100],
+            "result": ["True Match", "Loud", "Loud"],
+            "dot": [1.0, 0.1, 0.1],
+            "gram": [0, -1, -1e4],
+        }
+    )
+    answer = gram_resilience(study(gram_resilience=gram))
+    assert (answer.answer, answer.n) == ("yes", "2 magnitudes") and "Gram -1 → -10000" in answer.rests_on
+    gram.loc[2, "dot"] = 10.0
+    assert gram_resilience(study(gram_resilience=gram)).answer == "no"
+
+
+def test_answers_table_renders_every_answer_and_escapes_cells():
+    rows = [
+        Answer("a | b?", "yes", "1.0 (95 % CI 0.5 to 1.5)", "3 seeds", "feedback"),
+        Answer("c?", "untested", "needs x", "", "feedback"),
+    ]
+    table = answers_markdown(rows)
+    assert table[0] == "| question | answer | rests on | n | figure |"
+    assert table[2] == "| a \\| b? | **yes** | 1.0 (95 % CI 0.5 to 1.5) | 3 seeds | [feedback](figures/feedback.png) |"
+    page = answers_html(rows)
+    assert "<td>a | b?</td><td><b>yes</b></td>" in page and page.count("<tr>") == 3
+    with pytest.raises(ValueError, match="answer 'maybe' is not one of"):
+        Answer("q", "maybe", "", "", "feedback")
 
 
 def test_provenance_helpers_tolerate_no_git_and_find_every_seed(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
@@ -417,9 +418,11 @@ def test_paired_difference_over_seeds():
         }
     )
     difference = paired_difference(table, "a", "b")
-    assert difference.mean == pytest.approx(-0.275) and (difference.lower, difference.seeds) == (4, 4)
-    assert difference.ci_low <= -0.3 + 1e-9 and difference.ci_high <= -0.1 + 1e-9
-    assert difference.sign_test_p == pytest.approx(0.125) and difference.verdict() == "lower"
+    assert difference.mean == pytest.approx(-0.275) and (difference.lower, difference.n) == (4, 4)
+    # Student-t by hand: s² = (0.225² + 0.175² + 0.075² + 0.025²) / 3, t(0.975, 3) = 3.182446 (a printed t table)
+    half = 3.182446 * math.sqrt(0.0875 / 3) / 2
+    assert (difference.ci_low, difference.ci_high) == pytest.approx((-0.275 - half, -0.275 + half), abs=1e-6)
+    assert difference.sign_test_p is None and difference.verdict() == "lower"  # 4 seeds: a sign test gives p >= 0.125
     assert paired_difference(table, "b", "a").verdict() == "higher"
     assert paired_difference(table, "a", "missing") is None
     assert paired_difference(table[table["seed"] == 0], "b", "a").verdict() == "one seed"
@@ -458,5 +461,6 @@ def test_the_tiny_studys_feedback_table_has_a_row_per_method_and_seed(tiny_study
     assert curves["step"].tolist() == [10, 20, 30]
     assert (results / "benchmarks" / "feedback_train-method~dfa-seed~0.tsv").exists()
     summary = (results / "summary.md").read_text()
-    assert "does backprop-free feedback_learned (node_perturbation) beat dfa? not decided, one seed" in summary
+    assert "| Does backprop-free feedback_learned beat dfa (held-out loss)? | **not shown** |" in summary
+    assert "minus dfa: " in summary and "(one seed: no interval)" in summary
     assert "the oracle feedback_learned_oracle" in summary

@@ -5,7 +5,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uph.stats import bootstrap_ci, compare, diagonal_dominance, sign_test
+from uph.stats import (
+    bootstrap_ci,
+    compare,
+    diagonal_dominance,
+    paired_over_seeds,
+    sign_test,
+    sign_test_can_reject,
+    t_interval,
+)
 
 
 def test_sign_test_against_the_binomial_by_hand():
@@ -35,6 +43,32 @@ def test_bootstrap_interval_covers_the_mean_and_shrinks_with_n():
         (lambda lo_hi: lo_hi[1] - lo_hi[0])(bootstrap_ci(small)),
         rel_tol=0.35,
     )
+
+
+def test_t_interval_by_hand_and_its_coverage_at_few_seeds():
+    # 1, 2, 3, 4, 6: mean 3.2, s² = 3.7, t(0.975, 4) = 2.776445 (a printed t table)
+    low, high = t_interval([1.0, 2.0, 3.0, 4.0, 6.0])
+    half = 2.776445 * math.sqrt(3.7 / 5)
+    assert (low, high) == pytest.approx((3.2 - half, 3.2 + half))
+    assert all(math.isnan(x) for x in t_interval([1.0]))
+    # at n = 3 the t interval keeps its 95 %; the percentile bootstrap of the same values covers far less
+    rng = np.random.default_rng(2)
+    samples = rng.normal(0.0, 1.0, size=(2000, 3))
+    t_covers = np.mean([lo <= 0 <= hi for lo, hi in map(t_interval, samples)])
+    boot_covers = np.mean([lo <= 0 <= hi for lo, hi in (bootstrap_ci(x, n_boot=400) for x in samples[:500])])
+    assert 0.93 <= t_covers <= 0.97 and boot_covers < 0.8
+
+
+def test_sign_test_is_quoted_only_where_it_can_reject():
+    assert not sign_test_can_reject(5) and sign_test(-np.ones(5)) == pytest.approx(0.0625)
+    assert sign_test_can_reject(6) and sign_test(-np.ones(6)) == pytest.approx(0.03125)
+    few, many = paired_over_seeds([-0.2, -0.1, -0.3, -0.2, -0.25]), paired_over_seeds([-0.2] * 5 + [-0.1] * 5)
+    assert few.sign_test_p is None and few.n == 5 and few.lower == 5 and few.verdict() == "lower"
+    assert many.sign_test_p == pytest.approx(2 / 2**10) and (many.ci_low, many.ci_high) == pytest.approx(
+        t_interval([-0.2] * 5 + [-0.1] * 5)
+    )
+    assert paired_over_seeds([0.1]).verdict() == "one seed"
+    assert paired_over_seeds([0.1, -0.2, 0.15]).verdict() == "undecided"
 
 
 def test_compare_is_the_paired_comparison_by_hand():

@@ -1,12 +1,11 @@
 """The Snakemake DAG on the tiny config, through the snakemake command line."""
 
-import os
 import subprocess
 import time
 
 import pandas as pd
 import pytest
-from conftest import REPO, SNAKEMAKE, snakemake, snakemake_command
+from conftest import REPO, SNAKEMAKE, snakemake, without_modules
 
 
 def test_lm_stages_run_end_to_end_on_the_tiny_config(tiny_study):
@@ -68,12 +67,9 @@ def test_second_run_does_nothing(tiny_study):
 def test_the_dag_build_imports_neither_torch_nor_matplotlib(tiny_study, tmp_path):
     """Every snakemake call and every job parses the Snakefile: it reads only light modules. Here a
     torch or matplotlib import anywhere in the DAG build fails it."""
-    for name in ("torch", "matplotlib"):
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('the DAG build imported {name}')")
-    command = snakemake_command(tiny_study.workdir, "-n")
+    env = without_modules(tmp_path, "torch", "matplotlib", where="the DAG build")
     start = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    run = snakemake(tiny_study.workdir, "-n", env=env)
     seconds = time.perf_counter() - start
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Nothing to be done" in run.stdout + run.stderr

@@ -71,6 +71,14 @@ def schema_defaults(section: str, schema_dir: Path | str = SCHEMA_DIR) -> dict:
     return filled(yaml.safe_load((Path(schema_dir) / f"{section}.schema.yaml").read_text())["properties"])
 
 
+def schema_enum(section: str, key: str, schema_dir: Path | str = SCHEMA_DIR) -> tuple[str, ...]:
+    """The names schemas/<section>.schema.yaml allows for `key` (its enum, or its items' enum), in their
+    order: the registries of heads, attention kinds and methods, without importing the code behind them
+    (tests/test_registries.py checks each equals its registry)."""
+    spec = yaml.safe_load((Path(schema_dir) / f"{section}.schema.yaml").read_text())["properties"][key]
+    return tuple(spec.get("items", spec)["enum"])
+
+
 def dataclass_fields(cls, section: dict) -> dict:
     """The entries of a validated config `section` that are fields of the frozen dataclass `cls`, lists
     as tuples: what a section's `from_config` builds it from (a job's params may hold more keys)."""

@@ -1,16 +1,24 @@
-"""Statistics the tables quote: bootstrap intervals of a mean, the exact sign test, a paired comparison's
-table columns (`compare`) and the diagonal dominance of a cross-user matrix (`diagonal_dominance`).
+"""Statistics the tables and the summary quote: intervals of a mean, the exact sign test, a paired
+comparison's table columns (`compare`), a paired comparison over a few seeds (`paired_over_seeds`) and
+the diagonal dominance of a cross-user matrix (`diagonal_dominance`).
 
 A paired comparison (two methods on the same users, or two runs with the same seeds) is reduced to
-its per-unit differences first; `bootstrap_ci` of those differences is then the paired bootstrap
-interval, and `sign_test` asks whether improvements and regressions are equally likely.
+its per-unit differences first. Over users (tens to hundreds) the interval of their mean is the
+percentile bootstrap (`bootstrap_ci`); over seeds (3 to 10) it is Student-t (`t_interval`): a
+bootstrap of n values only resamples the n values seen, so at small n its interval is too narrow.
+`sign_test` asks whether improvements and regressions are equally likely; with n differences its
+smallest p is 2^(1-n), so below 6 it cannot reject at 0.05 and is not quoted (`sign_test_can_reject`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
+
+SIGNIFICANCE = 0.05  # a test rejects below this p (the 95 % intervals exclude 0 at the same level)
 
 
 def bootstrap_ci(values, level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float]:
@@ -21,6 +29,23 @@ def bootstrap_ci(values, level: float = 0.95, n_boot: int = 10_000, seed: int = 
     means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
     low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
     return float(low), float(high)
+
+
+def t_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """Student-t interval of the mean of n values: mean ± t_(n-1, (1 + level) / 2) s / sqrt(n), s the
+    sample standard deviation (n - 1 in its denominator). (nan, nan) for n < 2: one value has no spread."""
+    values = np.asarray(values, dtype=float)
+    n = len(values)
+    if n < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf((1 + level) / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
+    return float(values.mean() - half), float(values.mean() + half)
+
+
+def sign_test_can_reject(n: int, level: float = SIGNIFICANCE) -> bool:
+    """Whether the two-sided exact sign test on n non-zero differences can give p < level: its smallest p,
+    every difference of one sign, is 2 (1/2)^n, so at 0.05 it needs n >= 6 (5 seeds give at best 0.0625)."""
+    return 2.0 ** (1 - n) < level
 
 
 def sign_test(differences) -> float:
@@ -57,6 +82,42 @@ def compare(arm, reference, n_boot: int = 10_000, seed: int = 0) -> dict:
         "n_users_improved": improved,
         "sign_test_p": sign_test(delta),
     }
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """A method against a reference over the seeds both ran: the mean difference d_s = method_s -
+    reference_s with its Student-t interval (t_interval), the seeds on which the method is lower, n, and
+    the sign test's p where n lets it reject (else None)."""
+
+    mean: float
+    ci_low: float
+    ci_high: float
+    lower: int  # seeds on which the method's value is below the reference's
+    n: int
+    sign_test_p: float | None
+
+    def verdict(self) -> str:
+        """'lower' when the whole 95 % interval is below 0, 'higher' when above, else 'undecided';
+        'one seed' when there is no interval to speak of."""
+        if self.n < 2:
+            return "one seed"
+        return "lower" if self.ci_high < 0 else "higher" if self.ci_low > 0 else "undecided"
+
+
+def paired_over_seeds(differences) -> PairedDifference:
+    """The PairedDifference of per-seed differences (method minus reference, one per seed)."""
+    differences = np.asarray(differences, dtype=float)
+    low, high = t_interval(differences)
+    n = len(differences)
+    return PairedDifference(
+        float(differences.mean()),
+        low,
+        high,
+        int((differences < 0).sum()),
+        n,
+        sign_test(differences) if sign_test_can_reject(n) else None,
+    )
 
 
 def diagonal_dominance(cross, n_perm: int = 10_000, seed: int = 0) -> dict:

@@ -1,7 +1,9 @@
-"""Rule aggregate: every figure (PNG and PDF) and results/summary.md, from the tables and curves."""
+"""Rule aggregate: every figure (PNG and PDF), results/summary.md and the answers table as HTML for the
+report, from the tables and curves (torch-free: tests/test_aggregate.py runs it with torch unimportable)."""
 
 from uph.io import atomic_path
 from uph.logs import rule_logging
+from uph.report.answers import answers, answers_html
 from uph.report.catalog import FIGURES, TABLES
 from uph.report.figures import render, save
 from uph.report.study import load_study
@@ -17,5 +19,8 @@ with rule_logging(snakemake) as log:
     for name, png, pdf in zip(FIGURES, snakemake.output.png, snakemake.output.pdf):
         save(render(name, study), png, pdf)
         log.info("figure %s: %s, %s", name, png, pdf)
+    rows = answers(study)
     with atomic_path(snakemake.output.summary) as tmp:
-        tmp.write_text(summary_markdown(study))
+        tmp.write_text(summary_markdown(study, rows))
+    with atomic_path(snakemake.output.answers) as tmp:
+        tmp.write_text(answers_html(rows))

@@ -24,17 +24,20 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from uph.attention.self_attention import ATTENTIONS
-from uph.feedback.training import METHODS
+from uph.config import schema_enum
 from uph.io import atomic_path
-from uph.lm.heads import HEADS
 from uph.report.catalog import FIGURES
-from uph.report.study import Study, baselines_at, headline_solver, ordered, over_seeds, split_baselines
+from uph.report.study import MILLI, Study, baselines_at, headline_solver, ordered, over_seeds, split_baselines
 from uph.stats import diagonal_dominance
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 DPI = 200
-MILLI = 1e3  # nats -> 10^-3 nats
+# the names in their schema order (the code's registries, tests/test_registries.py), so colors stay put
+HEADS, ATTENTIONS, METHODS = (
+    schema_enum("fit", "heads"),
+    schema_enum("attention", "attentions"),
+    schema_enum("feedback", "methods"),
+)
 STYLE = {
     "font.size": 8,
     "axes.titlesize": 8,
@@ -367,7 +370,7 @@ MODEL_STYLES = {"residual": "-", "seed": "--"}
 
 
 def _interval(ax, stats: pd.DataFrame, x: str, color, label=None, **style) -> None:
-    """Mean over seeds with its 95 % bootstrap interval (uph.report.study.over_seeds)."""
+    """Mean over seeds with its 95 % Student-t interval (uph.report.study.over_seeds)."""
     yerr = [stats["mean"] - stats["ci_low"], stats["ci_high"] - stats["mean"]]
     ax.errorbar(stats[x], stats["mean"], yerr=yerr, color=color, marker="o", capsize=2, label=label, **style)
 
@@ -420,7 +423,7 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
         axes[1].set_xlabel("evaluation length (tokens)")
         axes[1].set_ylabel("whole-sequence accuracy")
     fig.legend(loc="outside right center")
-    fig.suptitle(f"{task}: mean and 95 % bootstrap interval over {_seeds(table)}, each kind at its best validation lr")
+    fig.suptitle(f"{task}: mean and 95 % Student-t interval over {_seeds(table)}, each kind at its best validation lr")
 
 
 def attention_offset_copy(fig: Figure, study: Study) -> None:

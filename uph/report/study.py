@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from uph.stats import bootstrap_ci
+from uph.stats import t_interval
+
+MILLI = 1e3  # nats -> 10^-3 nats, the unit the figures and the summary quote NLL changes in
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,13 @@ def baselines_at(personalization: pd.DataFrame, solver: str) -> pd.DataFrame:
 
 def over_seeds(table: pd.DataFrame, keys: list, metric: str) -> pd.DataFrame:
     """Per group of `keys`: the mean of `metric` over seeds (each seed's rows averaged first), its 95 %
-    bootstrap interval over seeds (uph.stats.bootstrap_ci), and the seeds counted and diverged
-    (a diverged run's metric is NaN and is left out)."""
+    Student-t interval over seeds (uph.stats.t_interval; NaN with one seed), and the seeds counted and
+    diverged (a diverged run's metric is NaN and is left out)."""
     per_seed = table.groupby([*keys, "seed"], dropna=False)[metric].mean().reset_index()
     rows = []
     for group, runs in per_seed.groupby(keys, sort=True):
         values = runs[metric].dropna()
-        low, high = bootstrap_ci(values) if len(values) else (float("nan"), float("nan"))
+        low, high = t_interval(values)
         rows.append(
             {
                 **dict(zip(keys, group)),

@@ -1,0 +1,396 @@
+"""The study's questions and their answers, computed from its tables: the table summary.md opens with.
+
+Each question is a function of the Study that returns an Answer: yes, no, not shown (the comparison ran
+and its interval, or its correction for picking, does not decide) or untested (the config did not run
+it). It rests on one number with its 95 % interval and n, and names the figure that shows it. Over users
+the intervals are the tables' paired bootstrap; over seeds the paired Student-t of uph.stats
+(paired_over_seeds), with the sign test quoted only where n lets it reject.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import pandas as pd
+
+from uph.feedback.comparison import paired_difference
+from uph.report.study import MILLI, Study, baselines_at, headline_solver, split_baselines
+from uph.stats import SIGNIFICANCE, PairedDifference, diagonal_dominance, paired_over_seeds
+
+ANSWERS = ("yes", "no", "not shown", "untested")
+POINT = ["head", "alpha", "d"]  # a sweep point of the LM heads
+
+
+@dataclass(frozen=True)
+class Answer:
+    question: str
+    answer: str  # one of ANSWERS
+    rests_on: str  # the number the answer rests on, with its interval
+    n: str  # what the interval is over: "24 users", "5 seeds"
+    figure: str  # uph.report.catalog.FIGURES name
+
+    def __post_init__(self):
+        if self.answer not in ANSWERS:
+            raise ValueError(f"answer {self.answer!r} is not one of {ANSWERS}")
+
+
+def milli(value: float) -> str:
+    return f"{value * MILLI:+.2f}"
+
+
+def point_label(row) -> str:
+    return f"{row['head']} at α = {row['alpha']:g}, d = {row['d']:g}"
+
+
+def at_point(table: pd.DataFrame, row) -> pd.Series:
+    """Which rows of `table` are at the sweep point of `row`."""
+    return (table[POINT] == row[POINT]).all(axis=1)
+
+
+def delta_with_ci(row) -> str:
+    """A personalization-table comparison's mean change with its interval, in millinats."""
+    return f"{milli(row['delta_nll'])} (95 % CI {milli(row['delta_nll_ci_low'])} to {milli(row['delta_nll_ci_high'])})"
+
+
+def _by_interval(low: float, high: float, better_below: bool = True) -> str:
+    """yes when the whole interval lies on the better side of 0, no when on the worse side, else not shown."""
+    if high < 0:
+        return "yes" if better_below else "no"
+    if low > 0:
+        return "no" if better_below else "yes"
+    return "not shown"
+
+
+def heads_at_headline(study: Study) -> tuple[str, pd.DataFrame]:
+    """(headline solver, the heads' personalization rows at it)."""
+    solver = headline_solver(study.personalization)
+    heads, _ = split_baselines(study.personalization)
+    return solver, heads[heads["solver"] == solver]
+
+
+def best_beyond_global(study: Study) -> tuple[pd.Series, int]:
+    """The headline point: the headline solver's best personal-beyond-global row, and the K points it is
+    the best of."""
+    _, table = heads_at_headline(study)
+    beyond = table[table["control"] == "global+personal"]
+    return beyond.loc[beyond["delta_nll"].idxmin()], len(beyond)
+
+
+def bonferroni(row, points: int) -> float:
+    return min(1.0, row["sign_test_p"] * points)
+
+
+def personal_beyond_global(study: Study) -> Answer:
+    """The best of K points is picked after looking: yes only if its interval lies below 0 and its sign
+    test survives a Bonferroni correction over the K points (fit.heads is never empty: always tested)."""
+    question = "Does a personal head help beyond domain adaptation (the user's residual θ on top of the global θ)?"
+    best, points = best_beyond_global(study)
+    corrected = bonferroni(best, points)
+    answer = _by_interval(best["delta_nll_ci_low"], best["delta_nll_ci_high"])
+    if answer == "yes" and corrected >= SIGNIFICANCE:
+        answer = "not shown"
+    return Answer(
+        question,
+        answer,
+        f"{delta_with_ci(best)} × 10⁻³ nats/token at the best of {points} points ({point_label(best)}, "
+        f"{best['solver']}); {int(best['n_users_improved'])} users improved, sign test p = {best['sign_test_p']:.2g} "
+        f"({corrected:.2g} after Bonferroni over {points})",
+        f"{int(best['n_users'])} users",
+        "personalization",
+    )
+
+
+def cross_user_at_headline(study: Study) -> pd.DataFrame:
+    """The cross-user matrix at the headline point (else the first one at the headline solver)."""
+    solver = headline_solver(study.personalization)
+    cross = study.cross_user[study.cross_user["solver"] == solver]
+    if cross.empty:
+        return cross
+    best, _ = best_beyond_global(study)
+    return cross[at_point(cross, best if at_point(cross, best).any() else cross.iloc[0])]
+
+
+def own_theta_on_own_text(study: Study) -> Answer:
+    question = "Is a user's own residual θ better on their text than the other users' θs (cross-user matrix)?"
+    cross = cross_user_at_headline(study)
+    if cross.empty:
+        return Answer(
+            question, "untested", "no cross-user point at the headline solver (fit.cross_user)", "", "cross_user"
+        )
+    stats = diagonal_dominance(cross)
+    return Answer(
+        question,
+        "yes" if stats["mean_rank_p"] < SIGNIFICANCE else "not shown",
+        f"own θ mean rank {stats['mean_rank']:.2f} (chance {stats['mean_rank_chance']:g}), one-sided permutation "
+        f"p = {stats['mean_rank_p']:.2g}, at {point_label(cross.iloc[0])}",
+        f"{stats['n_users']} users",
+        "cross_user",
+    )
+
+
+def dose_curve(study: Study) -> pd.DataFrame:
+    """The dose-response rows at the headline point (else the point with the best gain on all train
+    tokens), at the headline solver, by train size; empty when none ran."""
+    solver = headline_solver(study.personalization)
+    table = study.dose_response[study.dose_response["solver"] == solver]
+    if table.empty:
+        return table
+    point, _ = best_beyond_global(study)
+    if not at_point(table, point).any():
+        all_tokens = table[table["all_train_tokens"]]
+        point = all_tokens.loc[all_tokens["delta_nll"].idxmin()]
+    return table[at_point(table, point)].sort_values("train_tokens")
+
+
+def little_text(study: Study) -> Answer:
+    curve = dose_curve(study)
+    if curve.empty:
+        question = "Does a user's residual θ help beyond global from a little of their text?"
+        return Answer(question, "untested", "no dose-response point (fit.dose_response)", "", "dose_response")
+    first = curve.iloc[0]
+    return Answer(
+        f"Does a user's residual θ help beyond global from only their first {first['train_tokens']:.0f} train tokens?",
+        _by_interval(first["delta_nll_ci_low"], first["delta_nll_ci_high"]),
+        f"{delta_with_ci(first)} × 10⁻³ nats/token at {point_label(first)} ({first['solver']})",
+        f"{int(first['n_users'])} users",
+        "dose_response",
+    )
+
+
+def head_against_baselines(study: Study) -> Answer:
+    """The best head (base -> personal) against every baseline's row, by their intervals: yes when the
+    head's lies wholly below every baseline's, no when wholly above one's (intervals of two separate
+    paired comparisons with the base model: separated intervals are a conservative test)."""
+    question = "Does the best personal head beat the per-user baselines (unigram interpolation, full-vocabulary bias)?"
+    solver, table = heads_at_headline(study)
+    baselines = baselines_at(study.personalization, solver)
+    if baselines.empty:
+        return Answer(question, "untested", "no baseline (fit.baselines)", "", "personalization")
+    personal = table[table["control"] == "personal"]
+    best = personal.loc[personal["delta_nll"].idxmin()]
+    if (best["delta_nll_ci_high"] < baselines["delta_nll_ci_low"]).all():
+        answer = "yes"
+    elif (best["delta_nll_ci_low"] > baselines["delta_nll_ci_high"]).any():
+        answer = "no"
+    else:
+        answer = "not shown"
+    against = "; ".join(f"{row['head']} {delta_with_ci(row)}" for _, row in baselines.iterrows())
+    return Answer(
+        question,
+        answer,
+        f"{point_label(best)} {delta_with_ci(best)} vs {against} × 10⁻³ nats/token against the frozen model",
+        f"{int(best['n_users'])} users",
+        "personalization",
+    )
+
+
+def seeds(n: int) -> str:
+    return f"{n} seed{'s' if n != 1 else ''}"
+
+
+def paired_text(difference: PairedDifference, unit: str, digits: int = 3) -> str:
+    """'mean (95 % t CI low to high) unit, lower on k of n seeds[, sign test p]'."""
+    f = f"{{:+.{digits}f}}"
+    interval = (
+        f" (95 % t CI {f.format(difference.ci_low)} to {f.format(difference.ci_high)})"
+        if difference.n > 1
+        else " (one seed: no interval)"
+    )
+    sign = "" if difference.sign_test_p is None else f", sign test p = {difference.sign_test_p:.2g}"
+    return f"{f.format(difference.mean)}{interval} {unit}, lower on {difference.lower} of {seeds(difference.n)}{sign}"
+
+
+def _verdict(difference: PairedDifference, higher_is_better: bool) -> str:
+    verdict = difference.verdict()
+    if verdict in ("one seed", "undecided"):
+        return "not shown"
+    return "yes" if (verdict == "higher") == higher_is_better else "no"
+
+
+def versus_standard(table: pd.DataFrame, metric: str = "token_acc") -> tuple[str, PairedDifference] | None:
+    """The non-standard attention kind whose mean `metric` beats standard attention's by the most, with
+    its paired difference over seeds (each seed's rows averaged first); None without both."""
+    per_seed = table.groupby(["attention", "seed"])[metric].mean().unstack("attention")
+    if "standard" not in per_seed or len(per_seed.columns) < 2:
+        return None
+    differences = {
+        kind: (per_seed[kind] - per_seed["standard"]).dropna() for kind in per_seed.columns if kind != "standard"
+    }
+    differences = {kind: d for kind, d in differences.items() if len(d)}
+    if not differences:
+        return None
+    kind = max(differences, key=lambda k: (differences[k].mean(), k))
+    return kind, paired_over_seeds(differences[kind])
+
+
+def _beats_standard(question: str, table: pd.DataFrame, figure: str, untested: str) -> Answer:
+    compared = versus_standard(table) if not table.empty else None
+    if compared is None:
+        return Answer(question, "untested", untested, "", figure)
+    kind, difference = compared
+    return Answer(
+        question,
+        _verdict(difference, higher_is_better=True),
+        f"best other kind {kind} minus standard: {paired_text(difference, 'token accuracy')}",
+        seeds(difference.n),
+        figure,
+    )
+
+
+def copy_task_at_train_length(study: Study) -> Answer:
+    table = study.copy_task[study.copy_task["eval_len"] == study.copy_task["train_len"]]
+    return _beats_standard(
+        "Seed 004's copy task: does an attention kind beat standard attention at the training length?",
+        table,
+        "copy_task_curves",
+        "needs standard and another kind (copy_task.attentions)",
+    )
+
+
+def copy_task_beyond_train_length(study: Study) -> Answer:
+    table = study.copy_task[study.copy_task["eval_len"] > study.copy_task["train_len"]]
+    return _beats_standard(
+        "Seed 004's copy task: does an attention kind beat standard attention beyond the training length?",
+        table,
+        "copy_task_lengths",
+        "needs standard, another kind and a longer eval length (copy_task.eval_lens)",
+    )
+
+
+def gram_resilience(study: Study) -> Answer:
+    """Seed 004's table (deterministic): does a loud mismatch keep its dot product while its Gram score falls?"""
+    table = study.gram_resilience
+    loud = table[table["result"] != "True Match"].sort_values("magnitude")
+    first, last = loud.iloc[0], loud.iloc[-1]
+    holds = loud["dot"].nunique() == 1 and last["gram"] < first["gram"]
+    return Answer(
+        "Seed 004's table: does a loud mismatched key keep its dot product while its Gram score falls?",
+        "yes" if holds else "no",
+        f"m {first['magnitude']:g} → {last['magnitude']:g}: q·k {first['dot']:g} → {last['dot']:g}, "
+        f"Gram {first['gram']:g} → {last['gram']:g}",
+        f"{len(loud)} magnitudes",
+        "gram_resilience",
+    )
+
+
+def _attention_at_train_length(study: Study, task: str) -> pd.DataFrame:
+    """The attention study's test rows of `task` at the training length, of one model: residual when it
+    ran, else the first (empty when the task did not run)."""
+    if study.attention is None:
+        return pd.DataFrame()
+    table = study.attention[(study.attention["task"] == task)]
+    table = table[table["eval_len"] == table["train_len"]]
+    models = sorted(table["model"].unique())
+    return table[table["model"] == ("residual" if "residual" in models else models[0])] if models else table
+
+
+TASK_NAMES = {"offset_copy": "Variable-offset copy", "mqar": "MQAR"}
+
+
+def attention_task(task: str):
+    """The question for a task of the attention study: does any kind beat standard attention at the
+    training length (mean over the task's levels), per model when the study ran several."""
+
+    def answer(study: Study) -> Answer:
+        table = _attention_at_train_length(study, task)
+        return _beats_standard(
+            f"{TASK_NAMES[task]}: does an attention kind beat standard attention at the training length"
+            + (f" ({table['model'].iloc[0]} model)?" if not table.empty else "?"),
+            table,
+            f"attention_{task}",
+            "needs standard and another kind (attention.tasks, attention.attentions)",
+        )
+
+    return answer
+
+
+def loud_copy_loudest(study: Study) -> Answer:
+    """Seed 004's resilience claim under training: at the loudest distractors, does a kind beat standard?"""
+    table = _attention_at_train_length(study, "loud_copy")
+    table = table[table["level"] == table["level"].max()] if not table.empty else table
+    loudest = f" at loudness m = {table['level'].iloc[0]:g}" if not table.empty else ""
+    return _beats_standard(
+        f"Loud-distractor copy: does an attention kind beat standard attention{loudest} at the training length"
+        + (f" ({table['model'].iloc[0]} model)?" if not table.empty else "?"),
+        table,
+        "attention_loud_copy",
+        "needs standard and another kind (attention.tasks, attention.attentions)",
+    )
+
+
+def feedback_beats(reference: str):
+    """Does backprop-free feedback_learned reach a lower held-out loss than `reference`, paired over seeds?"""
+
+    def answer(study: Study) -> Answer:
+        question = f"Does backprop-free feedback_learned beat {reference} (held-out loss)?"
+        difference = paired_difference(study.feedback, "feedback_learned", reference)
+        if difference is None:
+            return Answer(
+                question, "untested", f"needs feedback_learned and {reference} (feedback.methods)", "", "feedback"
+            )
+        return Answer(
+            question,
+            _verdict(difference, higher_is_better=False),
+            f"feedback_learned minus {reference}: {paired_text(difference, 'nats/character')}",
+            seeds(difference.n),
+            "feedback",
+        )
+
+    return answer
+
+
+QUESTIONS = (  # in the order of the table
+    personal_beyond_global,
+    own_theta_on_own_text,
+    little_text,
+    head_against_baselines,
+    copy_task_at_train_length,
+    copy_task_beyond_train_length,
+    gram_resilience,
+    attention_task("offset_copy"),
+    loud_copy_loudest,
+    attention_task("mqar"),
+    feedback_beats("dfa"),
+    feedback_beats("feedback_frozen"),
+)
+
+
+def answers(study: Study) -> list[Answer]:
+    return [question(study) for question in QUESTIONS]
+
+
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: a | would split it, a newline end its row."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def answers_markdown(rows: list[Answer]) -> list[str]:
+    """The answers as a Markdown table, figure names linked to their PNG (relative to the results folder)."""
+    lines = ["| question | answer | rests on | n | figure |", "| --- | --- | --- | --- | --- |"]
+    for row in rows:
+        lines.append(
+            f"| {_cell(row.question)} | **{row.answer}** | {_cell(row.rests_on)} | {row.n} | "
+            f"[{row.figure}](figures/{row.figure}.png) |"
+        )
+    return lines
+
+
+def answers_html(rows: list[Answer]) -> str:
+    """The same table as a standalone HTML page: the report's Summary category shows it."""
+    cells = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{html.escape(text)}</td>" if i != 1 else f"<td><b>{html.escape(text)}</b></td>"
+            for i, text in enumerate((row.question, row.answer, row.rests_on, row.n, row.figure))
+        )
+        + "</tr>\n"
+        for row in rows
+    )
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>Answers</title>\n'
+        "<style>body{font-family:sans-serif;font-size:14px}table{border-collapse:collapse}"
+        "td,th{border:1px solid #bbb;padding:4px 8px;vertical-align:top;text-align:left}</style></head>\n"
+        "<body><table>\n<tr><th>question</th><th>answer</th><th>rests on</th><th>n</th><th>figure</th></tr>\n"
+        f"{cells}</table></body></html>\n"
+    )
