@@ -1,6 +1,11 @@
 # UPH benchmark suite. Stages: corpus -> model -> extract -> svd -> fit -> tables (LM branch);
 # copy task and feedback run beside it; aggregate draws the figures, summary and provenance from
 # the tables. `snakemake --cores all` runs everything on config.yaml.
+from snakemake.utils import min_version
+
+min_version("9.0")  # the executor plugins and report syntax used here (requirements.txt pins 9.27.1)
+
+
 configfile: f"{workflow.basedir}/config.yaml"  # the embedded default; --configfile overrides it
 
 
