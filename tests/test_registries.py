@@ -1,5 +1,6 @@
-"""Every enum in the config schemas equals the registry the code dispatches on, so a name added in one
-place and not the other fails here, not in a job an hour into a run."""
+"""One source for every list: every enum in the config schemas equals the registry the code dispatches
+on, and every list of the keys a job reads (uph.config's *_KEYS) equals the keys its dataclass reads,
+so a name added in one place and not the other fails here, not in a job an hour into a run."""
 
 from pathlib import Path
 
@@ -12,11 +13,22 @@ from uph.attention.model import MODELS
 from uph.attention.self_attention import ATTENTIONS
 from uph.attention.tasks import TASKS
 from uph.attention.training import SCHEDULES
+from uph.config import (
+    FEEDBACK_COMMON_KEYS,
+    FEEDBACK_METHOD_KEYS,
+    FIT_GLOBAL_KEYS,
+    FIT_SHARD_KEYS,
+    HEAD_KEYS,
+    SOLVER_KEYS,
+    job_params,
+    validate,
+)
 from uph.device import DEVICES, DTYPES
-from uph.feedback.training import METHODS, SIGNALS
+from uph.feedback.training import METHODS, SIGNALS, TrainConfig
 from uph.lm.baselines import BASELINES
-from uph.lm.fit import SOLVERS
-from uph.lm.heads import BASES, HEADS
+from uph.lm.fit import SOLVERS, SolverSettings
+from uph.lm.heads import BASES, HEADS, HeadSettings
+from uph.lm.sweep import FitConfig
 
 REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code's registry
     ("config", "device"): DEVICES,
@@ -61,3 +73,47 @@ def schema_enums():
 def test_every_schema_enum_equals_its_registry(schema, prop, values):
     assert (schema, prop) in REGISTRIES, f"schemas/{schema}.schema.yaml: enum of '{prop}' has no registry in code"
     assert list(values) == list(REGISTRIES[schema, prop])
+
+
+# --- the keys a job reads: uph.config's *_KEYS against the dataclasses built from them -----------------
+
+
+def keys_read(build, section: dict) -> set:
+    """The keys of `section` that `build(section)` reads: those whose absence changes what it returns
+    (or makes it fail)."""
+    whole = build(section)
+    read = set()
+    for key in section:
+        try:
+            changed = build({k: v for k, v in section.items() if k != key}) != whole
+        except (KeyError, TypeError):
+            changed = True
+        if changed:
+            read.add(key)
+    return read
+
+
+@pytest.fixture(scope="module")
+def config():
+    return validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))
+
+
+def test_each_fit_key_list_is_what_its_dataclass_reads(config):
+    fit = config["fit"]
+    assert keys_read(SolverSettings.from_config, fit) == set(SOLVER_KEYS)
+    assert keys_read(HeadSettings.from_config, fit) == set(HEAD_KEYS)
+    # a fit-stage job's params hold exactly the keys FitConfig reads for it, and together they are every
+    # key FitConfig reads (the rest of the section is read by the rules: bootstrap, cross_user)
+    for keys in (FIT_GLOBAL_KEYS, FIT_SHARD_KEYS):
+        assert keys_read(FitConfig.from_config, job_params(fit, keys)) == set(keys)
+    assert keys_read(FitConfig.from_config, fit) == set(FIT_GLOBAL_KEYS) | set(FIT_SHARD_KEYS)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_feedback_method_gets_the_keys_its_train_config_reads(config, method):
+    section = job_params(config["feedback"], FEEDBACK_COMMON_KEYS + FEEDBACK_METHOD_KEYS[method])
+    # test_fraction splits the text (uph.feedback.char_lm.char_corpus), the one key besides TrainConfig's
+    assert keys_read(TrainConfig.from_config, section) == set(section) - {"test_fraction"}
+    assert keys_read(TrainConfig.from_config, config["feedback"]) - {"methods", "seeds"} <= set(section) | {
+        key for keys in FEEDBACK_METHOD_KEYS.values() for key in keys
+    }
