@@ -36,11 +36,11 @@ def test_bootstrap_interval_covers_the_mean_and_shrinks_with_n():
     rng = np.random.default_rng(1)
     small, large = rng.normal(1.0, 1.0, 25), rng.normal(1.0, 1.0, 400)
     for values in (small, large):
-        low, high = bootstrap_ci(values)
+        low, high = bootstrap_ci(values, n_boot=10_000)
         assert low < values.mean() < high
     assert math.isclose(
-        (lambda lo_hi: lo_hi[1] - lo_hi[0])(bootstrap_ci(large)) * 4,
-        (lambda lo_hi: lo_hi[1] - lo_hi[0])(bootstrap_ci(small)),
+        (lambda lo_hi: lo_hi[1] - lo_hi[0])(bootstrap_ci(large, n_boot=10_000)) * 4,
+        (lambda lo_hi: lo_hi[1] - lo_hi[0])(bootstrap_ci(small, n_boot=10_000)),
         rel_tol=0.35,
     )
 
@@ -84,7 +84,7 @@ def test_compare_is_the_paired_comparison_by_hand():
     # paired: the users' spread in base NLL (1 to 5) does not widen the interval of the differences
     assert row["delta_nll_ci_high"] - row["delta_nll_ci_low"] < 0.5
     with pytest.raises(ValueError, match="one length"):
-        compare(arm[:4], reference)
+        compare(arm[:4], reference, n_boot=2000)
 
 
 def cross_matrix(delta: np.ndarray) -> pd.DataFrame:

@@ -21,9 +21,9 @@ from scipy import stats
 SIGNIFICANCE = 0.05  # a test rejects below this p (the 95 % intervals exclude 0 at the same level)
 
 
-def bootstrap_ci(values, level: float = 0.95, n_boot: int = 10_000, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(values, n_boot: int, level: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean: resample the values with replacement n_boot times
-    (a fixed RNG seed, so tables are reproducible)."""
+    (fit.bootstrap; a fixed RNG seed, so tables are reproducible)."""
     values = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
     means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
@@ -58,7 +58,7 @@ def sign_test(differences) -> float:
     return min(1.0, 2 * tail)
 
 
-def compare(arm, reference, n_boot: int = 10_000, seed: int = 0) -> dict:
+def compare(arm, reference, n_boot: int, seed: int = 0) -> dict:
     """One table row's comparison of two fits on the same users: `arm` and `reference` hold each
     user's held-out NLL, in the same user order. With per-user differences delta_u = arm_u - reference_u
     (negative = the arm is better): delta_nll = mean_u delta_u with its paired bootstrap interval,
