@@ -53,13 +53,10 @@ def delta_with_ci(row) -> str:
     return f"{milli(row['delta_nll'])} (95 % CI {milli(row['delta_nll_ci_low'])} to {milli(row['delta_nll_ci_high'])})"
 
 
-def _by_interval(low: float, high: float, better_below: bool = True) -> str:
-    """yes when the whole interval lies on the better side of 0, no when on the worse side, else not shown."""
-    if high < 0:
-        return "yes" if better_below else "no"
-    if low > 0:
-        return "no" if better_below else "yes"
-    return "not shown"
+def _by_interval(low: float, high: float) -> str:
+    """An NLL change (lower is better): yes when its whole interval lies below 0, no when above, else not
+    shown."""
+    return "yes" if high < 0 else "no" if low > 0 else "not shown"
 
 
 def heads_at_headline(study: Study) -> tuple[str, pd.DataFrame]:
