@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import uph.attention.self_attention as self_attention
+from uph.attention.model import OneLayerModel
 from uph.attention.self_attention import (
     ATTENTIONS,
     CausalSelfAttention,
-    OneLayerModel,
     _SimplicialProbs,
     _TripleProductProbs,
     rope,

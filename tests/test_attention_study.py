@@ -13,8 +13,9 @@ from conftest import REPO, snakemake
 
 from uph.attention.model import ResidualModel, attention_stats
 from uph.attention.self_attention import ATTENTIONS
+from uph.attention.study_config import AttentionStudyConfig, eval_lengths
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
-from uph.attention.training import AttentionStudyConfig, best_lr, eval_lengths, run_cell
+from uph.attention.training import best_lr, run_cell
 from uph.config import schema_defaults, validate
 from uph.errors import ConfigError
 

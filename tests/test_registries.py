@@ -11,8 +11,8 @@ from conftest import REPO
 from uph.attention.copy_task import DTYPES as COPY_TASK_DTYPES
 from uph.attention.model import MODELS
 from uph.attention.self_attention import ATTENTIONS
+from uph.attention.study_config import SCHEDULES
 from uph.attention.tasks import TASKS
-from uph.attention.training import SCHEDULES
 from uph.config import (
     FEEDBACK_COMMON_KEYS,
     FEEDBACK_METHOD_KEYS,

@@ -3,7 +3,8 @@
 import pandas as pd
 import torch
 
-from uph.attention.training import AttentionStudyConfig, run_cell
+from uph.attention.study_config import AttentionStudyConfig
+from uph.attention.training import run_cell
 from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging

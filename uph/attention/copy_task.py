@@ -19,8 +19,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from uph.attention.model import attention_stats
-from uph.attention.self_attention import OneLayerModel
+from uph.attention.model import OneLayerModel, attention_stats
 from uph.config import dataclass_fields
 from uph.errors import TrainingDivergedError
 

@@ -13,17 +13,28 @@ the pre-norm cannot erase it.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 
-from uph.attention.self_attention import CausalSelfAttention, OneLayerModel
-
-if TYPE_CHECKING:
-    from uph.attention.training import AttentionStudyConfig
+from uph.attention.self_attention import CausalSelfAttention
+from uph.attention.study_config import AttentionStudyConfig
 
 MODELS = ("seed", "residual")
+
+
+class OneLayerModel(nn.Module):
+    """Seed 004's model: token embedding -> attention -> unembedding; no positional embedding,
+    no residual, no norm: position enters only through RoPE. `loud`: see CausalSelfAttention."""
+
+    def __init__(self, vocab: int, d_model: int, n_head: int, attention: str):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.attention = CausalSelfAttention(d_model, n_head, attention)
+        self.unembed = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
+        return self.unembed(self.attention(self.embed(tokens), loud))
 
 
 class Block(nn.Module):

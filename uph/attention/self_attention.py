@@ -288,17 +288,3 @@ class CausalSelfAttention(nn.Module):
         else:
             y = triple_product_attention(q, k, r, v)
         return self.out(y.transpose(1, 2).reshape(x.shape))
-
-
-class OneLayerModel(nn.Module):
-    """Seed 004's model: token embedding -> attention -> unembedding; no positional embedding,
-    no residual, no norm: position enters only through RoPE. `loud`: see CausalSelfAttention."""
-
-    def __init__(self, vocab: int, d_model: int, n_head: int, attention: str):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d_model)
-        self.attention = CausalSelfAttention(d_model, n_head, attention)
-        self.unembed = nn.Linear(d_model, vocab, bias=False)
-
-    def forward(self, tokens: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
-        return self.unembed(self.attention(self.embed(tokens), loud))

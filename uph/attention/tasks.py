@@ -23,12 +23,11 @@ mqar           multi-query associative recall (as in the Zoology benchmark): N k
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from uph.attention.training import AttentionStudyConfig
+from uph.attention.study_config import AttentionStudyConfig
 
 TASKS = ("offset_copy", "loud_copy", "mqar")
 IGNORE = -100  # target of a position that is not scored (F.cross_entropy's ignore_index)

@@ -22,74 +22,17 @@ import copy
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from uph.attention.model import attention_stats, build_model
+from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
-from uph.config import dataclass_fields
 from uph.errors import TrainingDivergedError
 
 STREAM = 1_000_003
-
-
-@dataclass(frozen=True)
-class AttentionStudyConfig:
-    """The `attention:` config section as one training job reads it: every key but the models and
-    attentions its wildcards pick (rules/attention.smk). schemas/attention.schema.yaml documents each
-    key and holds the defaults."""
-
-    tasks: tuple[str, ...]
-    seeds: tuple[int, ...]
-    sweep_seeds: int
-    lrs: tuple[float, ...]
-    schedule: str
-    warmup: float
-    weight_decay: float
-    vocab: int
-    train_len: int
-    eval_factors: tuple[int, ...]
-    items: int
-    distractors: int
-    ms: tuple[float, ...]
-    train_ms: tuple[float, ...]
-    pairs: tuple[int, ...]
-    d_model: int
-    n_head: int
-    n_layer: int
-    steps: int
-    batch_size: int
-    log_every: int
-    eval_size: int
-    probe_size: int
-
-    @classmethod
-    def from_config(cls, section: dict) -> AttentionStudyConfig:
-        """From the validated section, or the part of it a job's params hold (lists become tuples)."""
-        return cls(**dataclass_fields(cls, section))
-
-
-def eval_lengths(cfg: AttentionStudyConfig) -> list[int]:
-    return [cfg.train_len * factor for factor in [1, *cfg.eval_factors]]
-
-
-SCHEDULES = {  # config key attention.schedule: lr multiplier after warmup, at fraction x of the remaining steps
-    "cosine": lambda x: 0.5 * (1 + math.cos(math.pi * x)),
-    "constant": lambda x: 1.0,
-}
-
-
-def schedule(cfg: AttentionStudyConfig):
-    """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then SCHEDULES[schedule]."""
-    steps, warmup, decay = cfg.steps, max(1, round(cfg.warmup * cfg.steps)), SCHEDULES[cfg.schedule]
-
-    def factor(step: int) -> float:
-        return (step + 1) / warmup if step < warmup else decay((step - warmup) / max(1, steps - warmup))
-
-    return factor
 
 
 @torch.no_grad()
