@@ -3,6 +3,8 @@ config checks, and the tiny study's attention table."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import shutil
 
 import pandas as pd
@@ -11,11 +13,12 @@ import torch
 import yaml
 from conftest import REPO, snakemake
 
-from uph.attention.model import ResidualModel, attention_stats
-from uph.attention.self_attention import ATTENTIONS
+import uph.attention.self_attention as self_attention
+from uph.attention.model import ResidualModel, attention_stats, build_model
+from uph.attention.self_attention import ATTENTIONS, AttentionKind
 from uph.attention.study_config import AttentionStudyConfig, eval_lengths
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
-from uph.attention.training import best_lr, run_cell
+from uph.attention.training import best_lr, run_cell, train_run
 from uph.config import schema_defaults, validate
 from uph.errors import ConfigError
 
@@ -113,6 +116,32 @@ def test_residual_model_is_causal_with_loud_tokens(attention):
         before, after = model(tokens, loud), model(changed, louder)
     torch.testing.assert_close(before[:, :9], after[:, :9], rtol=0, atol=0)
     assert not torch.allclose(before[:, 9:], after[:, 9:])
+
+
+def test_a_new_kind_is_one_registry_entry_and_trains(monkeypatch):
+    """A toy kind (negative squared distance, -|q_i - k_j|² / sqrt(D)) added through KINDS alone trains
+    one step in the study's own loop: its model builds, its loss is finite, its weights move and the
+    curve row reads its score magnitude."""
+
+    def distance_scores(q, k, r):
+        T = q.shape[-2]
+        scores = -torch.cdist(q, k).square() / q.shape[-1] ** 0.5
+        return [scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))]
+
+    monkeypatch.setitem(self_attention.KINDS, "distance", AttentionKind(2, 2, (1,), distance_scores))
+    cfg = study(vocab=8, items=3, distractors=2, train_len=12, d_model=8, n_head=2, n_layer=1, steps=1)
+    cfg = dataclasses.replace(cfg, log_every=1, batch_size=8, eval_size=8, probe_size=4)
+    model, rows, final, diverged = train_run(cfg, "offset_copy", "residual", "distance", 0.01, 0, torch.device("cpu"))
+    torch.manual_seed(0)  # train_run's initialization
+    initial = build_model("residual", "distance", cfg)
+    assert not diverged and math.isfinite(rows[0]["train_loss"]) and math.isfinite(final["val_loss"])
+    assert rows[0]["score_abs"] > 0 and math.isfinite(rows[0]["attention_grad_norm"])
+    moved = [
+        name
+        for (name, after), before in zip(model.named_parameters(), initial.parameters())
+        if not torch.equal(after, before)
+    ]
+    assert {"blocks.0.attention.proj.weight", "blocks.0.attention.out.weight"} <= set(moved)
 
 
 def test_attention_stats_read_the_held_gradients_and_the_scores():

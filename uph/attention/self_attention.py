@@ -43,17 +43,24 @@ forward computes s one block of queries at a time in float32 and keeps only the 
 lse_i; the backward recomputes the block and, with G_ijl = A_ijl (dP_ij - Σ_j' P_ij' dP_ij') / sqrt(D),
 
     dL/dq_i = Σ_jl G_ijl k_j ∘ r_l,   dL/dk_j = Σ_il G_ijl q_i ∘ r_l,   dL/dr_l = Σ_ij G_ijl q_i ∘ k_j .
+
+`KINDS` is the table of kinds CausalSelfAttention reads: per kind an AttentionKind entry says how many
+head vectors it projects, which RoPE turns, which a loud token scales, how it scores them (blocks of
+causal scores, also what mean |score| reads), its fused kernel if any and any step between loudness
+and scoring. Adding a kind is one entry and its score function; with no kernel it attends by a
+softmax over the keys of its one score block.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ATTENTIONS = ("standard", "triple", "triple_normed", "simplicial")
 SIMPLICIAL_BLOCK = 2**22  # most score entries in one block of queries of the 2-simplicial kernel (16 MiB in float32)
 SIMPLICIAL_QUERIES = 8  # most queries in one block
 ROPE_BASE = 10000.0
@@ -223,68 +230,98 @@ def standard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+def standard_scores(q: torch.Tensor, k: torch.Tensor, r: None = None) -> list[torch.Tensor]:
+    """[q_i·k_j / sqrt(D)] [..., T, T], -inf above the diagonal: one block."""
+    return [(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).masked_fill(_future(q.shape[-2], q.device), -math.inf)]
+
+
+def simplicial_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> list[torch.Tensor]:
+    """s_ijl in float32 one block of queries at a time, -inf where j or l lies after i."""
+    return [s.masked_fill(c == 0, -math.inf) for *_, s, c in _simplicial_blocks(*(_flat(x).float() for x in (q, k, r)))]
+
+
+def normalized(vectors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every vector rescaled to norm sqrt(D) (triple_normed): the triple score is then bounded to [-D^1.5, 0]."""
+    return [t * (t.shape[-1] ** 0.5 / t.norm(dim=-1, keepdim=True).clamp_min(1e-6)) for t in vectors]
+
+
+@dataclass(frozen=True)
+class AttentionKind:
+    """One attention kind: the head vectors it projects and how it scores them. A new kind or variant is
+    one entry in KINDS and its score function (plus its name in the schemas' attention enums)."""
+
+    vectors: int  # projected head vectors before v: 2 (q, k) or 3 (q, k, r)
+    turned: int  # RoPE turns the first `turned` of them
+    loud: tuple[int, ...]  # the key-side vectors a loud token's factor multiplies (1: k, 2: r)
+    scores: Callable  # (q, k, r) -> blocks of scores, -inf off the causal entries (mean |score| reads them)
+    kernel: Callable | None = None  # (q, k, r, v) -> y, a fused kernel; None: softmax over keys of the one block
+    prepare: Callable | None = None  # [q, k(, r)] -> the same after loudness, before scoring
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, r: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(q, k, r, v)
+        (scores,) = self.scores(q, k, r)
+        return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+
+
+KINDS = {
+    "standard": AttentionKind(2, 2, (1,), standard_scores, lambda q, k, r, v: standard_attention(q, k, v)),
+    "triple": AttentionKind(3, 3, (1,), lambda q, k, r: [triple_scores(q, k, r)], triple_product_attention),
+    "triple_normed": AttentionKind(
+        3, 3, (1,), lambda q, k, r: [triple_scores(q, k, r)], triple_product_attention, prepare=normalized
+    ),
+    "simplicial": AttentionKind(3, 2, (1, 2), simplicial_scores, simplicial_attention),
+}
+ATTENTIONS = tuple(KINDS)
+
+
 def score_magnitude(kind: str, q: torch.Tensor, k: torch.Tensor, r: torch.Tensor | None = None) -> float:
     """Mean |score| over the causal entries (i, j), or (i, j, l) for simplicial, of turned head vectors."""
     with torch.no_grad():
-        if kind == "simplicial":
-            blocks = [
-                s.masked_fill(c == 0, -math.inf)
-                for *_, s, c in _simplicial_blocks(*(_flat(x).float() for x in (q, k, r)))
-            ]
-        elif kind == "standard":
-            blocks = [
-                (q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).masked_fill(_future(q.shape[-2], q.device), -math.inf)
-            ]
-        else:
-            blocks = [triple_scores(q, k, r)]
-        causal = [s[s.isfinite()] for s in blocks]
+        causal = [s[s.isfinite()] for s in KINDS[kind].scores(q, k, r)]
         return (sum(s.abs().sum() for s in causal) / sum(s.numel() for s in causal)).item()
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with RoPE inside, as seed 004 builds both kinds.
 
-    One bias-free projection makes q, k, v (standard) or q, k, r, v (the other kinds) for every
-    head, RoPE turns q, k (and r for the triple kinds), the heads attend, one bias-free projection
-    mixes them back. `loud` [B, T] (optional) multiplies the key-side vectors of each position, after
-    RoPE and before triple_normed's normalization: a loud token's k (and r, the second key, for
-    simplicial) grow by its factor, as the loud mismatch of seed 004's resilience table (|k| = m);
-    its query and value stay as they are. With `measure_scores` set, each forward stores the mean
-    |score| over causal entries in `score_abs` (an extra score computation; for probes only).
+    One bias-free projection makes the kind's head vectors (q, k, v or q, k, r, v) for every head, RoPE
+    turns the kind's `turned` first ones, the heads attend, one bias-free projection mixes them back.
+    `loud` [B, T] (optional) multiplies the key-side vectors of each position, after RoPE and before
+    the kind's `prepare` (triple_normed's normalization): a loud token's k (and r, the second key, for
+    simplicial) grow by its factor, as the loud mismatch of seed 004's resilience table (|k| = m); its
+    query and value stay as they are. With `measure_scores` set, each forward stores the mean |score|
+    over causal entries in `score_abs` (an extra score computation; for probes only).
     """
 
     def __init__(self, d_model: int, n_head: int, kind: str):
         super().__init__()
-        if kind not in ATTENTIONS:
-            raise ValueError(f"attention kind {kind!r} is not one of {ATTENTIONS}")
+        if kind not in KINDS:
+            raise ValueError(f"attention kind {kind!r} is not one of {tuple(KINDS)}")
         self.kind, self.n_head = kind, n_head
-        self.n_proj = 3 if kind == "standard" else 4
+        self.n_proj = KINDS[kind].vectors + 1
         self.proj = nn.Linear(d_model, self.n_proj * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.measure_scores, self.score_abs = False, None
 
     def heads(self, x: torch.Tensor, loud: torch.Tensor | None = None):
-        """q, k, r (None for standard), v [B, n_head, T, head width] as the score sees them."""
+        """q, k, r (None for a kind without it), v [B, n_head, T, head width] as the score sees them."""
         B, T, C = x.shape
+        kind = KINDS[self.kind]
         heads = self.proj(x).view(B, T, self.n_proj, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        n_turned = 2 if self.kind == "simplicial" else self.n_proj - 1
-        q, k, *r = [*rope(heads[:n_turned]), *heads[n_turned:-1]]
-        v = heads[-1]
+        vectors = [*rope(heads[: kind.turned]), *heads[kind.turned : -1]]
         if loud is not None:
-            factor = loud[:, None, :, None].to(k.dtype)
-            k, r = k * factor, [r[0] * factor] if self.kind == "simplicial" else r
-        if self.kind == "triple_normed":
-            q, k, r[0] = (t * (t.shape[-1] ** 0.5 / t.norm(dim=-1, keepdim=True).clamp_min(1e-6)) for t in (q, k, r[0]))
-        return q, k, (r[0] if r else None), v
+            factor = loud[:, None, :, None].to(vectors[1].dtype)
+            for i in kind.loud:
+                vectors[i] = vectors[i] * factor
+        if kind.prepare is not None:
+            vectors = kind.prepare(vectors)
+        q, k, *r = vectors
+        return q, k, (r[0] if r else None), heads[-1]
 
     def forward(self, x: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
         q, k, r, v = self.heads(x, loud)
         if self.measure_scores:
             self.score_abs = score_magnitude(self.kind, q, k, r)
-        if self.kind == "standard":
-            y = standard_attention(q, k, v)
-        elif self.kind == "simplicial":
-            y = simplicial_attention(q, k, r, v)
-        else:
-            y = triple_product_attention(q, k, r, v)
+        y = KINDS[self.kind].attend(q, k, r, v)
         return self.out(y.transpose(1, 2).reshape(x.shape))
