@@ -31,9 +31,11 @@ import torch.nn.functional as F
 
 from uph.lm.basis import top_singular_triplets
 from uph.lm.corpus import load_shakespeare_roles
-from uph.lm.fit import SolverSettings, fit_theta, prepare
+from uph.lm.fit import fit_theta
 from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import final_hidden, load_model, load_tokenizer, materialize, read_output_layer
+from uph.lm.solvers import SolverSettings
+from uph.lm.tokens import prepare
 
 CHUNK_SIZE = 16
 

@@ -15,10 +15,12 @@ from uph.config import schema_defaults
 from uph.lm.baselines import mixture_nll, unigram_interpolation
 from uph.lm.cache import UserStates
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import SolverSettings, fit_theta, pool, prepare
+from uph.lm.fit import fit_theta
 from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import OutputLayer
+from uph.lm.solvers import SolverSettings
 from uph.lm.sweep import FitConfig, Point, cross_user, fit_user
+from uph.lm.tokens import pool, prepare
 
 D = 8
 SHARED = 2.0 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(20)), dim=0)

@@ -13,9 +13,11 @@ from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 
 import uph.lm.fit
 from uph.errors import ConfigError, FitDivergedError
-from uph.lm.fit import Objective, SolverSettings, fit_theta, pool, prepare, projected_gradient_norm
+from uph.lm.fit import Objective, fit_theta
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
+from uph.lm.solvers import SolverSettings, projected_gradient_norm
+from uph.lm.tokens import pool, prepare
 
 D = 8
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis

@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from uph.errors import ModelError
 from uph.lm import models
-from uph.lm.fit import prepare
 from uph.lm.models import OutputLayer, byte_tokenizer, final_hidden, lm_head, load_model, materialize, read_output_layer
+from uph.lm.tokens import prepare
 from uph.model_identity import IDENTITY
 
 VOCAB = 257  # the byte tokenizer's

@@ -26,8 +26,8 @@ from uph.config import (
 from uph.device import DEVICES, DTYPES
 from uph.feedback.training import METHODS, SIGNALS, TrainConfig
 from uph.lm.baselines import BASELINES
-from uph.lm.fit import SOLVERS, SolverSettings
 from uph.lm.heads import BASES, HEADS, HeadSettings
+from uph.lm.solvers import SOLVERS, SolverSettings
 from uph.lm.sweep import FitConfig
 
 REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code's registry

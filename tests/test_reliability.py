@@ -46,9 +46,11 @@ from uph.lm.cache import (
     shard_manifest,
     shard_writer,
 )
-from uph.lm.fit import SolverSettings, fit_theta, prepare
+from uph.lm.fit import fit_theta
 from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import OutputLayer
+from uph.lm.solvers import SolverSettings
+from uph.lm.tokens import prepare
 from uph.report.figures import STYLE
 from uph.report.provenance import table_code
 

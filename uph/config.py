@@ -212,7 +212,7 @@ def job_params(section: dict, keys=None) -> dict:
 
 # What each job reads, so that its params hold exactly those keys (`job_params`).
 EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.cache.read_users)
-SOLVER_KEYS = ("beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.fit.SolverSettings
+SOLVER_KEYS = ("beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.solvers.SolverSettings
 HEAD_KEYS = ("basis_seed", "lm_head_update")  # what building the heads reads besides the point (uph.lm.heads)
 SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", *HEAD_KEYS, *SOLVER_KEYS)  # every point with every solver
 FIT_GLOBAL_KEYS = (*SWEEP_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global

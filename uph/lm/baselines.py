@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from uph.lm.fit import Tokens
+from uph.lm.tokens import Tokens
 
 BASELINES = ("unigram", "full_bias")  # config key fit.baselines
 GOLDEN = (math.sqrt(5) - 1) / 2

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from uph.lm.fit import Objective, Tokens
+from uph.lm.fit import Objective
 from uph.lm.heads import Head
+from uph.lm.tokens import Tokens
 
 
 class HeldOut:

@@ -25,13 +25,6 @@ p_g ∝ p0 exp(P (theta_g ⊙ a_t)) and theta is the user's residual on top of i
 p0 -> p_g, nll0 -> the global NLL, evaluated at theta_g + theta (u is linear in theta). The
 full-vocabulary bias (P = I, d = V) is the unconditional head in the limit d = V.
 
-Solvers: "adam" is seed 002's schedule (Adam from zero, gradient-norm clipping at max_norm, then
-projection onto the ball of radius max_norm; `steps` steps at `lr`); "exact" stops when the
-projected-gradient norm, reported as `certificate`, is <= tol: up to d = DENSE_MAX_D a projected
-quasi-Newton method (a BFGS model, started from the Hessian diagonal at the base, minimized
-exactly over the ball; Armijo backtracking), beyond it the spectral projected gradient method
-(Barzilai-Borwein steps, non-monotone Armijo; no d×d matrix).
-
 Numerics: every log-partition is a log-sum-exp. The fast path multiplies the cached p0 by
 exp(P u - shift); where that sum underflows (a tilt that moves all mass onto tokens whose p0 is
 below float32's range, e.g. logits spanning over 100 nats) those tokens are recomputed exactly
@@ -49,148 +42,23 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from uph.config import dataclass_fields, schema_defaults
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
-from uph.lm.models import OutputLayer
+from uph.lm.solvers import (
+    DENSE_MAX_D,
+    SOLVERS,
+    SolverSettings,
+    _adam,
+    _projected_bfgs,
+    _spectral_projected_gradient,
+    projected_gradient_norm,
+)
+from uph.lm.tokens import Chunk, Tokens, base_logits
 
-CHUNK = 256  # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
 EXP_SAFE = 60.0  # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
 UNDERFLOW = 1e-30  # a fast-path partition sum below this is recomputed exactly in log space
 LOG2E = 1.4426950408889634
-SOLVERS = ("adam", "exact")  # adam: seed 002's schedule; exact: certified optimum
-DENSE_MAX_D = 1024  # the exact solver keeps a d×d BFGS model up to this d
-
-
-@dataclass(frozen=True)
-class SolverSettings:
-    """The fit section's solver keys (schemas/fit.schema.yaml documents each and holds the defaults)."""
-
-    beta: float
-    lam: float
-    max_norm: float
-    lr: float
-    steps: int
-    tol: float
-    max_iter: int
-
-    @classmethod
-    def from_config(cls, fit: dict) -> SolverSettings:
-        return cls(**dataclass_fields(cls, fit))
-
-    @classmethod
-    def defaults(cls, **changes) -> SolverSettings:
-        """The schema's defaults, with `changes`."""
-        return cls.from_config({**schema_defaults("fit"), **changes})
-
-
-@dataclass
-class Chunk:
-    hidden: torch.Tensor  # [c, H] as given (float32 or bfloat16)
-    targets: torch.Tensor  # [c] next-token ids
-    nll0: torch.Tensor  # [c] base cross-entropy per token
-    p0: torch.Tensor | None  # [V, c] base probabilities up to a factor per token; None: recomputed
-
-
-@dataclass
-class Tokens:
-    """A split's tokens with the base distribution of each token, cached within a memory budget."""
-
-    chunks: list[Chunk]
-    layer: OutputLayer  # on the tokens' device, in the compute dtype
-
-    @property
-    def n(self) -> int:
-        return sum(len(chunk.targets) for chunk in self.chunks)
-
-    @property
-    def device(self) -> torch.device:
-        return self.layer.W.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.layer.W.dtype
-
-    @property
-    def base_nll(self) -> float:
-        return float(sum(chunk.nll0.sum(dtype=torch.float64) for chunk in self.chunks) / self.n)
-
-    def probabilities(self):
-        """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed."""
-        for chunk in self.chunks:
-            yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
-
-    def prefix(self, n: int) -> Tokens:
-        """The first n tokens (views of the same chunks and caches)."""
-        chunks, left = [], n
-        for chunk in self.chunks:
-            if left <= 0:
-                break
-            k = min(left, len(chunk.targets))
-            p0 = None if chunk.p0 is None else chunk.p0[:, :k]
-            chunks.append(Chunk(chunk.hidden[:k], chunk.targets[:k], chunk.nll0[:k], p0))
-            left -= k
-        return Tokens(chunks, self.layer)
-
-
-def base_logits(hidden: torch.Tensor, layer: OutputLayer) -> torch.Tensor:
-    """z0 = OutputLayer.logits(h), vocabulary-major [V, c] (the layout every pass walks)."""
-    z = layer.W @ hidden.to(layer.W.dtype).T
-    if layer.b is not None:
-        z += layer.b[:, None]
-    if layer.softcap is not None:
-        z = z.div_(layer.softcap).tanh_().mul_(layer.softcap)
-    return z
-
-
-def base_distribution(chunk: Chunk, layer: OutputLayer):
-    """exp(z0 - max z0) [V, c] (p0 up to a factor per token, which every use divides out: see
-    Objective), and the base cross-entropy of the targets [c], as a log-sum-exp."""
-    z = base_logits(chunk.hidden, layer)
-    top = z.amax(dim=0, keepdim=True)
-    target = z.gather(0, chunk.targets[None, :])
-    unnormalized = z.sub_(top).exp_()
-    nll0 = (top + unnormalized.sum(dim=0, keepdim=True).log() - target).squeeze(0)
-    return unnormalized, nll0
-
-
-def prepare(
-    hidden: torch.Tensor,
-    targets: torch.Tensor,
-    layer: OutputLayer,
-    cache_bytes: float = 4 * 2**30,
-    chunk: int = CHUNK,
-    device: torch.device | str = "cpu",
-) -> Tokens:
-    """A split's tokens (hidden [n, H], targets [n]) on `device`, p0 cached for up to `cache_bytes`.
-
-    Chunks beyond the budget recompute p0 through the lm_head whenever they are used. Everything
-    computes in float32 (float64 if the layer's W is float64)."""
-    W = layer.W
-    if hidden.shape[0] != targets.shape[0] or hidden.shape[1] != W.shape[1]:
-        raise ValueError(
-            f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)} and W {tuple(W.shape)} do not fit together"
-        )
-    dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
-    layer = OutputLayer(
-        W.to(device, dtype).contiguous(), None if layer.b is None else layer.b.to(device, dtype), layer.softcap
-    )
-    chunks, budget = [], cache_bytes
-    for start in range(0, hidden.shape[0], chunk):
-        piece = Chunk(
-            hidden[start : start + chunk].to(device), targets[start : start + chunk].to(device).long(), None, None
-        )
-        p0, piece.nll0 = base_distribution(piece, layer)
-        if p0.numel() * p0.element_size() <= budget:
-            piece.p0, budget = p0, budget - p0.numel() * p0.element_size()
-        chunks.append(piece)
-    return Tokens(chunks, layer)
-
-
-def pool(splits: list[Tokens]) -> Tokens:
-    """All the splits' tokens as one (the pooled `global` theta), sharing their caches."""
-    return Tokens([chunk for split in splits for chunk in split.chunks], splits[0].layer)
 
 
 @dataclass
@@ -348,22 +216,6 @@ class Objective:
         return Value(float(objective), float(ce), float(kl), grad)
 
 
-def projected_gradient_norm(theta: torch.Tensor, grad: torch.Tensor, radius: float) -> float:
-    """‖grad‖ without the part the ball blocks: on the sphere an outward -grad is no descent.
-    Zero exactly at the constrained minimizer (KKT: grad = -mu theta, mu >= 0)."""
-    theta, grad = theta.double(), grad.double()
-    norm = theta.norm()
-    if norm >= radius * (1 - 1e-6):
-        outward = theta / norm
-        grad = grad - torch.clamp(grad @ outward, max=0) * outward
-    return float(grad.norm())
-
-
-def project(theta: torch.Tensor, radius: float) -> torch.Tensor:
-    norm = theta.norm()
-    return theta * (radius / norm) if norm > radius else theta
-
-
 @dataclass
 class FitResult:
     solver: str
@@ -438,90 +290,3 @@ def fit_theta(
         time.perf_counter() - start,
         float(theta.norm()),
     )
-
-
-def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, max_norm: float) -> torch.Tensor:
-    """Seed 002: Adam on J, the gradient clipped to norm max_norm, theta projected onto the ball."""
-    theta = theta.clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([theta], lr=lr)
-    for step in range(steps):
-        theta.grad = evaluate(theta.detach(), step).grad.to(theta.dtype)
-        torch.nn.utils.clip_grad_norm_([theta], max_norm=max_norm)
-        optimizer.step()
-        with torch.no_grad():
-            theta.copy_(project(theta, max_norm))
-    return theta.detach()
-
-
-def _projected_bfgs(evaluate, theta: torch.Tensor, B: torch.Tensor, radius: float, tol: float, max_iter: int):
-    """Minimize J over the ball from the model Hessian B: each step minimizes the BFGS model
-    g·s + ½ s^T B s exactly over the ball, then backtracks (Armijo) along it. Stops at
-    certificate <= tol, or when no step decreases J any more (the float noise floor)."""
-    value = evaluate(theta, 0)
-    for iteration in range(max_iter):
-        if projected_gradient_norm(theta, value.grad, radius) <= tol:
-            return theta, iteration, value
-        step = _ball_model_minimizer(theta, value.grad, B, radius) - theta
-        slope, t = float(value.grad @ step), 1.0
-        if slope >= 0:
-            return theta, iteration, value
-        for _ in range(20):  # t >= 2^-19: a step cut further is lost in the float noise floor
-            trial = evaluate(theta + t * step, iteration + 1)
-            if trial.objective <= value.objective + 1e-4 * t * slope:
-                break
-            t /= 2
-        else:
-            return theta, iteration, value
-        s, y = t * step, trial.grad - value.grad
-        if float(s @ y) > 1e-12 * float(s.norm() * y.norm()):
-            Bs = B @ s
-            B = B - torch.outer(Bs, Bs) / (s @ Bs) + torch.outer(y, y) / (s @ y)
-        theta, value = theta + s, trial
-    return theta, max_iter, value
-
-
-def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
-    """argmin over ‖x‖ <= radius of grad·(x - theta) + ½ (x - theta)^T B (x - theta), B positive
-    definite: x(mu) = (B + mu I)^-1 (B theta - grad), with mu >= 0 the least that lands in the ball
-    (‖x(mu)‖ decreases in mu; bisection)."""
-    eigenvalues, Q = torch.linalg.eigh(B)
-    eigenvalues = eigenvalues.clamp_min(eigenvalues.max() * 1e-12)
-    c = Q.T @ (B @ theta - grad)
-
-    def x(mu: float) -> torch.Tensor:
-        return Q @ (c / (eigenvalues + mu))
-
-    if x(0.0).norm() <= radius:
-        return x(0.0)
-    low, high = 0.0, float(c.norm()) / radius
-    for _ in range(100):
-        middle = (low + high) / 2
-        low, high = (middle, high) if x(middle).norm() > radius else (low, middle)
-    return x(high)
-
-
-def _spectral_projected_gradient(evaluate, theta: torch.Tensor, radius: float, tol: float, max_iter: int):
-    """Birgin, Martínez and Raydan's SPG over the ball: x+ = proj(x - lambda g) with the
-    Barzilai-Borwein step lambda = s·s / s·y, then Armijo backtracking against the largest of the
-    last 10 objectives (non-monotone). Memory O(d): the exact solver for large d."""
-    value, history, step = evaluate(theta, 0), [], 1.0
-    for iteration in range(max_iter):
-        if projected_gradient_norm(theta, value.grad, radius) <= tol:
-            return theta, iteration, value
-        history = [*history[-9:], value.objective]
-        direction = project(theta - step * value.grad, radius) - theta
-        slope, t = float(value.grad @ direction), 1.0
-        if slope >= 0:
-            return theta, iteration, value
-        for _ in range(20):
-            trial = evaluate(theta + t * direction, iteration + 1)
-            if trial.objective <= max(history) + 1e-4 * t * slope:
-                break
-            t /= 2
-        else:
-            return theta, iteration, value
-        s, y = t * direction, trial.grad - value.grad
-        sy = float(s @ y)
-        step = min(max(float(s @ s) / sy, 1e-10), 1e10) if sy > 0 else 1e10
-        theta, value = theta + s, trial
-    return theta, max_iter, value

@@ -32,9 +32,11 @@ from uph.lm.baselines import unigram_interpolation
 from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import FitResult, SolverSettings, Tokens, fit_theta, pool, prepare
+from uph.lm.fit import FitResult, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
+from uph.lm.solvers import SolverSettings
+from uph.lm.tokens import Tokens, pool, prepare
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,120 @@
+"""A split's tokens with their base distribution p0, computed once (`prepare`: the only V×H products)
+and cached within a memory budget; the fit objective (uph.lm.fit) and the evaluation read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from uph.lm.models import OutputLayer
+
+CHUNK = 256  # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
+
+
+@dataclass
+class Chunk:
+    hidden: torch.Tensor  # [c, H] as given (float32 or bfloat16)
+    targets: torch.Tensor  # [c] next-token ids
+    nll0: torch.Tensor  # [c] base cross-entropy per token
+    p0: torch.Tensor | None  # [V, c] base probabilities up to a factor per token; None: recomputed
+
+
+@dataclass
+class Tokens:
+    """A split's tokens with the base distribution of each token, cached within a memory budget."""
+
+    chunks: list[Chunk]
+    layer: OutputLayer  # on the tokens' device, in the compute dtype
+
+    @property
+    def n(self) -> int:
+        return sum(len(chunk.targets) for chunk in self.chunks)
+
+    @property
+    def device(self) -> torch.device:
+        return self.layer.W.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layer.W.dtype
+
+    @property
+    def base_nll(self) -> float:
+        return float(sum(chunk.nll0.sum(dtype=torch.float64) for chunk in self.chunks) / self.n)
+
+    def probabilities(self):
+        """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed."""
+        for chunk in self.chunks:
+            yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
+
+    def prefix(self, n: int) -> Tokens:
+        """The first n tokens (views of the same chunks and caches)."""
+        chunks, left = [], n
+        for chunk in self.chunks:
+            if left <= 0:
+                break
+            k = min(left, len(chunk.targets))
+            p0 = None if chunk.p0 is None else chunk.p0[:, :k]
+            chunks.append(Chunk(chunk.hidden[:k], chunk.targets[:k], chunk.nll0[:k], p0))
+            left -= k
+        return Tokens(chunks, self.layer)
+
+
+def base_logits(hidden: torch.Tensor, layer: OutputLayer) -> torch.Tensor:
+    """z0 = OutputLayer.logits(h), vocabulary-major [V, c] (the layout every pass walks)."""
+    z = layer.W @ hidden.to(layer.W.dtype).T
+    if layer.b is not None:
+        z += layer.b[:, None]
+    if layer.softcap is not None:
+        z = z.div_(layer.softcap).tanh_().mul_(layer.softcap)
+    return z
+
+
+def base_distribution(chunk: Chunk, layer: OutputLayer):
+    """exp(z0 - max z0) [V, c] (p0 up to a factor per token, which every use divides out: see
+    Objective), and the base cross-entropy of the targets [c], as a log-sum-exp."""
+    z = base_logits(chunk.hidden, layer)
+    top = z.amax(dim=0, keepdim=True)
+    target = z.gather(0, chunk.targets[None, :])
+    unnormalized = z.sub_(top).exp_()
+    nll0 = (top + unnormalized.sum(dim=0, keepdim=True).log() - target).squeeze(0)
+    return unnormalized, nll0
+
+
+def prepare(
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    layer: OutputLayer,
+    cache_bytes: float = 4 * 2**30,
+    chunk: int = CHUNK,
+    device: torch.device | str = "cpu",
+) -> Tokens:
+    """A split's tokens (hidden [n, H], targets [n]) on `device`, p0 cached for up to `cache_bytes`.
+
+    Chunks beyond the budget recompute p0 through the lm_head whenever they are used. Everything
+    computes in float32 (float64 if the layer's W is float64)."""
+    W = layer.W
+    if hidden.shape[0] != targets.shape[0] or hidden.shape[1] != W.shape[1]:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)} and W {tuple(W.shape)} do not fit together"
+        )
+    dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
+    layer = OutputLayer(
+        W.to(device, dtype).contiguous(), None if layer.b is None else layer.b.to(device, dtype), layer.softcap
+    )
+    chunks, budget = [], cache_bytes
+    for start in range(0, hidden.shape[0], chunk):
+        piece = Chunk(
+            hidden[start : start + chunk].to(device), targets[start : start + chunk].to(device).long(), None, None
+        )
+        p0, piece.nll0 = base_distribution(piece, layer)
+        if p0.numel() * p0.element_size() <= budget:
+            piece.p0, budget = p0, budget - p0.numel() * p0.element_size()
+        chunks.append(piece)
+    return Tokens(chunks, layer)
+
+
+def pool(splits: list[Tokens]) -> Tokens:
+    """All the splits' tokens as one (the pooled `global` theta), sharing their caches."""
+    return Tokens([chunk for split in splits for chunk in split.chunks], splits[0].layer)
