@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 
-import uph.lm.fit
+import uph.lm.solvers
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.fit import Objective, fit_theta
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
@@ -21,6 +21,8 @@ from uph.lm.tokens import pool, prepare
 
 D = 8
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
+
+BETA_LAM = (SolverSettings.defaults().beta, SolverSettings.defaults().lam)  # the schema's beta and lam
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +81,9 @@ def test_kl_is_zero_and_nll_is_base_at_theta_zero(lm):
     tokens = prepare(h, y, OutputLayer(W, b), chunk=64)
     assert tokens.base_nll == pytest.approx(float(F.cross_entropy(F.linear(h, W, b), y)), rel=1e-12)
     for name in ("cvh", "svd_uncond"):
-        value = Objective(tokens, make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b))(
-            torch.zeros(D)
-        )
+        value = Objective(
+            tokens, make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b), *BETA_LAM
+        )(torch.zeros(D))
         assert value.kl == 0.0 and value.ce == tokens.base_nll and value.objective == tokens.base_nll
 
 
@@ -93,8 +95,8 @@ def test_float32_engine_on_bfloat16_states_matches_float64(lm):
         "svd_cvh", W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=tuple(t.float() for t in svd), bias=b.float()
     )
     theta = torch.randn(D, generator=torch.Generator().manual_seed(3))
-    exact = Objective(prepare(h, y, OutputLayer(W, b)), head64)(theta.double())
-    fast = Objective(prepare(h, y, OutputLayer(W.float(), b.float())), head32)(theta)
+    exact = Objective(prepare(h, y, OutputLayer(W, b)), head64, *BETA_LAM)(theta.double())
+    fast = Objective(prepare(h, y, OutputLayer(W.float(), b.float())), head32, *BETA_LAM)(theta)
     assert fast.objective == pytest.approx(exact.objective, abs=1e-5)
     torch.testing.assert_close(fast.grad, exact.grad, rtol=1e-4, atol=1e-5)
 
@@ -105,8 +107,8 @@ def test_float32_engine_survives_logit_changes_beyond_exp_range(lm):
     head32 = make_head("cvh", W.float(), d=D, alpha=300.0, settings=HEAD_SETTINGS, bias=b.float())
     theta = 5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3)), dim=0)
     assert head64.correction(h, theta).abs().max() > 200  # exp(200) overflows float32
-    exact = Objective(prepare(h, y, OutputLayer(W, b)), head64)(theta)
-    fast = Objective(prepare(h.float(), y, OutputLayer(W.float(), b.float())), head32)(theta.float())
+    exact = Objective(prepare(h, y, OutputLayer(W, b)), head64, *BETA_LAM)(theta)
+    fast = Objective(prepare(h.float(), y, OutputLayer(W.float(), b.float())), head32, *BETA_LAM)(theta.float())
     assert fast.objective == pytest.approx(exact.objective, rel=1e-5)
     torch.testing.assert_close(fast.grad, exact.grad, rtol=1e-4, atol=1e-4)
 
@@ -155,12 +157,12 @@ def test_exact_solver_certifies_an_optimum_no_worse_than_adam(lm, name, max_norm
     assert exact.objective <= adam.objective and exact.certificate <= 1e-7 < adam.certificate
     assert exact.theta_norm <= max_norm * (1 + 1e-12)
     # unique optimum: the large-d solver (spectral projected gradient, no d×d model) lands on the same point
-    monkeypatch.setattr(uph.lm.fit, "DENSE_MAX_D", 0)
+    monkeypatch.setattr(uph.lm.solvers, "DENSE_MAX_D", 0)
     again, spg = fit_theta(tokens, head, "exact", settings)
     assert spg.certificate <= 1e-7
     torch.testing.assert_close(again, theta, rtol=0, atol=1e-4)
     if max_norm < 1:  # the ball binds: KKT says the gradient points straight back inside
-        grad = Objective(tokens, head)(theta).grad
+        grad = Objective(tokens, head, *BETA_LAM)(theta).grad
         assert exact.theta_norm == pytest.approx(max_norm)
         assert float(F.cosine_similarity(grad, -theta, dim=0)) > 1 - 1e-9
 
@@ -231,8 +233,8 @@ def test_pooled_users_fit_one_global_theta(lm):
     pooled, together = pool(users), prepare(h, y, OutputLayer(W, b), chunk=64)
     assert pooled.n == together.n == len(y)
     theta = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    assert Objective(pooled, head)(theta).objective == pytest.approx(
-        Objective(together, head)(theta).objective, rel=1e-13
+    assert Objective(pooled, head, *BETA_LAM)(theta).objective == pytest.approx(
+        Objective(together, head, *BETA_LAM)(theta).objective, rel=1e-13
     )
     _, result = fit_theta(pooled, head, "exact", SolverSettings.defaults())
     assert result.certificate <= 1e-5
@@ -272,11 +274,14 @@ def test_full_vocabulary_bias_is_the_unconditional_head_at_d_equal_v(lm):
     expected = F.cross_entropy(logits, y) + 0.05 * kl + 1e-4 * bias.square().sum()
     expected.backward()
     tokens = prepare(h, y, OutputLayer(W, b), chunk=64)
-    value = Objective(tokens, head)(bias.detach())
+    value = Objective(tokens, head, *BETA_LAM)(bias.detach())
     assert value.objective == pytest.approx(float(expected), rel=1e-10)
     torch.testing.assert_close(value.grad, bias.grad, rtol=1e-8, atol=1e-12)
     theta, result = fit_theta(tokens, head, "exact", SolverSettings.defaults(tol=1e-6, max_iter=2000))
-    assert result.certificate <= 1e-6 and result.objective < Objective(tokens, head)(torch.zeros_like(theta)).objective
+    assert (
+        result.certificate <= 1e-6
+        and result.objective < Objective(tokens, head, *BETA_LAM)(torch.zeros_like(theta)).objective
+    )
 
 
 def test_logits_spanning_over_100_nats_fit_without_minus_inf(lm):
@@ -290,7 +295,7 @@ def test_logits_spanning_over_100_nats_fit_without_minus_inf(lm):
     theta = 5 * F.normalize(torch.randn(D, generator=torch.Generator().manual_seed(4)), dim=0)
     reference = F.linear(h, 60 * W, 60 * b) + head.correction(h.float(), theta).double()  # no cache
     expected = F.cross_entropy(reference, y)
-    value = Objective(tokens, head, beta=0.0)(theta)
+    value = Objective(tokens, head, beta=0.0, lam=SolverSettings.defaults().lam)(theta)
     assert math.isfinite(value.objective) and value.ce == pytest.approx(float(expected), rel=1e-5)
     _, result = fit_theta(tokens, head, "exact", SolverSettings.defaults())
     layer64 = OutputLayer(60 * W, 60 * b)

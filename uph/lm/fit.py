@@ -44,15 +44,7 @@ import torch
 
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
-from uph.lm.solvers import (
-    DENSE_MAX_D,
-    SOLVERS,
-    SolverSettings,
-    _adam,
-    _projected_bfgs,
-    _spectral_projected_gradient,
-    projected_gradient_norm,
-)
+from uph.lm.solvers import SOLVERS, SolverSettings, minimize, projected_gradient_norm
 from uph.lm.tokens import Chunk, Tokens, base_logits
 
 VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
@@ -73,9 +65,7 @@ class Objective:
     """Seed 002's J(theta) for one head on some tokens, with its gradient (module docstring); with
     `offset`, J of a residual theta on top of that fixed theta."""
 
-    def __init__(
-        self, tokens: Tokens, head: Head, beta: float = 0.05, lam: float = 1e-4, offset: torch.Tensor | None = None
-    ):
+    def __init__(self, tokens: Tokens, head: Head, beta: float, lam: float, offset: torch.Tensor | None = None):
         self.tokens, self.beta, self.lam, self.d = tokens, beta, lam, head.d
         self.dtype, self.device = tokens.dtype, tokens.device
         self.P = None if head.P is None else head.P.to(self.device, self.dtype).contiguous()  # None: identity
@@ -267,24 +257,13 @@ def fit_theta(
             )
         return value
 
-    theta, radius = torch.zeros(head.d, dtype=torch.float64), settings.max_norm
-    if solver == "adam":
-        theta = _adam(evaluate, theta.to(objective.dtype), settings.lr, settings.steps, radius)
-        iterations = settings.steps
-        value = evaluate(theta, iterations)
-    elif head.d <= DENSE_MAX_D:
-        B = torch.diag(objective.curvature())
-        theta, iterations, value = _projected_bfgs(evaluate, theta, B, radius, settings.tol, settings.max_iter)
-    else:
-        theta, iterations, value = _spectral_projected_gradient(
-            evaluate, theta, radius, settings.tol, settings.max_iter
-        )
+    theta, iterations, value = minimize(solver, evaluate, head.d, objective.dtype, settings, objective.curvature)
     return theta, FitResult(
         solver,
         value.objective,
         value.ce,
         value.kl,
-        projected_gradient_norm(theta, value.grad, radius),
+        projected_gradient_norm(theta, value.grad, settings.max_norm),
         iterations,
         evaluations,
         time.perf_counter() - start,

@@ -56,6 +56,20 @@ def project(theta: torch.Tensor, radius: float) -> torch.Tensor:
     return theta * (radius / norm) if norm > radius else theta
 
 
+def minimize(solver: str, evaluate, d: int, dtype: torch.dtype, settings: SolverSettings, curvature):
+    """(theta, iterations, last Value) minimizing J over the ball of radius settings.max_norm from theta = 0:
+    `evaluate(theta, iteration)` is J's Value with its gradient, `curvature()` J's Hessian diagonal at 0
+    (the exact solver's first BFGS model up to d = DENSE_MAX_D); adam runs in `dtype`, exact in float64."""
+    theta, radius = torch.zeros(d, dtype=torch.float64), settings.max_norm
+    if solver == "adam":
+        theta = _adam(evaluate, theta.to(dtype), settings.lr, settings.steps, radius)
+        return theta, settings.steps, evaluate(theta, settings.steps)
+    if d <= DENSE_MAX_D:
+        B = torch.diag(curvature())
+        return _projected_bfgs(evaluate, theta, B, radius, settings.tol, settings.max_iter)
+    return _spectral_projected_gradient(evaluate, theta, radius, settings.tol, settings.max_iter)
+
+
 def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, max_norm: float) -> torch.Tensor:
     """Seed 002: Adam on J, the gradient clipped to norm max_norm, theta projected onto the ball."""
     theta = theta.clone().requires_grad_(True)
