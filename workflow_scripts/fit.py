@@ -21,6 +21,6 @@ with rule_logging(snakemake) as log:
     )
     log.info("%d users x %d points x solvers %s", len(job.users), len(job.heads), fit.solvers)
     thetas_g = global_thetas(pd.read_parquet(snakemake.input.global_fit))
-    tables = fit_shard(job.users, job.heads, thetas_g, job.layer, fit, job.device)
+    tables = fit_shard(job, thetas_g, fit)
     for table, path in zip(tables, (snakemake.output.fits, snakemake.output.dose, snakemake.output.baselines)):
         write_parquet(table, path)

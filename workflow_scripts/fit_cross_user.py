@@ -28,7 +28,5 @@ with rule_logging(snakemake) as log:
     )
     theta_g = global_thetas(pd.read_parquet(snakemake.input.global_fit))[(point, solver)]
     log.info("%s, solver %s: %d x %d cross-user scores", point.label, solver, len(residuals), len(job.users))
-    table = cross_user(job.users, job.heads[point], theta_g, residuals, job.layer, job.device).assign(
-        **point.columns, solver=solver
-    )
+    table = cross_user(job, point, theta_g, residuals).assign(**point.columns, solver=solver)
     write_parquet(table, snakemake.output[0])

@@ -10,4 +10,4 @@ with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     fit = FitConfig.from_config(snakemake.params.fit)
     job = load_fit_job(snakemake.input, fit.points, fit.heads, snakemake.params.cache, snakemake.params.device)
-    write_parquet(fit_global(job.users, job.heads, job.layer, fit, job.device), snakemake.output[0])
+    write_parquet(fit_global(job, fit), snakemake.output[0])

@@ -10,9 +10,10 @@ held-out NLLs sit side by side in one row per (user, point, solver):
 
 Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all points:
 `fit_global` pools each user's first ceil(global_max_tokens / N) train tokens (all when null),
-so its memory does not grow with the number of users; `fit_shard` runs the personal and residual
-arms, the dose-response (residual fits on the first k train tokens) and the baselines
-(uph.lm.baselines) for the users of one cache shard; `cross_user` scores every user's residual
+so its memory does not grow with the number of users; `fit_shard` runs, per user of one cache
+shard (`fit_user`), the three arms of every point and solver (`fit_arms`), the dose-response
+(`fit_dose_response`: residual fits on the first k train tokens) and the baselines (`fit_baselines`,
+uph.lm.baselines); `cross_user` scores every user's residual
 theta on each user's held-out text (N x N evaluations, no fits).
 """
 
@@ -144,21 +145,20 @@ def _fit_columns(prefix: str, result: FitResult) -> dict:
     return {f"{prefix}_{key}": value for key, value in result.as_dict().items() if key != "solver"}
 
 
-def fit_global(
-    users: dict[str, UserStates], heads: dict[Point, Head], layer: OutputLayer, fit: FitConfig, device: torch.device
-) -> pd.DataFrame:
-    """The global theta of every (point, solver) on the pooled train tokens (module docstring)."""
+def fit_global(job: FitJob, fit: FitConfig) -> pd.DataFrame:
+    """The global theta of every (point, solver) on the pooled train tokens of the job's users (module
+    docstring)."""
     cap = fit.global_max_tokens
-    share = None if cap is None else math.ceil(cap / len(users))
+    share = None if cap is None else math.ceil(cap / len(job.users))
     train = pool(
         [
-            prepare(states.train_hidden[:share], states.train_targets[:share], layer, device=device)
-            for states in users.values()
+            prepare(states.train_hidden[:share], states.train_targets[:share], job.layer, device=job.device)
+            for states in job.users.values()
         ]
     )
-    log.info("global theta on %d pooled train tokens of %d users", train.n, len(users))
+    log.info("global theta on %d pooled train tokens of %d users", train.n, len(job.users))
     rows = []
-    for point, head in heads.items():
+    for point, head in job.heads.items():
         for solver in fit.solvers:
             theta, result = fit_theta(train, head, solver, fit.solver, user="global", label=point.label)
             rows.append(
@@ -182,77 +182,78 @@ def global_thetas(table: pd.DataFrame) -> dict[tuple[Point, str], torch.Tensor]:
     }
 
 
-def fit_user(
-    user: str,
+def fit_arms(
     train: Tokens,
-    test: Tokens,
-    heads: dict[Point, Head],
-    thetas_g: dict,
+    held_out: HeldOut,
+    head: Head,
+    theta_g: torch.Tensor,
+    solver: str,
     fit: FitConfig,
-) -> tuple[list[dict], list[dict], list[dict]]:
-    """One user's rows: (every point x solver with its three arms, dose-response, baselines)."""
-    settings, dose_points = fit.solver, dict(fit.dose_response.points)
-    fits, dose, baselines = [], [], []
-    user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
-    for point, head in heads.items():
-        held_out = HeldOut(test, head)
-        for solver in fit.solvers:
-            theta_g = thetas_g[(point, solver)]
-            theta_p, personal = fit_theta(train, head, solver, settings, user=user, label=point.label)
-            theta_r, residual = fit_theta(train, head, solver, settings, offset=theta_g, user=user, label=point.label)
-            global_, personal_, residual_ = held_out(theta_g), held_out(theta_p), held_out(theta_g + theta_r)
-            fits.append(
-                {
-                    **point.columns,
-                    "solver": solver,
-                    **user_columns,
-                    "base_nll": held_out.base_nll,
-                    "global_nll": global_["nll"],
-                    "personal_nll": personal_["nll"],
-                    "residual_nll": residual_["nll"],
-                    "global_kl": global_["kl"],
-                    "personal_kl": personal_["kl"],
-                    "residual_kl": residual_["kl"],
-                    **_fit_columns("personal", personal),
-                    **_fit_columns("residual", residual),
-                    "theta_personal": theta_p.double().tolist(),
-                    "theta_residual": theta_r.double().tolist(),
-                }
-            )
-            if dose_points.get(point) == solver:
-                for k in [k for k in fit.dose_response.train_tokens if k < train.n] + [train.n]:
-                    theta_k = (
-                        theta_r
-                        if k == train.n
-                        else fit_theta(train.prefix(k), head, solver, settings, offset=theta_g)[0]
-                    )
-                    dose.append(
-                        {
-                            **point.columns,
-                            "solver": solver,
-                            "user": user,
-                            "train_tokens": k,
-                            "all_train_tokens": k == train.n,
-                            "global_nll": global_["nll"],
-                            "residual_nll": held_out(theta_g + theta_k)["nll"],
-                        }
-                    )
-        log.info(
-            "%s %s: beyond global %+.4f, personal %+.4f",
-            user,
-            point.label,
-            fits[-1]["residual_nll"] - fits[-1]["global_nll"],
-            fits[-1]["personal_nll"] - fits[-1]["base_nll"],
+    user: str,
+    label: str,
+) -> tuple[dict, torch.Tensor]:
+    """One user's three arms at one point and solver, scored on the held-out text: the global theta_g,
+    the personal theta from zero, the residual theta_r on top of theta_g. Returns the row's columns
+    and theta_r."""
+    theta_p, personal = fit_theta(train, head, solver, fit.solver, user=user, label=label)
+    theta_r, residual = fit_theta(train, head, solver, fit.solver, offset=theta_g, user=user, label=label)
+    global_, personal_, residual_ = held_out(theta_g), held_out(theta_p), held_out(theta_g + theta_r)
+    columns = {
+        "base_nll": held_out.base_nll,
+        "global_nll": global_["nll"],
+        "personal_nll": personal_["nll"],
+        "residual_nll": residual_["nll"],
+        "global_kl": global_["kl"],
+        "personal_kl": personal_["kl"],
+        "residual_kl": residual_["kl"],
+        **_fit_columns("personal", personal),
+        **_fit_columns("residual", residual),
+        "theta_personal": theta_p.double().tolist(),
+        "theta_residual": theta_r.double().tolist(),
+    }
+    return columns, theta_r
+
+
+def fit_dose_response(
+    train: Tokens,
+    held_out: HeldOut,
+    head: Head,
+    theta_g: torch.Tensor,
+    theta_r: torch.Tensor,
+    global_nll: float,
+    solver: str,
+    fit: FitConfig,
+) -> list[dict]:
+    """The residual arm refitted on the user's first k train tokens, for each k of fit.dose_response
+    below the user's count, then all of them (theta_r, already fitted): the held-out NLL of each, beside
+    the global theta's (`global_nll`, from the arms)."""
+    ks = [k for k in fit.dose_response.train_tokens if k < train.n]
+    rows = []
+    for k in [*ks, train.n]:
+        theta_k = theta_r if k == train.n else fit_theta(train.prefix(k), head, solver, fit.solver, offset=theta_g)[0]
+        rows.append(
+            {
+                "train_tokens": k,
+                "all_train_tokens": k == train.n,
+                "global_nll": global_nll,
+                "residual_nll": held_out(theta_g + theta_k)["nll"],
+            }
         )
+    return rows
+
+
+def fit_baselines(train: Tokens, test: Tokens, fit: FitConfig, user: str, columns: dict) -> list[dict]:
+    """The baselines fitted on the user's train tokens (uph.lm.baselines), each row with `columns`: unigram
+    interpolation (its lambda by leave-one-out, no solver) and the full-vocabulary bias (every solver)."""
     vocab_size = train.layer.W.shape[0]
-    row = {**user_columns, "base_nll": test.base_nll}
+    rows = []
     if "unigram" in fit.baselines:
         unigram = unigram_interpolation(train, test, vocab_size)
-        baselines.append(
+        rows.append(
             {
                 "baseline": "unigram",
                 "solver": "exact",
-                **row,
+                **columns,
                 "nll": unigram["nll"],
                 "lambda": unigram["lambda"],
                 "params_per_user": vocab_size + 1,
@@ -262,50 +263,66 @@ def fit_user(
         head = full_bias_head(train.layer.W, train.layer.b)
         held_out = HeldOut(test, head)
         for solver in fit.solvers:
-            theta, result = fit_theta(train, head, solver, settings, user=user, label="full_bias")
-            baselines.append(
+            theta, result = fit_theta(train, head, solver, fit.solver, user=user, label="full_bias")
+            rows.append(
                 {
                     "baseline": "full_bias",
                     "solver": solver,
-                    **row,
+                    **columns,
                     "nll": held_out(theta)["nll"],
                     **_fit_columns("fit", result),
                     "params_per_user": vocab_size,
                 }
             )
-    return fits, dose, baselines
+    return rows
 
 
-def fit_shard(
-    users: dict[str, UserStates],
-    heads: dict[Point, Head],
-    thetas_g: dict,
-    layer: OutputLayer,
-    fit: FitConfig,
-    device: torch.device,
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def fit_user(
+    user: str, train: Tokens, test: Tokens, heads: dict[Point, Head], thetas_g: dict, fit: FitConfig
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """One user's rows: (every point x solver with its three arms, dose-response, baselines)."""
+    dose_points = dict(fit.dose_response.points)
+    fits, dose = [], []
+    user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
+    for point, head in heads.items():
+        held_out = HeldOut(test, head)
+        for solver in fit.solvers:
+            theta_g = thetas_g[(point, solver)]
+            arms, theta_r = fit_arms(train, held_out, head, theta_g, solver, fit, user, point.label)
+            fits.append({**point.columns, "solver": solver, **user_columns, **arms})
+            if dose_points.get(point) == solver:
+                dose += [
+                    {**point.columns, "solver": solver, "user": user, **row}
+                    for row in fit_dose_response(
+                        train, held_out, head, theta_g, theta_r, arms["global_nll"], solver, fit
+                    )
+                ]
+        log.info(
+            "%s %s: beyond global %+.4f, personal %+.4f",
+            user,
+            point.label,
+            fits[-1]["residual_nll"] - fits[-1]["global_nll"],
+            fits[-1]["personal_nll"] - fits[-1]["base_nll"],
+        )
+    return fits, dose, fit_baselines(train, test, fit, user, {**user_columns, "base_nll": test.base_nll})
+
+
+def fit_shard(job: FitJob, thetas_g: dict, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Every user of one shard: (fits, dose_response, baselines) tables (module docstring)."""
     tables = ([], [], [])
-    for user, states in users.items():
-        train, test = prepared(states, layer, device)
-        for table, rows in zip(tables, fit_user(user, train, test, heads, thetas_g, fit)):
+    for user, states in job.users.items():
+        train, test = prepared(states, job.layer, job.device)
+        for table, rows in zip(tables, fit_user(user, train, test, job.heads, thetas_g, fit)):
             table.extend(rows)
     return tuple(pd.DataFrame(rows) for rows in tables)
 
 
-def cross_user(
-    users: dict[str, UserStates],
-    head: Head,
-    theta_g: torch.Tensor,
-    residuals: dict[str, torch.Tensor],
-    layer: OutputLayer,
-    device: torch.device,
-) -> pd.DataFrame:
-    """One row per (theta user u, text user v): theta_g + u's residual theta on v's held-out text,
-    against theta_g alone; one text's held-out p0 in memory at a time."""
-    rows = []
-    for text_user, states in tqdm(users.items(), desc="cross_user", unit="text", mininterval=5):
-        test = prepare(states.test_hidden, states.test_targets, layer, device=device)
+def cross_user(job: FitJob, point: Point, theta_g: torch.Tensor, residuals: dict[str, torch.Tensor]) -> pd.DataFrame:
+    """One row per (theta user u, text user v) at `point`: theta_g + u's residual theta on v's held-out
+    text, against theta_g alone; one text's held-out p0 in memory at a time."""
+    head, rows = job.heads[point], []
+    for text_user, states in tqdm(job.users.items(), desc="cross_user", unit="text", mininterval=5):
+        test = prepare(states.test_hidden, states.test_targets, job.layer, device=job.device)
         held_out = HeldOut(test, head)
         global_nll = held_out(theta_g)["nll"]
         for theta_user, theta_r in residuals.items():
