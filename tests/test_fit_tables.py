@@ -1,0 +1,138 @@
+"""The personalization study's tables (uph.lm.tables) from hand-made per-user rows, against the
+comparisons written out."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from uph.lm.tables import CROSS_USER_COLUMNS, cross_user_table, dose_response_table, personalization_table
+
+USERS = ["a", "b", "c"]
+POINT = {"head": "cvh", "alpha": 1.0, "d": 8, "solver": "exact"}
+
+
+def fits() -> pd.DataFrame:
+    """Three users at one point: base 3.0, global 2.9, personal 2.95, residual 2.8 plus a per-user wiggle."""
+    wiggle = np.array([0.0, 0.01, -0.02])
+    return pd.DataFrame(
+        {
+            **{key: [value] * 3 for key, value in POINT.items()},
+            "user": USERS,
+            "base_nll": 3.0 + wiggle,
+            "global_nll": 2.9 + wiggle,
+            "personal_nll": 2.95 + 2 * wiggle,
+            "residual_nll": 2.8 + 3 * wiggle,
+            "global_kl": [0.1, 0.2, 0.3],
+            "personal_kl": [0.2, 0.2, 0.2],
+            "residual_kl": [0.3, 0.3, 0.6],
+            "personal_objective": [1.0, 2.0, 3.0],
+            "personal_certificate": [1e-7, 3e-7, 2e-7],
+            "residual_objective": [2.0, 2.0, 5.0],
+            "residual_certificate": [1e-8, 1e-6, 1e-7],
+        }
+    )
+
+
+def global_fits() -> pd.DataFrame:
+    return pd.DataFrame([{**POINT, "fit_objective": 2.5, "fit_certificate": 4e-7}])
+
+
+def baselines() -> pd.DataFrame:
+    unigram = [
+        {
+            "baseline": "unigram",
+            "solver": "exact",
+            "user": u,
+            "base_nll": 3.0,
+            "nll": 2.0 + i * 0.1,
+            "params_per_user": 101,
+        }
+        for i, u in enumerate(USERS)
+    ]
+    bias = [
+        {
+            "baseline": "full_bias",
+            "solver": "exact",
+            "user": u,
+            "base_nll": 3.0,
+            "nll": 2.5,
+            "params_per_user": 100,
+            "fit_objective": 1.0 + i,
+            "fit_certificate": 1e-6 * (i + 1),
+        }
+        for i, u in enumerate(USERS)
+    ]
+    return pd.DataFrame(unigram + bias)
+
+
+def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines():
+    table = personalization_table("m", fits(), global_fits(), baselines(), n_boot=200).set_index(["head", "control"])
+    wiggle = np.array([0.0, 0.01, -0.02])
+    expected = {  # control: (arm - reference per user, mean KL, fit objective, worst certificate)
+        "global": (np.full(3, -0.1), 0.2, 2.5, 4e-7),
+        "personal": (-0.05 + wiggle, 0.2, 2.0, 3e-7),
+        "global+personal": (-0.1 + 2 * wiggle, 0.4, 3.0, 1e-6),
+    }
+    for control, (delta, kl, objective, certificate) in expected.items():
+        row = table.loc[("cvh", control)]
+        assert row["delta_nll"] == pytest.approx(delta.mean())
+        assert row["n_users_improved"] == (delta < 0).sum() and row["n_users"] == 3
+        assert (row["kl"], row["fit_objective"], row["fit_certificate_max"]) == pytest.approx(
+            (kl, objective, certificate)
+        )
+        assert row["model"] == "m" and row["params_per_user"] == 8
+    assert table.loc[("cvh", "global+personal"), "reference"] == "global"
+    assert table.loc[("cvh", "global"), "base_nll"] == pytest.approx(3.0 + wiggle.mean())
+    # baselines after the heads, sorted by name: no alpha or d; unigram has no fit columns
+    assert list(table.index[-2:]) == [("full_bias", "personal"), ("unigram", "personal")]
+    bias, unigram = table.loc[("full_bias", "personal")], table.loc[("unigram", "personal")]
+    assert bias["delta_nll"] == pytest.approx(-0.5) and bias["fit_objective"] == pytest.approx(2.0)
+    assert bias["fit_certificate_max"] == pytest.approx(3e-6) and bias["params_per_user"] == 100
+    assert unigram["delta_nll"] == pytest.approx(-0.9) and math.isnan(unigram["fit_objective"])
+    assert math.isnan(unigram["alpha"]) and math.isnan(unigram["d"]) and unigram["reference"] == "base"
+
+
+def test_dose_response_rows_stand_all_tokens_at_their_mean_count():
+    rows = []
+    for user, count in zip(USERS, (1000, 1200, 1400)):
+        for k, residual in ((512, 2.95), (count, 2.85)):
+            rows.append(
+                {
+                    **POINT,
+                    "user": user,
+                    "train_tokens": k,
+                    "all_train_tokens": k == count,
+                    "global_nll": 2.9,
+                    "residual_nll": residual,
+                }
+            )
+    table = dose_response_table("m", pd.DataFrame(rows), n_boot=200)
+    assert table["train_tokens"].tolist() == [512, 1200] and table["all_train_tokens"].tolist() == [False, True]
+    assert table["delta_nll"].tolist() == pytest.approx([0.05, -0.05]) and (table["n_users"] == 3).all()
+
+
+def test_cross_user_table_keeps_the_contract_columns_even_with_no_point():
+    empty = cross_user_table("m", [])
+    assert empty.empty and list(empty.columns) == CROSS_USER_COLUMNS
+    matrix = pd.DataFrame(
+        [
+            {
+                **POINT,
+                "theta_user": u,
+                "text_user": v,
+                "base_nll": 3.0,
+                "global_nll": 2.9,
+                "nll": 2.8,
+                "delta_nll": -0.1,
+                "extra": 1,
+            }
+            for u in USERS
+            for v in USERS
+        ]
+    )
+    table = cross_user_table("m", [matrix])
+    assert list(table.columns) == CROSS_USER_COLUMNS and len(table) == 9 and (table["model"] == "m").all()
