@@ -128,7 +128,8 @@ def test_a_new_kind_is_one_registry_entry_and_trains(monkeypatch):
         scores = -torch.cdist(q, k).square() / q.shape[-1] ** 0.5
         return [scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))]
 
-    monkeypatch.setitem(self_attention.KINDS, "distance", AttentionKind(2, 2, (1,), distance_scores))
+    kind = AttentionKind(vectors=2, turned=2, loud=(1,), scores=distance_scores)
+    monkeypatch.setitem(self_attention.KINDS, "distance", kind)
     cfg = study(vocab=8, items=3, distractors=2, train_len=12, d_model=8, n_head=2, n_layer=1, steps=1)
     cfg = dataclasses.replace(cfg, log_every=1, batch_size=8, eval_size=8, probe_size=4)
     model, rows, final, diverged = train_run(cfg, "offset_copy", "residual", "distance", 0.01, 0, torch.device("cpu"))

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -264,13 +264,18 @@ class AttentionKind:
         return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
+TRIPLE = AttentionKind(
+    vectors=3, turned=3, loud=(1,), scores=lambda q, k, r: [triple_scores(q, k, r)], kernel=triple_product_attention
+)
 KINDS = {
-    "standard": AttentionKind(2, 2, (1,), standard_scores, lambda q, k, r, v: standard_attention(q, k, v)),
-    "triple": AttentionKind(3, 3, (1,), lambda q, k, r: [triple_scores(q, k, r)], triple_product_attention),
-    "triple_normed": AttentionKind(
-        3, 3, (1,), lambda q, k, r: [triple_scores(q, k, r)], triple_product_attention, prepare=normalized
+    "standard": AttentionKind(
+        vectors=2, turned=2, loud=(1,), scores=standard_scores, kernel=lambda q, k, r, v: standard_attention(q, k, v)
     ),
-    "simplicial": AttentionKind(3, 2, (1, 2), simplicial_scores, simplicial_attention),
+    "triple": TRIPLE,
+    "triple_normed": replace(TRIPLE, prepare=normalized),
+    "simplicial": AttentionKind(
+        vectors=3, turned=2, loud=(1, 2), scores=simplicial_scores, kernel=simplicial_attention
+    ),
 }
 ATTENTIONS = tuple(KINDS)
 
