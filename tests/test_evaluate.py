@@ -19,7 +19,7 @@ from uph.lm.fit import fit_theta
 from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings
-from uph.lm.sweep import FitConfig, Point, cross_user, fit_user
+from uph.lm.sweep import FitConfig, FitJob, Point, cross_user, fit_user
 from uph.lm.tokens import pool, prepare
 
 D = 8
@@ -105,7 +105,8 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
         assert dose[-1]["residual_nll"] == row["residual_nll"]
         residuals[user] = torch.tensor(row["theta_residual"], dtype=torch.float64)
     users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
-    matrix = cross_user(users, head, theta_g.double(), residuals, layer, torch.device("cpu"))
+    job = FitJob(layer, users, {point: head}, torch.device("cpu"))
+    matrix = cross_user(job, point, theta_g.double(), residuals)
     assert len(matrix) == 4
     delta = matrix.pivot(index="theta_user", columns="text_user", values="delta_nll")
     for user in residuals:  # a user's own residual helps its text, the other user's hurts it
