@@ -13,7 +13,7 @@ Both terms need only the change of log-partition L_t = log Σ_v p0_tv exp(P_v ·
     ∇J(theta) = (1 + beta) mean_t a_t ⊙ P^T p_t - (ybar + beta mbar) + 2 lam theta
 
 with ybar = mean_t a_t ⊙ P_{y_t}, mbar = mean_t a_t ⊙ m_t, p_t = softmax(z_t). So p0 [n, V] is
-computed once per split (`prepare`: the only V×H products), a, ybar and mbar once per head
+computed once per split (`uph.lm.tokens.prepare`: the only V×H products), a, ybar and mbar once per head
 (`Objective`); an evaluation costs, per chunk of c tokens, two [c, d]×[d, V] products and one exp
 (conditional heads), or two passes over p0 (unconditional heads: P theta is the same for every
 token). p0 need only be known up to a factor per token: every L_t is taken relative to its value
