@@ -15,6 +15,7 @@ from uph.config import (
     claim_results_folder,
     cross_user_solver,
     HEAD_KEYS,
+    SWEEP_KEYS,
     job_params,
     validate,
 )
@@ -96,6 +97,7 @@ def attention_targets():
 FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
 FIT_USERS = job_params(FIT, FIT_SHARD_KEYS)
 FIT_HEADS = job_params(FIT, HEAD_KEYS)
+FIT_SWEEP = job_params(FIT, SWEEP_KEYS)
 CACHE_IDENTITY = job_params(config["extract"], EXTRACT_KEYS)
 
 

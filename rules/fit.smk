@@ -1,7 +1,8 @@
 # Fit: the personalization study on the cache. fit_global fits the global theta of every sweep point and
 # solver on the pooled users; one fit job per shard fits each of its users' personal and residual thetas at
-# every point (p0 computed once per user), the dose-response and the baselines; cross_user scores the
-# residual thetas on every user's text at the listed points; the tables follow.
+# every point (p0 computed once per user), the dose-response and the baselines; fit_others scores each
+# user's text with the mean of the other users' residual thetas (the control a personal gain must beat);
+# cross_user scores the residual thetas on every user's text at the listed points; the tables follow.
 wildcard_constraints:
     head="|".join(FIT["heads"]),
     alpha=r"[0-9.e+-]+",
@@ -89,10 +90,37 @@ rule cross_user:
         "../workflow_scripts/fit_cross_user.py"
 
 
+rule fit_others:
+    input:
+        global_fit=rules.fit_global.output[0],
+        fits=fit_shard_paths("fits.parquet"),
+        shards=shard_paths(),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        results("fit", "others.parquet"),
+    log:
+        results("logs", "fit", "others.log"),
+    benchmark:
+        results("benchmarks", "fit-others.tsv")
+    priority: LM_PRIORITY
+    threads: 1
+    resources:
+        gpu=gpus(),
+    params:
+        fit=FIT_SWEEP,
+        cache=CACHE_IDENTITY,
+        device=config["device"],
+    script:
+        "../workflow_scripts/fit_others.py"
+
+
 rule personalization_table:
     input:
         global_fit=rules.fit_global.output[0],
         fits=fit_shard_paths("fits.parquet"),
+        others=rules.fit_others.output[0],
         dose=fit_shard_paths("dose.parquet"),
         baselines=fit_shard_paths("baselines.parquet"),
         cross_user=cross_user_paths(),

@@ -19,7 +19,7 @@ from uph.lm.fit import fit_theta
 from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings
-from uph.lm.sweep import FitConfig, FitJob, Point, cross_user, fit_user
+from uph.lm.sweep import FitConfig, FitJob, Point, cross_user, fit_user, others
 from uph.lm.tokens import pool, prepare
 
 D = 8
@@ -153,3 +153,52 @@ def test_mixture_nll_is_finite_where_the_model_probability_underflows():
     value = mixture_nll(0.1, log_p_model, log_p_user)
     assert math.isfinite(value)
     assert value == pytest.approx(-(math.log(0.1 * 0.5) + math.log(0.9 * math.exp(-1) + 0.1 * 0.25)) / 2)
+
+
+def residual_study(model_dir, stars: dict, max_norm: float):
+    """Users whose text the tiny model wrote with their theta*: the global theta on them pooled, each
+    user's residual on top, and the 'others' control, at radius `max_norm`. Returns per user (global,
+    own residual, others) held-out NLL."""
+    model = tiny_llama(model_dir)
+    W = model.get_output_embeddings().weight.detach()
+    layer = OutputLayer(W)
+    settings = HeadSettings.defaults()
+    head = make_head("svd_cvh", W, d=D, alpha=1.0, settings=settings, svd=torch.linalg.svd(W, full_matrices=False))
+    point, solver = Point.of("svd_cvh", 1.0, D), SolverSettings.defaults(max_norm=max_norm)
+    users, trains, tests = {}, {}, {}
+    for i, (user, star) in enumerate(stars.items()):
+        ids = sample_text(model, lambda h, star=star: head.logits(h, star), batch=24, length=81, seed=30 + i)
+        (h_train, y_train), (h_test, y_test) = user_split(model, ids)
+        users[user] = UserStates(h_train, y_train, h_test, y_test)
+        trains[user], tests[user] = prepare(h_train, y_train, layer), prepare(h_test, y_test, layer)
+    theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", solver)
+    residuals = {user: fit_theta(trains[user], head, "exact", solver, offset=theta_g)[0] for user in users}
+    job = FitJob(layer, users, {point: head}, torch.device("cpu"))
+    table = others(job, {(point, "exact"): theta_g}, {(point, "exact"): residuals}).set_index("user")
+    nll = {}
+    for user in users:
+        held_out = HeldOut(tests[user], head)
+        nll[user] = (
+            held_out(theta_g)["nll"],
+            held_out(theta_g + residuals[user])["nll"],
+            table.loc[user, "others_nll"],
+        )
+    return nll
+
+
+def test_own_residual_beats_others_only_where_the_signal_is_personal(tmp_path):
+    """Planted personal signal (theta* = shared ± own): every user's own residual beats the others' mean.
+    Planted shared signal beyond the ball (every theta* the same, 3x the radius): the global theta is
+    capped, each residual extends the shared direction and helps beyond global, but the others' mean
+    residual helps as much: no personal gain, which own-against-global alone would claim."""
+    personal = residual_study(
+        tmp_path / "a", {"romeo": SHARED + OWN, "juliet": SHARED - OWN, "nurse": SHARED + OWN}, 5.0
+    )
+    for user, (global_nll, own, others_nll) in personal.items():
+        assert own < others_nll - 0.02 and own < global_nll, user
+    star = 3.0 * F.normalize(SHARED, dim=0)
+    shared = residual_study(tmp_path / "b", {"a": star, "b": star, "c": star, "d": star}, 1.0)
+    beyond_global = [own - global_nll for global_nll, own, _ in shared.values()]
+    beyond_others = [own - others_nll for _, own, others_nll in shared.values()]
+    assert max(beyond_global) < -0.02  # the residual 'helps beyond global' on every user
+    assert abs(sum(beyond_others)) / len(shared) < 0.2 * abs(sum(beyond_global)) / len(shared)

@@ -37,6 +37,11 @@ def fits() -> pd.DataFrame:
     )
 
 
+def others() -> pd.DataFrame:
+    """Others' mean residual at 2.85 on every user's text."""
+    return pd.DataFrame([{**POINT, "user": u, "others_nll": 2.85} for u in USERS])
+
+
 def global_fits() -> pd.DataFrame:
     return pd.DataFrame([{**POINT, "fit_objective": 2.5, "fit_certificate": 4e-7}])
 
@@ -70,7 +75,9 @@ def baselines() -> pd.DataFrame:
 
 
 def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines():
-    table = personalization_table("m", fits(), global_fits(), baselines(), n_boot=200).set_index(["head", "control"])
+    table = personalization_table("m", fits(), global_fits(), others(), baselines(), n_boot=200).set_index(
+        ["head", "control"]
+    )
     wiggle = np.array([0.0, 0.01, -0.02])
     expected = {  # control: (arm - reference per user, mean KL, fit objective, worst certificate)
         "global": (np.full(3, -0.1), 0.2, 2.5, 4e-7),
@@ -86,6 +93,15 @@ def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines
         )
         assert row["model"] == "m" and row["params_per_user"] == 8
     assert table.loc[("cvh", "global+personal"), "reference"] == "global"
+    # the others control against global, and the own residual against it: the personal gain
+    own_vs_others = table.loc[("cvh", "own vs others")]
+    assert table.loc[("cvh", "others"), "delta_nll"] == pytest.approx(-0.05 - wiggle.mean())
+    assert own_vs_others["reference"] == "others" and own_vs_others["delta_nll"] == pytest.approx(
+        (-0.05 + 3 * wiggle).mean()
+    )
+    assert math.isnan(own_vs_others["fit_objective"])
+    without = personalization_table("m", fits(), global_fits(), others().iloc[:0], baselines(), n_boot=200)
+    assert "others" not in set(without["control"]) and len(without) == 5  # one user: no others control
     assert table.loc[("cvh", "global"), "base_nll"] == pytest.approx(3.0 + wiggle.mean())
     # baselines after the heads, sorted by name: no alpha or d; unigram has no fit columns
     assert list(table.index[-2:]) == [("full_bias", "personal"), ("unigram", "personal")]

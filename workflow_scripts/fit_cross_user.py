@@ -6,19 +6,14 @@ import torch
 
 from uph.io import write_parquet
 from uph.lm.heads import HeadSettings
-from uph.lm.sweep import Point, cross_user, global_thetas, load_fit_job
+from uph.lm.sweep import Point, cross_user, global_thetas, load_fit_job, residual_thetas
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     point = Point.of(snakemake.wildcards.head, snakemake.wildcards.alpha, snakemake.wildcards.d)
     solver = snakemake.params.solver
-    fits = pd.concat(map(pd.read_parquet, snakemake.input.fits))
-    fits = fits[(fits["head"] == point.head) & (fits["alpha"] == point.alpha) & (fits["d"] == point.d)]
-    fits = fits[fits["solver"] == solver]
-    residuals = {
-        user: torch.tensor(theta, dtype=torch.float64) for user, theta in zip(fits["user"], fits["theta_residual"])
-    }
+    residuals = residual_thetas(pd.concat(map(pd.read_parquet, snakemake.input.fits)))[(point, solver)]
     job = load_fit_job(
         snakemake.input,
         [point],

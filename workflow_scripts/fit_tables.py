@@ -22,6 +22,7 @@ with rule_logging(snakemake) as log:
         model,
         pd.concat(fits.values()),
         pd.read_parquet(snakemake.input.global_fit),
+        pd.read_parquet(snakemake.input.others),
         pd.concat(baselines.values()),
         n_boot,
     )

@@ -182,6 +182,15 @@ def global_thetas(table: pd.DataFrame) -> dict[tuple[Point, str], torch.Tensor]:
     }
 
 
+def residual_thetas(fits: pd.DataFrame) -> dict[tuple[Point, str], dict[str, torch.Tensor]]:
+    """(point, solver) -> user -> residual theta_r, from the fit jobs' rows."""
+    thetas: dict[tuple[Point, str], dict[str, torch.Tensor]] = {}
+    for row in fits.itertuples():
+        key = (Point.of(row.head, row.alpha, row.d), row.solver)
+        thetas.setdefault(key, {})[row.user] = torch.tensor(row.theta_residual, dtype=torch.float64)
+    return thetas
+
+
 def fit_arms(
     train: Tokens,
     held_out: HeldOut,
@@ -337,4 +346,28 @@ def cross_user(job: FitJob, point: Point, theta_g: torch.Tensor, residuals: dict
                     "delta_nll": nll - global_nll,
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def others(job: FitJob, thetas_g: dict, residuals: dict[tuple[Point, str], dict[str, torch.Tensor]]) -> pd.DataFrame:
+    """The control with a residual's capacity that is not the user's own: per (point, solver, user u) the
+    global theta plus the mean of the other users' residual thetas, scored on u's held-out text,
+
+        theta_others(u) = theta_g + (Σ_v theta_r(v) - theta_r(u)) / (N - 1).
+
+    A personal gain is the own residual beating it; a residual that only extends a direction every user
+    shares does as well in others' hands. One text's held-out p0 in memory at a time; no rows for N < 2."""
+    if len(job.users) < 2:
+        log.info("the 'others' control needs 2 users or more; this study has %d", len(job.users))
+        return pd.DataFrame(columns=["head", "alpha", "d", "solver", "user", "others_nll"])
+    totals = {key: sum(thetas.values()) for key, thetas in residuals.items()}
+    rows = []
+    for user, states in tqdm(job.users.items(), desc="others", unit="text", mininterval=5):
+        test = prepare(states.test_hidden, states.test_targets, job.layer, device=job.device)
+        for point, head in job.heads.items():
+            held_out = HeldOut(test, head)
+            for (at, solver), thetas in residuals.items():
+                if at == point:
+                    theta = thetas_g[(point, solver)] + (totals[at, solver] - thetas[user]) / (len(thetas) - 1)
+                    rows.append({**point.columns, "solver": solver, "user": user, "others_nll": held_out(theta)["nll"]})
     return pd.DataFrame(rows)

@@ -5,7 +5,10 @@ uph.stats.compare of per-user NLLs (paired bootstrap interval, users improved, s
 
     global            nll(theta_g)          against base_nll
     personal          nll(theta_u)          against base_nll
-    global+personal   nll(theta_g + theta_r) against nll(theta_g)   (the personal gain beyond global)
+    global+personal   nll(theta_g + theta_r) against nll(theta_g)   (the gain beyond global)
+    others            nll(theta_g + mean of the other users' theta_r) against nll(theta_g)
+    own vs others     nll(theta_g + theta_r) against the others' nll (the personal gain: the own
+                      residual against the same capacity fitted on everyone else)
 
 then one row per (baseline, solver), personal against base. dose_response: the gain beyond global of
 residuals fitted on each user's first k train tokens, the all-tokens rows standing at their mean count.
@@ -25,15 +28,26 @@ ARMS = (  # control, its held-out NLL, the reference it is compared with, its KL
     ("personal", "personal_nll", "base_nll", "personal_kl", "personal"),
     ("global+personal", "residual_nll", "global_nll", "residual_kl", "residual"),
 )
+OTHERS = (  # control, its held-out NLL, the reference: the comparisons that read the others control
+    ("others", "others_nll", "global_nll"),
+    ("own vs others", "residual_nll", "others_nll"),
+)
 CROSS_USER_COLUMNS = ["model", *KEYS, "theta_user", "text_user", "base_nll", "global_nll", "nll", "delta_nll"]
 
 
 def personalization_table(
-    model: str, fits: pd.DataFrame, global_fits: pd.DataFrame, baselines: pd.DataFrame, n_boot: int
+    model: str,
+    fits: pd.DataFrame,
+    global_fits: pd.DataFrame,
+    others: pd.DataFrame,
+    baselines: pd.DataFrame,
+    n_boot: int,
 ) -> pd.DataFrame:
-    """`fits`: the fit jobs' per-(user, point, solver) rows; `global_fits`: fit_global's rows; `baselines`:
-    the per-(user, baseline, solver) rows."""
+    """`fits`: the fit jobs' per-(user, point, solver) rows; `global_fits`: fit_global's rows; `others`:
+    fit_others' per-(user, point, solver) others_nll (no rows with one user: no others controls);
+    `baselines`: the per-(user, baseline, solver) rows."""
     global_fits = global_fits.set_index(KEYS)
+    fits = fits.assign(others_nll=np.nan) if others.empty else fits.merge(others, on=[*KEYS, "user"], how="left")
     rows = []
     for key, users in fits.groupby(KEYS, sort=True):
         point = dict(zip(KEYS, key))
@@ -54,6 +68,18 @@ def personalization_table(
                     ),
                 }
             )
+        if users["others_nll"].notna().all():
+            rows += [
+                {
+                    "model": model,
+                    **point,
+                    "control": control,
+                    "reference": reference.removesuffix("_nll"),
+                    **compare(users[arm], users[reference], n_boot=n_boot),
+                    "params_per_user": point["d"],
+                }
+                for control, arm, reference in OTHERS
+            ]
     for (baseline, solver), users in baselines.groupby(["baseline", "solver"], sort=True):
         fitted = "fit_objective" in users and users["fit_objective"].notna().any()
         rows.append(
