@@ -20,6 +20,7 @@ from uph.config import (
     FIT_SHARD_KEYS,
     HEAD_KEYS,
     SOLVER_KEYS,
+    SWEEP_KEYS,
     job_params,
     validate,
 )
@@ -104,7 +105,7 @@ def test_each_fit_key_list_is_what_its_dataclass_reads(config):
     assert keys_read(HeadSettings.from_config, fit) == set(HEAD_KEYS)
     # a fit-stage job's params hold exactly the keys FitConfig reads for it, and together they are every
     # key FitConfig reads (the rest of the section is read by the rules: bootstrap, cross_user)
-    for keys in (FIT_GLOBAL_KEYS, FIT_SHARD_KEYS):
+    for keys in (FIT_GLOBAL_KEYS, FIT_SHARD_KEYS, SWEEP_KEYS):
         assert keys_read(FitConfig.from_config, job_params(fit, keys)) == set(keys)
     assert keys_read(FitConfig.from_config, fit) == set(FIT_GLOBAL_KEYS) | set(FIT_SHARD_KEYS)
 
