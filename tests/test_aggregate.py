@@ -231,7 +231,9 @@ def no_cross(head="cvh") -> pd.DataFrame:
 def test_personal_beyond_global_answers_from_the_numbers():
     answer = personal_beyond_global(study(personalization=personalization_table(-0.004, -0.001), cross_user=no_cross()))
     assert (answer.answer, answer.n, answer.figure) == ("yes", "24 users", "personalization")
-    assert answer.rests_on.startswith("-4.00 (95 % CI -6.00 to -2.00) × 10⁻³ nats/token at the best of 2 points")
+    assert answer.rests_on.startswith(
+        "-4.00 (95 % CI -6.00 to -2.00) × 10⁻³ nats/token against the global θ (no others) at the best of 2 points"
+    )
     assert (
         "(cvh at α = 1, d = 8, exact); 18 users improved, sign test p = 0.023 (0.046 after Bonferroni"
         in answer.rests_on
@@ -253,7 +255,7 @@ def test_personal_beyond_global_answers_from_the_numbers():
 def test_personalization_finding_lists_the_facts_at_the_headline_point():
     facts = personalization_finding(study(personalization=personalization_table(-0.004, -0.001), cross_user=no_cross()))
     assert facts[0] == (
-        "best of 2 points, personal beyond global: cvh at α = 1, d = 8 (exact solver), "
+        "best of 2 points, residual θ against the global θ alone: cvh at α = 1, d = 8 (exact solver), "
         "-4.00 (95 % CI -6.00 to -2.00) × 10⁻³ nats/token"
     )
     assert facts[1] == "there: 18 of 24 users improved, sign test p = 0.023, 0.046 after Bonferroni over the 2 points"
@@ -264,6 +266,33 @@ def test_personalization_finding_lists_the_facts_at_the_headline_point():
     assert facts[-1] == "no cross-user point at the exact solver (fit.cross_user)"
     worse = personalization_finding(study(personalization=personalization_table(0.004, 0.005), cross_user=no_cross()))
     assert "(0 below, 2 above)" in lines(worse)
+
+
+def with_others(table: pd.DataFrame, others_cvh, own_cvh, others_uncond, own_uncond) -> pd.DataFrame:
+    """`table` with each head's 'others' (vs global) and 'own vs others' rows at the deltas given."""
+    rows = [
+        lm_row(head, control, delta)
+        for head, others, own in (("cvh", others_cvh, own_cvh), ("uncond", others_uncond, own_uncond))
+        for control, delta in (("others", others), ("own vs others", own))
+    ]
+    return pd.concat([table, pd.DataFrame(rows)], ignore_index=True)
+
+
+def test_the_personal_gain_is_the_own_residual_against_the_others():
+    # cvh's residual gains -4 beyond global, but the others' mean residual gains -3.5 there: own vs others -0.5
+    table = with_others(personalization_table(-0.004, -0.001), -0.0035, -0.0005, -0.0001, -0.0009)
+    answer = personal_beyond_global(study(personalization=table, cross_user=no_cross()))
+    assert answer.answer == "not shown"  # -0.9 ± 2 includes 0
+    assert answer.rests_on.startswith("-0.90 (95 % CI -2.90 to +1.10) × 10⁻³ nats/token against the others' mean")
+    assert "at the best of 2 points (uncond at α = 1, d = 8, exact)" in answer.rests_on
+    facts = personalization_finding(study(personalization=table, cross_user=no_cross()))
+    assert facts[0].startswith("best of 2 points, own residual θ against the other users' mean residual θ: uncond")
+    assert facts[3] == (
+        "there, against the global θ alone: own residual -1.00 (95 % CI -3.00 to +1.00), "
+        "the others' mean residual -0.10 (95 % CI -2.10 to +1.90)"
+    )
+    personal = with_others(personalization_table(-0.004, -0.001), -0.0005, -0.0035, 0.0, -0.001)
+    assert personal_beyond_global(study(personalization=personal, cross_user=no_cross())).answer == "yes"
 
 
 def test_head_against_baselines_compares_their_intervals():

@@ -67,11 +67,13 @@ def heads_at_headline(study: Study) -> tuple[str, pd.DataFrame]:
 
 
 def best_beyond_global(study: Study) -> tuple[pd.Series, int]:
-    """The headline point: the headline solver's best personal-beyond-global row, and the K points it is
-    the best of."""
+    """The headline point: the headline solver's best personal-gain row, and the K points it is the best
+    of. The personal gain is the own residual against the others control ('own vs others'); a study of
+    one user has no others, and its gain is the residual against the global theta ('global+personal')."""
     _, table = heads_at_headline(study)
-    beyond = table[table["control"] == "global+personal"]
-    return beyond.loc[beyond["delta_nll"].idxmin()], len(beyond)
+    control = "own vs others" if (table["control"] == "own vs others").any() else "global+personal"
+    gains = table[table["control"] == control]
+    return gains.loc[gains["delta_nll"].idxmin()], len(gains)
 
 
 def bonferroni(row, points: int) -> float:
@@ -80,19 +82,24 @@ def bonferroni(row, points: int) -> float:
 
 def personal_beyond_global(study: Study) -> Answer:
     """The best of K points is picked after looking: yes only if its interval lies below 0 and its sign
-    test survives a Bonferroni correction over the K points (fit.heads is never empty: always tested)."""
-    question = "Does a personal head help beyond domain adaptation (the user's residual θ on top of the global θ)?"
+    test survives a Bonferroni correction over the K points (fit.heads is never empty: always tested).
+    The gain is the own residual against the other users' mean residual, where the study has others."""
+    question = (
+        "Does a personal head help beyond domain adaptation (the user's own residual θ against the other "
+        "users' mean residual θ, both on top of the global θ)?"
+    )
     best, points = best_beyond_global(study)
     corrected = bonferroni(best, points)
     answer = _by_interval(best["delta_nll_ci_low"], best["delta_nll_ci_high"])
     if answer == "yes" and corrected >= SIGNIFICANCE:
         answer = "not shown"
+    against = "the others' mean residual" if best["control"] == "own vs others" else "the global θ (no others)"
     return Answer(
         question,
         answer,
-        f"{delta_with_ci(best)} × 10⁻³ nats/token at the best of {points} points ({point_label(best)}, "
-        f"{best['solver']}); {int(best['n_users_improved'])} users improved, sign test p = {best['sign_test_p']:.2g} "
-        f"({corrected:.2g} after Bonferroni over {points})",
+        f"{delta_with_ci(best)} × 10⁻³ nats/token against {against} at the best of {points} points "
+        f"({point_label(best)}, {best['solver']}); {int(best['n_users_improved'])} users improved, sign test "
+        f"p = {best['sign_test_p']:.2g} ({corrected:.2g} after Bonferroni over {points})",
         f"{int(best['n_users'])} users",
         "personalization",
     )

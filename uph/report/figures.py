@@ -92,8 +92,9 @@ def _seeds(curves: pd.DataFrame) -> str:
 
 COMPARISONS = {  # personalization.csv control -> what its delta_nll compares, drawn left to right
     "global": "base → global θ\n(domain adaptation)",
-    "personal": "base → personal θ\n(lines, bands: the baselines)",
-    "global+personal": "global → global + personal θ\n(the personal gain)",
+    "personal": "base → personal θ\n(lines: baselines)",
+    "global+personal": "global → + residual θ\n(beyond global)",
+    "own vs others": "others' residual → own\n(the personal gain)",
 }
 BASELINE_STYLES = {"unigram": "--", "full_bias": ":"}  # reference lines in the base → personal panel
 
@@ -106,9 +107,10 @@ def _errorbar(ax, rows: pd.DataFrame, x, color, label=None, **style) -> None:
 
 
 def personalization(fig: Figure, study: Study) -> None:
-    """Three comparisons side by side (columns), one row per alpha, each head against d with its 95 %
+    """Four comparisons side by side (columns), one row per alpha, each head against d with its 95 %
     paired bootstrap interval over users: base -> global theta, base -> personal theta (with the
-    unigram and full_bias baselines as lines with bands) and global -> global + personal theta."""
+    unigram and full_bias baselines as lines with bands), global -> global + residual theta, and the
+    others' mean residual -> the own residual (both on top of the global theta)."""
     solver = headline_solver(study.personalization)
     heads, _ = split_baselines(study.personalization)
     table = heads[heads["solver"] == solver]
@@ -139,8 +141,7 @@ def personalization(fig: Figure, study: Study) -> None:
             if row == 0:
                 ax.set_title(title)
         axes[row, 0].set_ylabel(f"Δ NLL, α = {alpha:g}\n(10⁻³ nats/token)")
-    for ax in axes[-1]:
-        ax.set_xlabel("d (parameters per user)")
+    fig.supxlabel("d (parameters per user)")
     handles = [Line2D([], [], color=color, marker="o", label=head) for head, color in colors.items()]
     handles += [
         Line2D([], [], color="0.2", linestyle=BASELINE_STYLES.get(head), label=f"{head} baseline")

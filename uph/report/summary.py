@@ -45,24 +45,37 @@ def _dominance(cross: pd.DataFrame) -> str:
     )
 
 
+GAINS = {  # the personal gain's control -> what it compares (uph.report.answers.best_beyond_global)
+    "own vs others": "own residual θ against the other users' mean residual θ",
+    "global+personal": "residual θ against the global θ alone",
+}
+
+
 def personalization_finding(study: Study) -> list[str]:
-    """At the headline point (the headline solver's best personal-beyond-global point): the gain of the
-    user's residual theta over the global theta, its users improved and sign test, how many points have
-    an interval excluding 0, the global and personal arms there, the best head base -> personal against
-    the baselines, and the cross-user diagonal dominance."""
+    """At the headline point (the headline solver's best personal gain: own residual against the others'
+    mean residual): that gain, its users improved and sign test, how many points have an interval
+    excluding 0, the other comparisons there, the best head base -> personal against the baselines, and
+    the cross-user diagonal dominance."""
     solver, table = heads_at_headline(study)
     best, points = best_beyond_global(study)
-    beyond = table[table["control"] == "global+personal"]
-    below, above = (beyond["delta_nll_ci_high"] < 0).sum(), (beyond["delta_nll_ci_low"] > 0).sum()
+    gains = table[table["control"] == best["control"]]
+    below, above = (gains["delta_nll_ci_high"] < 0).sum(), (gains["delta_nll_ci_low"] > 0).sum()
     control = table[at_point(table, best)].set_index("control")
     personal = table[table["control"] == "personal"]
     best_personal = personal.loc[personal["delta_nll"].idxmin()]
     facts = [
-        f"best of {points} points, personal beyond global: {point_label(best)} ({solver} solver), "
+        f"best of {points} points, {GAINS[best['control']]}: {point_label(best)} ({solver} solver), "
         f"{delta_with_ci(best)} × 10⁻³ nats/token",
         f"there: {int(best['n_users_improved'])} of {int(best['n_users'])} users improved, sign test "
         f"p = {best['sign_test_p']:.2g}, {bonferroni(best, points):.2g} after Bonferroni over the {points} points",
         f"{below + above} of {points} points have an interval excluding 0 ({below} below, {above} above)",
+    ]
+    if "others" in control.index:
+        facts.append(
+            f"there, against the global θ alone: own residual {delta_with_ci(control.loc['global+personal'])}, "
+            f"the others' mean residual {delta_with_ci(control.loc['others'])}"
+        )
+    facts += [
         f"there, against the frozen model: global θ {delta_with_ci(control.loc['global'])}, "
         f"personal θ {delta_with_ci(control.loc['personal'])}",
         f"base → personal, the best head: {point_label(best_personal)} {delta_with_ci(best_personal)}",
