@@ -16,7 +16,7 @@ from uph.lm.baselines import mixture_nll, unigram_interpolation
 from uph.lm.cache import UserStates
 from uph.lm.evaluate import HeldOut
 from uph.lm.fit import fit_theta
-from uph.lm.heads import HeadSettings, make_head
+from uph.lm.heads import HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings
 from uph.lm.sweep import FitConfig, FitJob, Point, cross_user, fit_user, others
@@ -202,3 +202,24 @@ def test_own_residual_beats_others_only_where_the_signal_is_personal(tmp_path):
     beyond_others = [own - others_nll for _, own, others_nll in shared.values()]
     assert max(beyond_global) < -0.02  # the residual 'helps beyond global' on every user
     assert abs(sum(beyond_others)) / len(shared) < 0.2 * abs(sum(beyond_global)) / len(shared)
+
+
+@pytest.mark.parametrize("name", ["svd_cvh", "svd_uncond", "full_bias"])
+def test_many_thetas_in_one_pass_score_as_one_at_a_time(planted, name):
+    """HeldOut.many against HeldOut per theta: a conditional head (one at a time), unconditional and
+    P = I heads (one pass for all), large and zero thetas among them."""
+    _, layer, _, tests, _ = planted
+    W = layer.W
+    if name == "full_bias":
+        head = full_bias_head(W)
+    else:
+        svd = torch.linalg.svd(W, full_matrices=False)
+        head = make_head(name, W, d=D, alpha=1.0, settings=HeadSettings.defaults(), svd=svd)
+    thetas = torch.randn(7, head.d, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    thetas[3] *= 400.0
+    thetas[5] = 0.0
+    held_out = HeldOut(tests["romeo"], head)
+    many, one = held_out.many(thetas), [held_out(theta) for theta in thetas]
+    for batched, alone in zip(many, one):
+        assert batched["nll"] == pytest.approx(alone["nll"], rel=1e-6, abs=1e-9)
+        assert batched["kl"] == pytest.approx(alone["kl"], rel=1e-5, abs=1e-7)

@@ -25,3 +25,21 @@ class HeldOut:
     def __call__(self, theta: torch.Tensor) -> dict:
         value = self.objective(theta, need_grad=False)
         return {"nll": value.ce, "kl": value.kl}
+
+    def many(self, thetas: torch.Tensor) -> list[dict]:
+        """The same for K thetas [K, d]. An unconditional head scores them all in one pass over the tokens
+        (Objective.log_partition_sums): nll_k = base_nll + (Σ_t log Z_t(theta_k) - Σ_t log Z_t(0)) / n -
+        theta_k · ybar, kl_k the same change less theta_k · mbar; a conditional head, and a theta the
+        batched pass cannot hold, one at a time."""
+        objective, thetas = self.objective, thetas.detach().double().cpu()
+        if objective.a is not None:
+            return [self(theta) for theta in thetas]
+        sums, safe = objective.log_partition_sums(thetas)
+        base = sum(float(log_z.sum(dtype=torch.float64)) for log_z in objective.log_z_base)
+        change = (sums - base) / objective.tokens.n
+        return [
+            {"nll": float(self.base_nll + l - theta @ objective.ybar), "kl": float(l - theta @ objective.mbar)}
+            if ok
+            else self(theta)
+            for theta, l, ok in zip(thetas, change, safe)
+        ]

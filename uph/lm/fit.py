@@ -175,6 +175,29 @@ class Objective:
                 grad += (a * expectation).sum(0, dtype=torch.float64)
         return log_z, grad.cpu() if need_grad else None
 
+    def log_partition_sums(self, thetas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unconditional heads only: Σ_t log Σ_v p0_tv exp(P_v · theta_k) [K] (float64, relative to p0's
+        per-token factor, as the log-partitions of one theta) for K thetas [K, d] in one pass over p0:
+        each theta tilts every token alike, so Z_t for all K is one [c, V] x [V, K] product per chunk
+        (in vocabulary blocks, summed across). Also which thetas it holds for [K] bool: False where a
+        partition sum underflows, which only the one-theta evaluation's exact log-space path takes.
+        (A conditional head's tilt differs per token: K thetas cost K times one, batched or not.)"""
+        if self.a is not None:
+            raise ValueError(
+                "log_partition_sums scores unconditional heads; a conditional head's thetas go one at a time"
+            )
+        thetas = thetas.to(self.device, self.dtype)
+        s = thetas.T if self.P is None else self.P @ thetas.T  # [V, K]
+        shift = s.amax(dim=0)
+        e = (s - shift).exp_()
+        sums = torch.zeros(len(thetas), dtype=torch.float64, device=self.device)
+        safe = torch.ones(len(thetas), dtype=torch.bool, device=self.device)
+        for _, p0 in self.tokens.probabilities():
+            z = sum(p.T @ e_v for p, e_v in zip(p0.split(VOCAB_BLOCK), e.split(VOCAB_BLOCK)))  # [c, K]
+            safe &= (z >= UNDERFLOW).all(dim=0)
+            sums += (z.log() + shift).sum(0, dtype=torch.float64)
+        return sums.cpu(), safe.cpu()
+
     def curvature(self) -> torch.Tensor:
         """diag ∇²J at the base p0 [d]: (1 + beta) mean_t a_t² ⊙ Var_{p0_t}(P) + 2 lam (the exact
         solver's first quasi-Newton model; one more [c, V]×[V, 2d] product per chunk)."""

@@ -328,14 +328,16 @@ def fit_shard(job: FitJob, thetas_g: dict, fit: FitConfig) -> tuple[pd.DataFrame
 
 def cross_user(job: FitJob, point: Point, theta_g: torch.Tensor, residuals: dict[str, torch.Tensor]) -> pd.DataFrame:
     """One row per (theta user u, text user v) at `point`: theta_g + u's residual theta on v's held-out
-    text, against theta_g alone; one text's held-out p0 in memory at a time."""
+    text, against theta_g alone; one text's held-out p0 in memory at a time, all thetas scored on it in
+    one pass (HeldOut.many)."""
     head, rows = job.heads[point], []
     for text_user, states in tqdm(job.users.items(), desc="cross_user", unit="text", mininterval=5):
         test = prepare(states.test_hidden, states.test_targets, job.layer, device=job.device)
         held_out = HeldOut(test, head)
         global_nll = held_out(theta_g)["nll"]
-        for theta_user, theta_r in residuals.items():
-            nll = held_out(theta_g + theta_r)["nll"]
+        scores = held_out.many(torch.stack([theta_g + theta_r for theta_r in residuals.values()]))
+        for theta_user, score in zip(residuals, scores):
+            nll = score["nll"]
             rows.append(
                 {
                     "theta_user": theta_user,
