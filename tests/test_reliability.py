@@ -63,6 +63,7 @@ STAGE_RULES = {
     "svd_basis",
     "fit",
     "fit_global",
+    "fit_others",
     "cross_user",
     "personalization_table",
     "copy_task_train",
@@ -165,6 +166,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
         "results/cache/shard-1.parquet",
         "results/fit/global.parquet",
         "results/fit/shard-*/*.parquet",
+        "results/fit/others.parquet",
         "results/fit/*/*/*/cross_user.parquet",
         "results/tables/personalization.*",
         "results/tables/dose_response.*",
@@ -181,6 +183,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
         "extract": 1,
         "fit_global": 1,
         "fit": 2,
+        "fit_others": 1,
         "cross_user": 1,
         "personalization_table": 1,
     }
@@ -193,6 +196,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     unfinished = {
         "fit": 2 - finished["fit"],
         "fit_global": 1 - finished["fit_global"],
+        "fit_others": 1,
         "cross_user": 1,
         "personalization_table": 1,
     }
@@ -739,7 +743,7 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 
 # Invalidation: a config change reruns exactly the jobs that depend on it (params and paths).
 
-LM_FITS = {"fit_global": 1, "fit": 2, "cross_user": 1, "personalization_table": 1}  # p0 once per user: all points
+LM_FITS = {"fit_global": 1, "fit": 2, "fit_others": 1, "cross_user": 1, "personalization_table": 1}  # every point
 LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}
 CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "model": (
@@ -756,7 +760,7 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "lm-head-update-gamma": (lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}), LM_FITS),
     "dose-response-sizes": (  # only the shard fits and the tables read them
         lambda c: c["fit"]["dose_response"].update(train_tokens=[256]),
-        {"fit": 2, "cross_user": 1, "personalization_table": 1},
+        {"fit": 2, "fit_others": 1, "cross_user": 1, "personalization_table": 1},
     ),
     "one-more-copy-seed": (lambda c: c["copy_task"]["seeds"].append(1), {"copy_task_train": 2, "copy_task_table": 1}),
     "feedback-sigma": (  # node perturbation's noise: only feedback_learned reads it

@@ -28,7 +28,16 @@ TEST_CLUSTER = [
     "--max-threads",
     "1",
 ]
-GPU_RULES = {"extract", "fit", "fit_global", "cross_user", "copy_task_train", "attention_train", "feedback_train"}
+GPU_RULES = {
+    "extract",
+    "fit",
+    "fit_global",
+    "fit_others",
+    "cross_user",
+    "copy_task_train",
+    "attention_train",
+    "feedback_train",
+}
 
 
 def slurm_profile() -> dict:

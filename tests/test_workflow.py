@@ -21,9 +21,9 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
     heads, baselines = table[table["alpha"].notna()], table[table["alpha"].isna()]
-    assert len(heads) == 5 * 1 * 1 * 2 * 3  # heads x alphas x ds x solvers x controls of config/test.yaml
-    assert set(heads["control"]) == {"global", "personal", "global+personal"}
-    assert set(heads.groupby("control")["reference"].unique().map(tuple)) == {("base",), ("global",)}
+    assert len(heads) == 5 * 1 * 1 * 2 * 5  # heads x alphas x ds x solvers x controls of config/test.yaml
+    assert set(heads["control"]) == {"global", "personal", "global+personal", "others", "own vs others"}
+    assert set(heads.groupby("control")["reference"].unique().map(tuple)) == {("base",), ("global",), ("others",)}
     assert sorted(zip(baselines["head"], baselines["solver"])) == [
         ("full_bias", "adam"),
         ("full_bias", "exact"),
