@@ -144,5 +144,6 @@ rule personalization_table:
     priority: LM_PRIORITY
     params:
         bootstrap=FIT["bootstrap"],
+        max_norm=FIT["max_norm"],
     script:
         "../workflow_scripts/fit_tables.py"

@@ -291,6 +291,11 @@ def test_the_personal_gain_is_the_own_residual_against_the_others():
         "there, against the global θ alone: own residual -1.00 (95 % CI -3.00 to +1.00), "
         "the others' mean residual -0.10 (95 % CI -2.10 to +1.90)"
     )
+    on_ball = table.assign(frac_on_ball=np.where(table["control"] == "personal", 1.0, 0.75))
+    facts = personalization_finding(study(personalization=on_ball, cross_user=no_cross()))
+    assert facts[4] == (
+        "there, on the ball of radius fit.max_norm: the global θ yes, personal θs 24 of 24 users, residual θs 18 of 24"
+    )
     personal = with_others(personalization_table(-0.004, -0.001), -0.0005, -0.0035, 0.0, -0.001)
     assert personal_beyond_global(study(personalization=personal, cross_user=no_cross())).answer == "yes"
 

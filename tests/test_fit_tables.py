@@ -33,6 +33,8 @@ def fits() -> pd.DataFrame:
             "personal_certificate": [1e-7, 3e-7, 2e-7],
             "residual_objective": [2.0, 2.0, 5.0],
             "residual_certificate": [1e-8, 1e-6, 1e-7],
+            "personal_theta_norm": [5.0, 4.0, 5.0],  # on the ball of radius 5: 2 of 3
+            "residual_theta_norm": [1.0, 2.0, 5.0 * (1 - 1e-8)],  # 1 of 3, to rounding
         }
     )
 
@@ -43,7 +45,7 @@ def others() -> pd.DataFrame:
 
 
 def global_fits() -> pd.DataFrame:
-    return pd.DataFrame([{**POINT, "fit_objective": 2.5, "fit_certificate": 4e-7}])
+    return pd.DataFrame([{**POINT, "fit_objective": 2.5, "fit_certificate": 4e-7, "fit_theta_norm": 5.0}])
 
 
 def baselines() -> pd.DataFrame:
@@ -68,6 +70,7 @@ def baselines() -> pd.DataFrame:
             "params_per_user": 100,
             "fit_objective": 1.0 + i,
             "fit_certificate": 1e-6 * (i + 1),
+            "fit_theta_norm": 5.0,
         }
         for i, u in enumerate(USERS)
     ]
@@ -75,17 +78,18 @@ def baselines() -> pd.DataFrame:
 
 
 def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines():
-    table = personalization_table("m", fits(), global_fits(), others(), baselines(), n_boot=200).set_index(
-        ["head", "control"]
-    )
+    table = personalization_table(
+        "m", fits(), global_fits(), others(), baselines(), n_boot=200, max_norm=5.0
+    ).set_index(["head", "control"])
     wiggle = np.array([0.0, 0.01, -0.02])
-    expected = {  # control: (arm - reference per user, mean KL, fit objective, worst certificate)
-        "global": (np.full(3, -0.1), 0.2, 2.5, 4e-7),
-        "personal": (-0.05 + wiggle, 0.2, 2.0, 3e-7),
-        "global+personal": (-0.1 + 2 * wiggle, 0.4, 3.0, 1e-6),
+    expected = {  # control: (arm - reference per user, mean KL, fit objective, worst certificate, on the ball)
+        "global": (np.full(3, -0.1), 0.2, 2.5, 4e-7, 1.0),
+        "personal": (-0.05 + wiggle, 0.2, 2.0, 3e-7, 2 / 3),
+        "global+personal": (-0.1 + 2 * wiggle, 0.4, 3.0, 1e-6, 1 / 3),
     }
-    for control, (delta, kl, objective, certificate) in expected.items():
+    for control, (delta, kl, objective, certificate, on_ball) in expected.items():
         row = table.loc[("cvh", control)]
+        assert row["frac_on_ball"] == pytest.approx(on_ball)
         assert row["delta_nll"] == pytest.approx(delta.mean())
         assert row["n_users_improved"] == (delta < 0).sum() and row["n_users"] == 3
         assert (row["kl"], row["fit_objective"], row["fit_certificate_max"]) == pytest.approx(
@@ -100,7 +104,9 @@ def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines
         (-0.05 + 3 * wiggle).mean()
     )
     assert math.isnan(own_vs_others["fit_objective"])
-    without = personalization_table("m", fits(), global_fits(), others().iloc[:0], baselines(), n_boot=200)
+    without = personalization_table(
+        "m", fits(), global_fits(), others().iloc[:0], baselines(), n_boot=200, max_norm=5.0
+    )
     assert "others" not in set(without["control"]) and len(without) == 5  # one user: no others control
     assert table.loc[("cvh", "global"), "base_nll"] == pytest.approx(3.0 + wiggle.mean())
     # baselines after the heads, sorted by name: no alpha or d; unigram has no fit columns
@@ -109,6 +115,7 @@ def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines
     assert bias["delta_nll"] == pytest.approx(-0.5) and bias["fit_objective"] == pytest.approx(2.0)
     assert bias["fit_certificate_max"] == pytest.approx(3e-6) and bias["params_per_user"] == 100
     assert unigram["delta_nll"] == pytest.approx(-0.9) and math.isnan(unigram["fit_objective"])
+    assert bias["frac_on_ball"] == 1.0 and math.isnan(unigram["frac_on_ball"])
     assert math.isnan(unigram["alpha"]) and math.isnan(unigram["d"]) and unigram["reference"] == "base"
 
 

@@ -25,6 +25,7 @@ with rule_logging(snakemake) as log:
         pd.read_parquet(snakemake.input.others),
         pd.concat(baselines.values()),
         n_boot,
+        snakemake.params.max_norm,
     )
     write_table(table, snakemake.output.personalization)
     log.info("personalization: %d rows", len(table))

@@ -40,12 +40,18 @@ class SolverSettings:
         return cls.from_config({**schema_defaults("fit"), **changes})
 
 
+def on_ball(norm, radius: float):
+    """Whether theta's norm (a float or an array of them) lies on the ball's sphere, to rounding: there
+    the constraint binds, and the radius, not the data, decides the fit."""
+    return norm >= radius * (1 - 1e-6)
+
+
 def projected_gradient_norm(theta: torch.Tensor, grad: torch.Tensor, radius: float) -> float:
     """‖grad‖ without the part the ball blocks: on the sphere an outward -grad is no descent.
     Zero exactly at the constrained minimizer (KKT: grad = -mu theta, mu >= 0)."""
     theta, grad = theta.double(), grad.double()
     norm = theta.norm()
-    if norm >= radius * (1 - 1e-6):
+    if on_ball(norm, radius):
         outward = theta / norm
         grad = grad - torch.clamp(grad @ outward, max=0) * outward
     return float(grad.norm())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from uph.lm.solvers import on_ball
 from uph.stats import compare
 
 KEYS = ["head", "alpha", "d", "solver"]
@@ -42,10 +43,12 @@ def personalization_table(
     others: pd.DataFrame,
     baselines: pd.DataFrame,
     n_boot: int,
+    max_norm: float,
 ) -> pd.DataFrame:
     """`fits`: the fit jobs' per-(user, point, solver) rows; `global_fits`: fit_global's rows; `others`:
     fit_others' per-(user, point, solver) others_nll (no rows with one user: no others controls);
-    `baselines`: the per-(user, baseline, solver) rows."""
+    `baselines`: the per-(user, baseline, solver) rows. A fitted row's frac_on_ball is the share of its
+    thetas on the ball of radius `max_norm` (fit.max_norm; the global row's one theta: 0 or 1)."""
     global_fits = global_fits.set_index(KEYS)
     fits = fits.assign(others_nll=np.nan) if others.empty else fits.merge(others, on=[*KEYS, "user"], how="left")
     rows = []
@@ -65,6 +68,11 @@ def personalization_table(
                     "fit_objective": fitted["fit_objective"] if prefix is None else users[f"{prefix}_objective"].mean(),
                     "fit_certificate_max": (
                         fitted["fit_certificate"] if prefix is None else users[f"{prefix}_certificate"].max()
+                    ),
+                    "frac_on_ball": float(
+                        on_ball(fitted["fit_theta_norm"], max_norm)
+                        if prefix is None
+                        else on_ball(users[f"{prefix}_theta_norm"], max_norm).mean()
                     ),
                 }
             )
@@ -96,6 +104,7 @@ def personalization_table(
                 "kl": np.nan,
                 "fit_objective": users["fit_objective"].mean() if fitted else np.nan,
                 "fit_certificate_max": users["fit_certificate"].max() if fitted else np.nan,
+                "frac_on_ball": on_ball(users["fit_theta_norm"], max_norm).mean() if fitted else np.nan,
             }
         )
     return pd.DataFrame(rows)

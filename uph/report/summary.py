@@ -75,6 +75,13 @@ def personalization_finding(study: Study) -> list[str]:
             f"there, against the global θ alone: own residual {delta_with_ci(control.loc['global+personal'])}, "
             f"the others' mean residual {delta_with_ci(control.loc['others'])}"
         )
+    if "frac_on_ball" in control:  # the ball binds: its radius (fit.max_norm), not the data, decides those fits
+        users = int(best["n_users"])
+        on_ball = {arm: round(control.loc[arm, "frac_on_ball"] * users) for arm in ("personal", "global+personal")}
+        facts.append(
+            f"there, on the ball of radius fit.max_norm: the global θ {'yes' if control.loc['global', 'frac_on_ball'] else 'no'}, "
+            f"personal θs {on_ball['personal']} of {users} users, residual θs {on_ball['global+personal']} of {users}"
+        )
     facts += [
         f"there, against the frozen model: global θ {delta_with_ci(control.loc['global'])}, "
         f"personal θ {delta_with_ci(control.loc['personal'])}",
