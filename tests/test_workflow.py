@@ -32,7 +32,7 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     assert (table["n_users"] == 4).all() and (heads["params_per_user"] == 8).all()
     numbers = heads.select_dtypes("number")
     controls = heads["control"].isin(["others", "own vs others"])  # comparisons of scores: no fit of their own
-    own_fit = ["kl", "fit_objective", "fit_certificate_max"]
+    own_fit = ["kl", "fit_objective", "fit_certificate_max", "frac_on_ball"]
     finite = numbers[~controls].abs().lt(float("inf")), numbers[controls].drop(columns=own_fit).abs().lt(float("inf"))
     assert all(frame.all().all() for frame in finite) and numbers[controls][own_fit].isna().all().all()
     assert (table["delta_nll_ci_low"] <= table["delta_nll"]).all()
