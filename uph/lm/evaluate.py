@@ -24,7 +24,7 @@ class HeldOut:
 
     def __call__(self, theta: torch.Tensor) -> dict:
         value = self.objective(theta, need_grad=False)
-        return {"nll": value.ce, "kl": value.kl}
+        return _scores(value.ce, value.kl)
 
     def many(self, thetas: torch.Tensor) -> list[dict]:
         """The same for K thetas [K, d]. An unconditional head scores them all in one pass over the tokens
@@ -38,8 +38,9 @@ class HeldOut:
         base = sum(float(log_z.sum(dtype=torch.float64)) for log_z in objective.log_z_base)
         change = (sums - base) / objective.tokens.n
         return [
-            {"nll": float(self.base_nll + l - theta @ objective.ybar), "kl": float(l - theta @ objective.mbar)}
-            if ok
-            else self(theta)
-            for theta, l, ok in zip(thetas, change, safe)
+            _scores(*objective.ce_kl(theta, l)) if ok else self(theta) for theta, l, ok in zip(thetas, change, safe)
         ]
+
+
+def _scores(ce, kl) -> dict:
+    return {"nll": float(ce), "kl": float(kl)}

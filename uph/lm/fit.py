@@ -213,6 +213,10 @@ class Objective:
             total += (self._a(i).square() * variance).sum(0, dtype=torch.float64)
         return ((1 + self.beta) * total / self.tokens.n + 2 * self.lam).cpu()
 
+    def ce_kl(self, theta: torch.Tensor, mean_l) -> tuple:
+        """CE and KL terms of J at `theta` from mean_t L_t, its mean log-partition change (module docstring)."""
+        return self.base_nll + mean_l - theta @ self.ybar, mean_l - theta @ self.mbar
+
     def __call__(self, theta: torch.Tensor, need_grad: bool = True) -> Value:
         """J at the residual `theta` (the whole theta without an offset)."""
         theta = theta.detach().double().cpu()
@@ -221,8 +225,7 @@ class Objective:
         else:  # the base itself: known from the pass in __init__
             log_z, grad = self.log_z_base, self.mbar * self.tokens.n
         mean_l = self._mean_change(log_z, self.log_z_base)
-        ce = self.base_nll + mean_l - theta @ self.ybar
-        kl = mean_l - theta @ self.mbar
+        ce, kl = self.ce_kl(theta, mean_l)
         objective = ce + self.beta * kl + self.lam * theta @ theta
         if need_grad:
             grad = (1 + self.beta) * grad / self.tokens.n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta

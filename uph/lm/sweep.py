@@ -366,10 +366,8 @@ def others(job: FitJob, thetas_g: dict, residuals: dict[tuple[Point, str], dict[
     rows = []
     for user, states in tqdm(job.users.items(), desc="others", unit="text", mininterval=5):
         test = prepare(states.test_hidden, states.test_targets, job.layer, device=job.device)
-        for point, head in job.heads.items():
-            held_out = HeldOut(test, head)
-            for (at, solver), thetas in residuals.items():
-                if at == point:
-                    theta = thetas_g[(point, solver)] + (totals[at, solver] - thetas[user]) / (len(thetas) - 1)
-                    rows.append({**point.columns, "solver": solver, "user": user, "others_nll": held_out(theta)["nll"]})
+        held_out = {point: HeldOut(test, head) for point, head in job.heads.items()}
+        for (point, solver), thetas in residuals.items():
+            theta = thetas_g[(point, solver)] + (totals[point, solver] - thetas[user]) / (len(thetas) - 1)
+            rows.append({**point.columns, "solver": solver, "user": user, "others_nll": held_out[point](theta)["nll"]})
     return pd.DataFrame(rows)

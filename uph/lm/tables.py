@@ -36,6 +36,18 @@ OTHERS = (  # control, its held-out NLL, the reference: the comparisons that rea
 CROSS_USER_COLUMNS = ["model", *KEYS, "theta_user", "text_user", "base_nll", "global_nll", "nll", "delta_nll"]
 
 
+def _comparison(model: str, point: dict, users: pd.DataFrame, control: str, arm: str, reference: str, n_boot: int):
+    """A row's comparison columns: the users' `arm` NLL against their `reference` NLL (uph.stats.compare)."""
+    return {
+        "model": model,
+        **point,
+        "control": control,
+        "reference": reference.removesuffix("_nll"),
+        **compare(users[arm], users[reference], n_boot=n_boot),
+        "params_per_user": point["d"],
+    }
+
+
 def personalization_table(
     model: str,
     fits: pd.DataFrame,
@@ -58,12 +70,7 @@ def personalization_table(
             fitted = global_fits.loc[key] if prefix is None else None
             rows.append(
                 {
-                    "model": model,
-                    **point,
-                    "control": control,
-                    "reference": reference.removesuffix("_nll"),
-                    **compare(users[arm], users[reference], n_boot=n_boot),
-                    "params_per_user": point["d"],
+                    **_comparison(model, point, users, control, arm, reference, n_boot),
                     "kl": users[kl].mean(),
                     "fit_objective": fitted["fit_objective"] if prefix is None else users[f"{prefix}_objective"].mean(),
                     "fit_certificate_max": (
@@ -77,17 +84,7 @@ def personalization_table(
                 }
             )
         if users["others_nll"].notna().all():
-            rows += [
-                {
-                    "model": model,
-                    **point,
-                    "control": control,
-                    "reference": reference.removesuffix("_nll"),
-                    **compare(users[arm], users[reference], n_boot=n_boot),
-                    "params_per_user": point["d"],
-                }
-                for control, arm, reference in OTHERS
-            ]
+            rows += [_comparison(model, point, users, *control, n_boot) for control in OTHERS]
     for (baseline, solver), users in baselines.groupby(["baseline", "solver"], sort=True):
         fitted = "fit_objective" in users and users["fit_objective"].notna().any()
         rows.append(
