@@ -278,12 +278,17 @@ def gram_resilience(study: Study) -> Answer:
     )
 
 
+def attention_rows(study: Study, task: str) -> pd.DataFrame:
+    """The attention study's test rows of `task` (empty when it did not run)."""
+    return study.attention[study.attention["task"] == task] if study.attention is not None else pd.DataFrame()
+
+
 def _attention_at_train_length(study: Study, task: str) -> pd.DataFrame:
     """The attention study's test rows of `task` at the training length, of one model: residual when it
     ran, else the first (empty when the task did not run)."""
-    if study.attention is None:
-        return pd.DataFrame()
-    table = study.attention[(study.attention["task"] == task)]
+    table = attention_rows(study, task)
+    if table.empty:
+        return table
     table = table[table["eval_len"] == table["train_len"]]
     models = sorted(table["model"].unique())
     return table[table["model"] == ("residual" if "residual" in models else models[0])] if models else table

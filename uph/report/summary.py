@@ -20,6 +20,7 @@ from uph.report.answers import (
     Answer,
     answers_markdown,
     at_point,
+    attention_rows,
     best_beyond_global,
     bonferroni,
     cross_user_at_headline,
@@ -211,10 +212,6 @@ def _attention_cells(table: pd.DataFrame, metric: str = "token_acc") -> str:
     )
 
 
-def _attention_task(study: Study, task: str) -> pd.DataFrame:
-    return study.attention[study.attention["task"] == task] if study.attention is not None else pd.DataFrame()
-
-
 def _lengths(table: pd.DataFrame) -> list[str]:
     """Test token accuracy at the training length, the chosen lrs, and at every longer length."""
     train_len = table["train_len"].iloc[0]
@@ -246,7 +243,7 @@ def _solved(table: pd.DataFrame, threshold: float = 0.95) -> list[str]:
 
 
 def attention_offset_copy_finding(study: Study) -> list[str]:
-    table = _attention_task(study, "offset_copy")
+    table = attention_rows(study, "offset_copy")
     if table.empty:
         return ["not run (attention.tasks)"]
     return _lengths(table) + _solved(table)
@@ -262,14 +259,14 @@ def _levels(table: pd.DataFrame, name: str) -> list[str]:
 
 
 def attention_loud_copy_finding(study: Study) -> list[str]:
-    table = _attention_task(study, "loud_copy")
+    table = attention_rows(study, "loud_copy")
     if table.empty:
         return ["not run (attention.tasks)"]
     return _levels(table, "loudness m") + _lengths(table)
 
 
 def attention_mqar_finding(study: Study) -> list[str]:
-    table = _attention_task(study, "mqar")
+    table = attention_rows(study, "mqar")
     if table.empty:
         return ["not run (attention.tasks)"]
     return _levels(table, "pairs") + _lengths(table) + _solved(table)
