@@ -137,8 +137,8 @@ def main() -> None:
         start, cpu = time.perf_counter(), time.process_time()
         tokens = prepare(hidden, targets, layer)
         prepared = time.perf_counter() - start
-        settings = SolverSettings.defaults(beta=beta, lam=lam, max_norm=max_norm, lr=lr, steps=steps)
-        theta, result = fit_theta(tokens, head, solver, settings)
+        settings = SolverSettings.defaults(beta=beta, lam=lam, clip_norm=max_norm, lr=lr, steps=steps)
+        theta, result = fit_theta(tokens, head, solver, settings, radius=max_norm)
         return theta, result, prepared, time.perf_counter() - start, time.process_time() - cpu, tokens.base_nll
 
     runs = {}

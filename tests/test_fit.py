@@ -13,11 +13,11 @@ from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 
 import uph.lm.solvers
 from uph.errors import ConfigError, FitDivergedError
-from uph.lm.fit import Objective, fit_theta
+from uph.lm.fit import Objective, fit_path, fit_theta
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings, projected_gradient_norm
-from uph.lm.tokens import pool, prepare
+from uph.lm.tokens import pool, prepare, validation_split
 
 D = 8
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
@@ -139,9 +139,8 @@ def test_adam_solver_reproduces_seed_002(lm, name, max_norm):
     h, y, W, b, svd = lm
     head = make_head(name, W, d=D, alpha=2.0, settings=HEAD_SETTINGS, svd=svd, bias=b)
     expected = seed_002_written_out(h, y, W, b, head, D, max_norm=max_norm)
-    theta, result = fit_theta(
-        prepare(h, y, OutputLayer(W, b)), head, "adam", SolverSettings.defaults(max_norm=max_norm)
-    )
+    settings = SolverSettings.defaults(clip_norm=max_norm)
+    theta, result = fit_theta(prepare(h, y, OutputLayer(W, b)), head, "adam", settings, radius=max_norm)
     torch.testing.assert_close(theta, expected, rtol=1e-8, atol=1e-10)
     assert (result.iterations, result.evaluations) == (30, 31)
 
@@ -151,14 +150,14 @@ def test_exact_solver_certifies_an_optimum_no_worse_than_adam(lm, name, max_norm
     h, y, W, b, svd = lm
     tokens = prepare(h, y, OutputLayer(W, b))
     head = make_head(name, W, d=D, alpha=2.0, settings=HEAD_SETTINGS, svd=svd, bias=b)
-    settings = SolverSettings.defaults(max_norm=max_norm, tol=1e-7)
-    _, adam = fit_theta(tokens, head, "adam", settings)
-    theta, exact = fit_theta(tokens, head, "exact", settings)
+    settings = SolverSettings.defaults(clip_norm=max_norm, tol=1e-7)
+    _, adam = fit_theta(tokens, head, "adam", settings, radius=max_norm)
+    theta, exact = fit_theta(tokens, head, "exact", settings, radius=max_norm)
     assert exact.objective <= adam.objective and exact.certificate <= 1e-7 < adam.certificate
     assert exact.theta_norm <= max_norm * (1 + 1e-12)
-    # unique optimum: the large-d solver (spectral projected gradient, no d×d model) lands on the same point
+    # unique optimum: the large-d solver (L-BFGS and projected gradient, no d×d model) lands on the same point
     monkeypatch.setattr(uph.lm.solvers, "DENSE_MAX_D", 0)
-    again, spg = fit_theta(tokens, head, "exact", settings)
+    again, spg = fit_theta(tokens, head, "exact", settings, radius=max_norm)
     assert spg.certificate <= 1e-7
     torch.testing.assert_close(again, theta, rtol=0, atol=1e-4)
     if max_norm < 1:  # the ball binds: KKT says the gradient points straight back inside
@@ -318,3 +317,37 @@ def test_softcapped_logits_are_the_base(lm):
     assert prepare(h, y, layer).base_nll == pytest.approx(float(F.cross_entropy(capped, y)), rel=1e-12)
     # float64 to rounding: F.linear's fused bias and matmul-then-add round differently on some CPUs (AMD EPYC: 1e-14)
     torch.testing.assert_close(layer.logits(h), capped, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", ["svd_cvh", "full_bias"])
+def test_a_warm_path_lands_where_each_ball_fitted_alone_lands(lm, name):
+    """fit_path walks the radii warm (the last ball's theta and BFGS model); J is convex, so every ball's
+    theta is the cold fit's, to the certificate. Past the unconstrained minimizer a ball costs nothing."""
+    h, y, W, b, svd = lm
+    tokens = prepare(h, y, OutputLayer(W, b))
+    head = (
+        full_bias_head(W, b)
+        if name == "full_bias"
+        else make_head(name, W, d=D, alpha=2.0, settings=HEAD_SETTINGS, svd=svd, bias=b)
+    )
+    settings, radii = SolverSettings.defaults(tol=1e-7, lam=0.05), [0.1, 0.5, 2.0, 1e3, 1e4]
+    path = fit_path(tokens, head, "exact", settings, radii)
+    for (theta, result), radius in zip(path, radii):
+        alone, cold = fit_theta(tokens, head, "exact", settings, radius)
+        assert result.radius == radius and result.certificate <= 1e-7 and theta.norm() <= radius * (1 + 1e-12)
+        assert result.objective == pytest.approx(cold.objective, abs=1e-10)
+        torch.testing.assert_close(theta, alone, rtol=0, atol=1e-4)
+    assert path[3][1].theta_norm < 1e3 and path[4][1].evaluations == 0  # lam binds first: the last ball is free
+    with pytest.raises(ValueError, match="a path of radii goes up"):
+        fit_path(tokens, head, "exact", settings, [2.0, 1.0])
+
+
+def test_the_validation_part_follows_the_fit_part_after_the_gap(lm):
+    h, y, W, b, _ = lm
+    tokens = prepare(h, y, OutputLayer(W, b), chunk=64)
+    fit_part, validation = validation_split(tokens, 0.2, gap=10)
+    assert (fit_part.n, validation.n) == (300 - 60 - 10, 60)
+    targets = torch.cat([c.targets for c in validation.chunks])
+    assert torch.equal(torch.cat([c.targets for c in fit_part.chunks]), y[:230]) and torch.equal(targets, y[240:])
+    with pytest.raises(ValueError, match="leave no fit part"):
+        validation_split(tokens, 0.5, gap=150)

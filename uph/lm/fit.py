@@ -4,7 +4,7 @@ For tokens t = 1..n with base logits z0_t = OutputLayer.logits(h_t) (the model's
 uph.lm.models) and head logits z_t = z0_t + P u_t, where u_t = theta ⊙ a_t (a_t = A h_t for
 conditional heads, a_t = 1 otherwise; see uph.lm.heads):
 
-    J(theta) = mean_t [CE(z_t, y_t) + beta KL(p0_t ‖ p_t)] + lam ‖theta‖²   over ‖theta‖ <= max_norm.
+    J(theta) = mean_t [CE(z_t, y_t) + beta KL(p0_t ‖ p_t)] + lam ‖theta‖²   over ‖theta‖ <= radius.
 
 Both terms need only the change of log-partition L_t = log Σ_v p0_tv exp(P_v · u_t):
 
@@ -44,13 +44,14 @@ import torch
 
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
-from uph.lm.solvers import SOLVERS, SolverSettings, minimize, projected_gradient_norm
+from uph.lm.solvers import DENSE_MAX_D, SOLVERS, SolverSettings, minimize, projected_gradient_norm
 from uph.lm.tokens import Chunk, Tokens, base_logits
 
 VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
 EXP_SAFE = 60.0  # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
 UNDERFLOW = 1e-30  # a fast-path partition sum below this is recomputed exactly in log space
 LOG2E = 1.4426950408889634
+SEED_RADIUS = 5.0  # seed 002's ball (its max_norm); the study chooses its radius on validation (uph.lm.capacity)
 
 
 @dataclass
@@ -235,6 +236,7 @@ class Objective:
 @dataclass
 class FitResult:
     solver: str
+    radius: float  # of the ball theta was fitted in
     objective: float
     ce: float
     kl: float
@@ -253,16 +255,37 @@ def fit_theta(
     head: Head,
     solver: str,
     settings: SolverSettings,
+    radius: float = SEED_RADIUS,
     offset: torch.Tensor | None = None,
     user: str = "?",
     label: str = "?",
 ) -> tuple[torch.Tensor, FitResult]:
-    """Fit theta [d] for `head` on `tokens` (one user's train split, or `pool(...)` of all); with
-    `offset`, the residual theta on top of that fixed one (module docstring).
+    """Fit theta [d] over the ball of `radius` for `head` on `tokens` (one user's train split, or
+    `pool(...)` of all); with `offset`, the residual theta on top of that fixed one (module docstring).
 
     A NaN or inf raises FitDivergedError naming `user` and `label` (the sweep point)."""
+    return fit_path(tokens, head, solver, settings, [radius], offset, user, label)[0]
+
+
+def fit_path(
+    tokens: Tokens,
+    head: Head,
+    solver: str,
+    settings: SolverSettings,
+    radii,
+    offset: torch.Tensor | None = None,
+    user: str = "?",
+    label: str = "?",
+) -> list[tuple[torch.Tensor, FitResult]]:
+    """fit_theta at every radius of `radii` (ascending), on one Objective (p0's passes for a, ybar, mbar
+    and the curvature once for the whole path). exact walks the path warm: each ball starts from the
+    last ball's theta and BFGS model, and a theta strictly inside its ball with its certificate met is
+    the unconstrained minimizer, so every larger ball's too (no evaluation). adam runs seed 002's
+    schedule from zero in every ball, as a fit on its own would."""
     if solver not in SOLVERS:
         raise ConfigError(f"config key 'fit.solvers': unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
+    if list(radii) != sorted(radii):
+        raise ValueError(f"a path of radii goes up: {list(radii)}")
     start = time.perf_counter()
     objective = Objective(tokens, head, settings.beta, settings.lam, offset)
     evaluations = 0
@@ -279,19 +302,33 @@ def fit_theta(
             raise FitDivergedError(
                 f"fit of user '{user}' ({label}, solver {solver}) diverged at iteration "
                 f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "
-                "lower config key 'fit.alphas' or 'fit.max_norm'"
+                "lower config key 'fit.alphas' or 'fit.radii'"
             )
         return value
 
-    theta, iterations, value = minimize(solver, evaluate, head.d, objective.dtype, settings, objective.curvature)
-    return theta, FitResult(
-        solver,
-        value.objective,
-        value.ce,
-        value.kl,
-        projected_gradient_norm(theta, value.grad, settings.max_norm),
-        iterations,
-        evaluations,
-        time.perf_counter() - start,
-        float(theta.norm()),
-    )
+    path, theta, hessian, value = [], torch.zeros(head.d, dtype=objective.dtype), None, None
+    for radius in radii:
+        certified = value is not None and solver == "exact"
+        if not (certified and projected_gradient_norm(theta, value.grad, radius) <= settings.tol):
+            if hessian is None and solver == "exact" and head.d <= DENSE_MAX_D:
+                hessian = torch.diag(objective.curvature())
+            solution = minimize(solver, evaluate, theta, radius, settings, hessian)
+            theta, value, hessian, iterations = solution.theta, solution.value, solution.hessian, solution.iterations
+        else:
+            iterations = 0
+        seconds, start = time.perf_counter() - start, time.perf_counter()
+        result = FitResult(
+            solver,
+            float(radius),
+            value.objective,
+            value.ce,
+            value.kl,
+            projected_gradient_norm(theta, value.grad, radius),
+            iterations,
+            evaluations,
+            seconds,
+            float(theta.norm()),
+        )
+        path.append((theta, result))
+        evaluations = 0
+    return path

@@ -1,9 +1,11 @@
-"""Solvers: "adam" is seed 002's schedule (Adam from zero, gradient-norm clipping at max_norm, then
-projection onto the ball of radius max_norm; `steps` steps at `lr`); "exact" stops when the
-projected-gradient norm, reported as `certificate`, is <= tol: up to d = DENSE_MAX_D a projected
-quasi-Newton method (a BFGS model, started from the Hessian diagonal at the base, minimized
-exactly over the ball; Armijo backtracking), beyond it the spectral projected gradient method
-(Barzilai-Borwein steps, non-monotone Armijo; no d×d matrix).
+"""Solvers over the ball ‖theta‖ <= radius (the capacity knob, uph.lm.capacity): "adam" is seed 002's
+schedule (Adam from zero, gradient-norm clipping at clip_norm, then projection onto the ball; `steps`
+steps at `lr`); "exact" stops when the projected-gradient norm, reported as `certificate`, is <= tol:
+up to d = DENSE_MAX_D a projected quasi-Newton method (a BFGS model, started from the Hessian diagonal
+at the base or handed on from a smaller ball, minimized exactly over the ball; Armijo backtracking),
+beyond it limited-memory BFGS inside the ball and the spectral projected gradient method on it
+(Barzilai-Borwein steps, non-monotone Armijo; no d×d matrix). The exact solver may start anywhere in the ball (a warm start along a path of radii): J is
+convex, so where it starts changes only how long it takes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class SolverSettings:
 
     beta: float
     lam: float
-    max_norm: float
+    clip_norm: float
     lr: float
     steps: int
     tol: float
@@ -62,30 +64,37 @@ def project(theta: torch.Tensor, radius: float) -> torch.Tensor:
     return theta * (radius / norm) if norm > radius else theta
 
 
-def minimize(solver: str, evaluate, d: int, dtype: torch.dtype, settings: SolverSettings, curvature):
-    """(theta, iterations, last Value) minimizing J over the ball of radius settings.max_norm from theta = 0:
-    `evaluate(theta, iteration)` is J's Value with its gradient, `curvature()` J's Hessian diagonal at 0
-    (the exact solver's first BFGS model up to d = DENSE_MAX_D); adam runs in `dtype`, exact in float64."""
-    theta, radius = torch.zeros(d, dtype=torch.float64), settings.max_norm
+@dataclass
+class Solution:
+    theta: torch.Tensor
+    iterations: int
+    value: object  # uph.lm.fit.Value at theta
+    hessian: torch.Tensor | None  # the exact solver's last BFGS model (d <= DENSE_MAX_D), to start the next ball
+
+
+def minimize(solver: str, evaluate, start: torch.Tensor, radius: float, settings: SolverSettings, hessian) -> Solution:
+    """Minimize J over the ball of `radius`: `evaluate(theta, iteration)` is J's Value with its gradient.
+    adam runs seed 002's schedule from zero in `start`'s dtype; exact starts at `start` (float64) with
+    the BFGS model `hessian` (up to d = DENSE_MAX_D)."""
     if solver == "adam":
-        theta = _adam(evaluate, theta.to(dtype), settings.lr, settings.steps, radius)
-        return theta, settings.steps, evaluate(theta, settings.steps)
-    if d <= DENSE_MAX_D:
-        B = torch.diag(curvature())
-        return _projected_bfgs(evaluate, theta, B, radius, settings.tol, settings.max_iter)
-    return _spectral_projected_gradient(evaluate, theta, radius, settings.tol, settings.max_iter)
+        theta = _adam(evaluate, torch.zeros_like(start), settings.lr, settings.steps, settings.clip_norm, radius)
+        return Solution(theta, settings.steps, evaluate(theta, settings.steps), None)
+    theta = project(start.double(), radius)
+    if len(theta) <= DENSE_MAX_D:
+        return _projected_bfgs(evaluate, theta, hessian, radius, settings.tol, settings.max_iter)
+    return Solution(*_projected_lbfgs(evaluate, theta, radius, settings.tol, settings.max_iter), None)
 
 
-def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, max_norm: float) -> torch.Tensor:
-    """Seed 002: Adam on J, the gradient clipped to norm max_norm, theta projected onto the ball."""
+def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, clip_norm: float, radius: float) -> torch.Tensor:
+    """Seed 002: Adam on J, the gradient clipped to norm clip_norm, theta projected onto the ball."""
     theta = theta.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([theta], lr=lr)
     for step in range(steps):
         theta.grad = evaluate(theta.detach(), step).grad.to(theta.dtype)
-        torch.nn.utils.clip_grad_norm_([theta], max_norm=max_norm)
+        torch.nn.utils.clip_grad_norm_([theta], max_norm=clip_norm)
         optimizer.step()
         with torch.no_grad():
-            theta.copy_(project(theta, max_norm))
+            theta.copy_(project(theta, radius))
     return theta.detach()
 
 
@@ -96,24 +105,24 @@ def _projected_bfgs(evaluate, theta: torch.Tensor, B: torch.Tensor, radius: floa
     value = evaluate(theta, 0)
     for iteration in range(max_iter):
         if projected_gradient_norm(theta, value.grad, radius) <= tol:
-            return theta, iteration, value
+            return Solution(theta, iteration, value, B)
         step = _ball_model_minimizer(theta, value.grad, B, radius) - theta
         slope, t = float(value.grad @ step), 1.0
         if slope >= 0:
-            return theta, iteration, value
+            return Solution(theta, iteration, value, B)
         for _ in range(20):  # t >= 2^-19: a step cut further is lost in the float noise floor
             trial = evaluate(theta + t * step, iteration + 1)
             if trial.objective <= value.objective + 1e-4 * t * slope:
                 break
             t /= 2
         else:
-            return theta, iteration, value
+            return Solution(theta, iteration, value, B)
         s, y = t * step, trial.grad - value.grad
         if float(s @ y) > 1e-12 * float(s.norm() * y.norm()):
             Bs = B @ s
             B = B - torch.outer(Bs, Bs) / (s @ Bs) + torch.outer(y, y) / (s @ y)
         theta, value = theta + s, trial
-    return theta, max_iter, value
+    return Solution(theta, max_iter, value, B)
 
 
 def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
@@ -136,28 +145,46 @@ def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
     return x(high)
 
 
-def _spectral_projected_gradient(evaluate, theta: torch.Tensor, radius: float, tol: float, max_iter: int):
-    """Birgin, Martínez and Raydan's SPG over the ball: x+ = proj(x - lambda g) with the
-    Barzilai-Borwein step lambda = s·s / s·y, then Armijo backtracking against the largest of the
-    last 10 objectives (non-monotone). Memory O(d): the exact solver for large d."""
-    value, history, step = evaluate(theta, 0), [], 1.0
+def _projected_lbfgs(evaluate, theta: torch.Tensor, radius: float, tol: float, max_iter: int, memory: int = 10):
+    """Limited-memory BFGS inside the ball, spectral projected gradient on it. Each iteration takes the
+    two-loop direction d from the last `memory` pairs (s, y) when x + d stays in the ball; else the
+    Barzilai-Borwein projected gradient step proj(x - lambda g) - x, lambda = s·s / s·y of the last pair
+    (Birgin, Martínez and Raydan's SPG, which binding balls suit). Then Armijo backtracking against the
+    largest of the last 10 objectives (non-monotone; the step is feasible: the ball is convex). Memory
+    O(memory d): the exact solver for large d (the full bias, whose curvatures span four decades, where
+    gradient steps alone crawl once the ball lets go)."""
+    value, pairs, history = evaluate(theta, 0), [], []
     for iteration in range(max_iter):
-        if projected_gradient_norm(theta, value.grad, radius) <= tol:
+        grad = value.grad
+        if projected_gradient_norm(theta, grad, radius) <= tol:
             return theta, iteration, value
         history = [*history[-9:], value.objective]
-        direction = project(theta - step * value.grad, radius) - theta
-        slope, t = float(value.grad @ direction), 1.0
+        step = None
+        if pairs:
+            q, alphas = grad.clone(), []
+            for s, y, rho in reversed(pairs):
+                alphas.append(rho * float(s @ q))
+                q -= alphas[-1] * y
+            q *= float(pairs[-1][0] @ pairs[-1][1]) / float(pairs[-1][1] @ pairs[-1][1])
+            for (s, y, rho), alpha in zip(pairs, reversed(alphas)):
+                q += (alpha - rho * float(y @ q)) * s
+            if (theta - q).norm() <= radius:
+                step = -q
+        if step is None or float(grad @ step) >= 0:
+            bb = float(pairs[-1][0] @ pairs[-1][0]) * pairs[-1][2] if pairs else 1.0
+            step = project(theta - min(max(bb, 1e-10), 1e10) * grad, radius) - theta
+        slope, t = float(grad @ step), 1.0
         if slope >= 0:
             return theta, iteration, value
         for _ in range(20):
-            trial = evaluate(theta + t * direction, iteration + 1)
+            trial = evaluate(theta + t * step, iteration + 1)
             if trial.objective <= max(history) + 1e-4 * t * slope:
                 break
             t /= 2
         else:
             return theta, iteration, value
-        s, y = t * direction, trial.grad - value.grad
-        sy = float(s @ y)
-        step = min(max(float(s @ s) / sy, 1e-10), 1e10) if sy > 0 else 1e10
+        s, y = t * step, trial.grad - grad
+        if float(s @ y) > 1e-12 * float(s.norm() * y.norm()):
+            pairs = [*pairs[-(memory - 1) :], (s, y, 1.0 / float(s @ y))]
         theta, value = theta + s, trial
     return theta, max_iter, value

@@ -3,6 +3,7 @@ and cached within a memory budget; the fit objective (uph.lm.fit) and the evalua
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,15 +51,35 @@ class Tokens:
 
     def prefix(self, n: int) -> Tokens:
         """The first n tokens (views of the same chunks and caches)."""
-        chunks, left = [], n
+        return self.slice(0, n)
+
+    def slice(self, start: int, stop: int) -> Tokens:
+        """Tokens start..stop-1 (views of the same chunks and caches)."""
+        chunks, offset = [], 0
         for chunk in self.chunks:
-            if left <= 0:
-                break
-            k = min(left, len(chunk.targets))
-            p0 = None if chunk.p0 is None else chunk.p0[:, :k]
-            chunks.append(Chunk(chunk.hidden[:k], chunk.targets[:k], chunk.nll0[:k], p0))
-            left -= k
+            c = len(chunk.targets)
+            a, b = max(start - offset, 0), min(stop - offset, c)
+            if a < b:
+                p0 = None if chunk.p0 is None else chunk.p0[:, a:b]
+                chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0))
+            offset += c
         return Tokens(chunks, self.layer)
+
+
+def validation_split(train: Tokens, fraction: float, gap: int) -> tuple[Tokens, Tokens]:
+    """(fit part, validation part) of a user's train tokens, split in time as train and test are: the
+    last ceil(fraction n) tokens validate, and the `gap` tokens before them (extract.context: a window's
+    worth) belong to neither, so no validation token's context window holds the fit part's last targets."""
+    fit_end, start = split_lengths(train.n, fraction, gap)
+    return train.prefix(fit_end), train.slice(start, train.n)
+
+
+def split_lengths(n: int, fraction: float, gap: int) -> tuple[int, int]:
+    """(end of the fit part, start of the validation part) of n train tokens (validation_split)."""
+    start = n - math.ceil(fraction * n)
+    if start - gap < 1:
+        raise ValueError(f"{n} train tokens leave no fit part before a gap of {gap} and {n - start} validation tokens")
+    return start - gap, start
 
 
 def base_logits(hidden: torch.Tensor, layer: OutputLayer) -> torch.Tensor:
