@@ -9,6 +9,7 @@ from uph.config import (
     FEEDBACK_METHOD_KEYS,
     FIT_GLOBAL_KEYS,
     FIT_SHARD_KEYS,
+    FIT_VALIDATE_KEYS,
     check_against_model,
     check_context,
     check_results_folder,
@@ -62,7 +63,7 @@ SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")  # one sweep poi
 
 
 def fit_shard_paths(name):
-    """`name` (fits, dose or baselines .parquet) of every shard's fit job."""
+    """`name` (validation, fits or dose .parquet) of every shard's validate or fit job."""
     return expand(f"{FIT_SHARD}/{name}", shard=range(config["extract"]["shards"]))
 
 
@@ -95,6 +96,7 @@ def attention_targets():
 # Params: exactly what a job's outputs depend on (uph.config.job_params), so a config change reruns
 # exactly the jobs it affects; inputs cover files the config names.
 FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
+FIT_VALIDATE = job_params(FIT, FIT_VALIDATE_KEYS)
 FIT_USERS = job_params(FIT, FIT_SHARD_KEYS)
 FIT_HEADS = job_params(FIT, HEAD_KEYS)
 FIT_SWEEP = job_params(FIT, SWEEP_KEYS)
@@ -128,7 +130,7 @@ def model_folder_files():
 
 
 def lm_targets():
-    return [results("tables", f"{name}.csv") for name in ("personalization", "dose_response", "cross_user")]
+    return [results("tables", f"{name}.csv") for name in ("personalization", "capacity", "dose_response", "cross_user")]
 
 
 def copy_task_targets():

@@ -1,8 +1,11 @@
-# Fit: the personalization study on the cache. fit_global fits the global theta of every sweep point and
-# solver on the pooled users; one fit job per shard fits each of its users' personal and residual thetas at
-# every point (p0 computed once per user), the dose-response and the baselines; fit_others scores each
-# user's text with the mean of the other users' residual thetas (the control a personal gain must beat);
-# cross_user scores the residual thetas on every user's text at the listed points; the tables follow.
+# Fit: the personalization study on the cache, every method at its capacity chosen on validation
+# (uph.lm.capacity). fit_global walks the global theta's path of radii on the pooled users' fit parts,
+# chooses on their validation parts and refits; one validate job per shard walks its users' personal and
+# residual paths (p0 computed once per user); capacity chooses every arm's radius (and unigram lambda)
+# from all of them; one fit job per shard refits each arm at its choice on all train tokens and scores it
+# on test; fit_others scores each user's text with the mean of the other users' residual thetas (the
+# control a personal gain must beat); cross_user scores the residual thetas on every user's text at the
+# listed points; the tables follow.
 wildcard_constraints:
     head="|".join(FIT["heads"]),
     alpha=r"[0-9.e+-]+",
@@ -17,7 +20,9 @@ rule fit_global:
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
-        results("fit", "global.parquet"),
+        thetas=results("fit", "global.parquet"),
+        validation=results("fit", "global-validation.parquet"),
+        unigram=results("fit", "unigram.parquet"),
     log:
         results("logs", "fit", "global.log"),
     benchmark:
@@ -35,9 +40,51 @@ rule fit_global:
         "../workflow_scripts/fit_global.py"
 
 
+rule validate:
+    input:
+        global_fit=rules.fit_global.output.thetas,
+        unigram=rules.fit_global.output.unigram,
+        shard=results("cache", "shard-{shard}.parquet"),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        f"{FIT_SHARD}/validation.parquet",
+    log:
+        results("logs", "fit", "validate-shard-{shard}.log"),
+    benchmark:
+        results("benchmarks", "fit-validate-shard~{shard}.tsv")
+    priority: LM_PRIORITY
+    threads: 1
+    resources:
+        mem_mb=6000,
+        gpu=gpus(),
+    params:
+        fit=FIT_VALIDATE,
+        cache=CACHE_IDENTITY,
+        device=config["device"],
+    script:
+        "../workflow_scripts/fit_validate.py"
+
+
+rule capacity:
+    input:
+        global_validation=rules.fit_global.output.validation,
+        validation=fit_shard_paths("validation.parquet"),
+    output:
+        results("fit", "capacity.parquet"),
+    log:
+        results("logs", "fit", "capacity.log"),
+    priority: LM_PRIORITY
+    script:
+        "../workflow_scripts/fit_capacity.py"
+
+
 rule fit:
     input:
-        global_fit=rules.fit_global.output[0],
+        global_fit=rules.fit_global.output.thetas,
+        unigram=rules.fit_global.output.unigram,
+        capacity=rules.capacity.output[0],
         shard=results("cache", "shard-{shard}.parquet"),
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
@@ -45,7 +92,6 @@ rule fit:
     output:
         fits=f"{FIT_SHARD}/fits.parquet",
         dose=f"{FIT_SHARD}/dose.parquet",
-        baselines=f"{FIT_SHARD}/baselines.parquet",
     log:
         results("logs", "fit", "shard-{shard}.log"),
     benchmark:
@@ -65,7 +111,7 @@ rule fit:
 
 rule cross_user:
     input:
-        global_fit=rules.fit_global.output[0],
+        global_fit=rules.fit_global.output.thetas,
         fits=fit_shard_paths("fits.parquet"),
         shards=shard_paths(),
         users=rules.corpus.output.users,
@@ -92,7 +138,7 @@ rule cross_user:
 
 rule fit_others:
     input:
-        global_fit=rules.fit_global.output[0],
+        global_fit=rules.fit_global.output.thetas,
         fits=fit_shard_paths("fits.parquet"),
         shards=shard_paths(),
         users=rules.corpus.output.users,
@@ -118,11 +164,12 @@ rule fit_others:
 
 rule personalization_table:
     input:
-        global_fit=rules.fit_global.output[0],
+        global_fit=rules.fit_global.output.thetas,
         fits=fit_shard_paths("fits.parquet"),
         others=rules.fit_others.output[0],
         dose=fit_shard_paths("dose.parquet"),
-        baselines=fit_shard_paths("baselines.parquet"),
+        validation=[rules.fit_global.output.validation, *fit_shard_paths("validation.parquet")],
+        capacity=rules.capacity.output[0],
         cross_user=cross_user_paths(),
         model=rules.model.output.identity,
     output:
@@ -130,6 +177,9 @@ rule personalization_table:
             results("tables", "personalization.csv"),
             caption="../report/personalization.rst",
             category="User prior heads",
+        ),
+        capacity=report(
+            results("tables", "capacity.csv"), caption="../report/capacity.rst", category="User prior heads"
         ),
         dose_response=report(
             results("tables", "dose_response.csv"), caption="../report/dose_response.rst", category="User prior heads"
@@ -144,6 +194,5 @@ rule personalization_table:
     priority: LM_PRIORITY
     params:
         bootstrap=FIT["bootstrap"],
-        max_norm=FIT["max_norm"],
     script:
         "../workflow_scripts/fit_tables.py"

@@ -181,6 +181,10 @@ def lm_row(head, control, delta, solver="exact", alpha=1.0, d=8, half_width=0.00
         "sign_test_p": 0.023,
         "fit_objective": objective,
         "fit_certificate_max": 1e-7 if solver == "exact" else 1e-3,
+        "capacity": np.nan if control in ("others", "own vs others") else 5.0,
+        "at_edge": np.nan if control in ("others", "own vs others") else "",
+        "frac_on_ball": 0.0,
+        "sum_theta_norm": 6.0 if control == "global+personal" else np.nan,
     }
 
 
@@ -262,8 +266,14 @@ def test_personalization_finding_lists_the_facts_at_the_headline_point():
     assert facts[2] == "1 of 2 points have an interval excluding 0 (1 below, 0 above)"
     assert "global θ -10.00 (95 % CI -12.00 to -8.00), personal θ -8.00" in facts[3]
     assert facts[4] == "base → personal, the best head: cvh at α = 1, d = 8 -8.00 (95 % CI -10.00 to -6.00)"
-    assert "baseline unigram (exact): -3.00" in lines(facts) and "baseline full_bias (exact): -5.00" in lines(facts)
+    assert "baseline unigram (exact), personal: -3.00" in lines(facts)
+    assert "baseline full_bias (exact), personal: -5.00" in lines(facts) and "(radius 5)" in lines(facts)
+    assert facts[-2] == "every capacity chosen on validation lies inside its grid"
     assert facts[-1] == "no cross-user point at the exact solver (fit.cross_user)"
+    table = personalization_table(-0.004, -0.001)
+    table.loc[(table["head"] == "cvh") & (table["control"] == "personal"), ["capacity", "at_edge"]] = [500.0, "high"]
+    facts = personalization_finding(study(personalization=table, cross_user=no_cross()))
+    assert facts[-2] == "1 choices at a grid edge: cvh α 1 d 8 exact personal at the high end (500)"
     worse = personalization_finding(study(personalization=personalization_table(0.004, 0.005), cross_user=no_cross()))
     assert "(0 below, 2 above)" in lines(worse)
 
@@ -292,9 +302,11 @@ def test_the_personal_gain_is_the_own_residual_against_the_others():
         "the others' mean residual -0.10 (95 % CI -2.10 to +1.90)"
     )
     on_ball = table.assign(frac_on_ball=np.where(table["control"] == "personal", 1.0, 0.75))
+    on_ball.loc[(on_ball["head"] == "uncond") & (on_ball["control"] == "global"), ["capacity", "at_edge"]] = [0.5, "low"]
     facts = personalization_finding(study(personalization=on_ball, cross_user=no_cross()))
     assert facts[4] == (
-        "there, on the ball of radius fit.max_norm: the global θ yes, personal θs 24 of 24 users, residual θs 18 of 24"
+        "there, radii chosen on validation: global θ 0.5 (at the grid's low end), personal θ 5, residual θ 5; "
+        "on the ball: personal θs 24 of 24 users, residual θs 18 of 24; mean ‖θ_g + θ_r‖ 6"
     )
     personal = with_others(personalization_table(-0.004, -0.001), -0.0005, -0.0035, 0.0, -0.001)
     assert personal_beyond_global(study(personalization=personal, cross_user=no_cross())).answer == "yes"

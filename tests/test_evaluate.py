@@ -1,25 +1,41 @@
 """Held-out evaluation and the study's arms on planted users: held-out NLL against explicit computations,
 a planted per-user theta on top of a planted global one recovered by the residual fit, the cross-user
-matrix of residual thetas, and both baselines against straightforward references."""
+matrix of residual thetas, the capacity choices blind to test tokens, and the unigram arms against
+straightforward references."""
 
 from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 from tiny_lm import sample_text, tiny_llama, user_split
 
 from uph.config import schema_defaults
-from uph.lm.baselines import mixture_nll, unigram_interpolation
+from uph.lm.baselines import log_unigram, mixture, unigram_nll
 from uph.lm.cache import UserStates
+from uph.lm.capacity import chosen
 from uph.lm.evaluate import HeldOut
 from uph.lm.fit import fit_theta
 from uph.lm.heads import HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings
-from uph.lm.sweep import FitConfig, FitJob, Point, cross_user, fit_user, others
+from uph.lm.sweep import (
+    FitConfig,
+    FitJob,
+    Point,
+    capacity_choices,
+    cross_user,
+    fit_global,
+    fit_shard,
+    fit_user,
+    global_thetas,
+    others,
+    validate_shard,
+    validate_user,
+)
 from uph.lm.tokens import pool, prepare
 
 D = 8
@@ -77,35 +93,54 @@ def test_residual_fit_recovers_a_planted_personal_theta_on_top_of_a_planted_glob
         assert held_out(theta_g + theta_r)["nll"] < held_out(theta_g)["nll"] - 0.05  # gain beyond global
 
 
-def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
-    head, layer, trains, tests, _ = planted
+def planted_fit_config(**changes) -> FitConfig:
+    """The fit section at the planted fixture's svd_cvh point, exact solver, no baselines."""
     point = Point.of("svd_cvh", 1.0, D)
-    fit = FitConfig.from_config(
+    return FitConfig.from_config(
         {
             **schema_defaults("fit"),
             "heads": [point.head],
             "alphas": [point.alpha],
             "ds": [point.d],
             "solvers": ["exact"],
+            "radii": [0.5, 5.0, 50.0],
             "dose_response": {"points": [{**point.columns, "solver": "exact"}], "train_tokens": [160, 320]},
             "baselines": [],
+            **changes,
         }
     )
+
+
+def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
+    """Validation paths, the choices, the refits at them and the cross-user matrix, on planted users."""
+    head, layer, trains, tests, _ = planted
+    point, fit = Point.of("svd_cvh", 1.0, D), planted_fit_config()
     theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", SolverSettings.defaults())
     thetas_g = {(point, "exact"): theta_g.double()}
-    rows = {user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, fit) for user in trains}
+    validation = pd.DataFrame(
+        [row for user in trains for row in validate_user(user, trains[user], {point: head}, thetas_g, None, fit, 0)]
+    )
+    assert set(validation["capacity"]) == {0.5, 5.0, 50.0} and set(validation["arm"]) == {"personal", "residual"}
+    choices = capacity_choices(validation)
+    assert sorted(choices["train_tokens"].fillna(-1)) == [-1, -1, 160, 320]
+    rows = {
+        user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, choices, None, fit) for user in trains
+    }
     residuals = {}
-    for user, (fits, dose, baselines) in rows.items():
+    for user, (fits, dose) in rows.items():
         (row,) = fits
         held_out = HeldOut(tests[user], head)
+        assert row["residual_radius"] == chosen(
+            choices, "capacity", **point.columns, solver="exact", arm="residual", train_tokens=math.nan
+        )
         assert row["global_nll"] == pytest.approx(held_out(theta_g)["nll"])
         assert row["residual_nll"] == pytest.approx(held_out(theta_g + torch.tensor(row["theta_residual"]))["nll"])
         assert row["residual_nll"] < row["global_nll"] < row["base_nll"] and row["personal_nll"] < row["base_nll"]
-        assert [d["train_tokens"] for d in dose] == [160, 320, trains[user].n] and not baselines
-        assert dose[-1]["residual_nll"] == row["residual_nll"]
+        assert [d["train_tokens"] for d in dose] == [160, 320, trains[user].n]
+        assert dose[-1]["residual_nll"] == row["residual_nll"] and dose[-1]["radius"] == row["residual_radius"]
         residuals[user] = torch.tensor(row["theta_residual"], dtype=torch.float64)
     users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
-    job = FitJob(layer, users, {point: head}, torch.device("cpu"))
+    job = FitJob(layer, users, {point: head}, torch.device("cpu"), gap=0)
     matrix = cross_user(job, point, theta_g.double(), residuals)
     assert len(matrix) == 4
     delta = matrix.pivot(index="theta_user", columns="text_user", values="delta_nll")
@@ -114,45 +149,66 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
         assert delta.loc[user, user] == pytest.approx(rows[user][0][0]["residual_nll"] - rows[user][0][0]["global_nll"])
 
 
-def test_unigram_interpolation_against_a_grid_of_explicit_mixtures(planted):
-    _, layer, trains, tests, _ = planted
-    train, test = trains["romeo"], tests["romeo"]
-    V = layer.W.shape[0]
-    y_train = torch.cat([c.targets for c in train.chunks])
-    p_model = torch.cat([c.nll0 for c in train.chunks]).neg().exp()
-    counts = torch.bincount(y_train, minlength=V).double()
+def test_no_choice_moves_when_the_test_tokens_change(planted):
+    """fit_global, the validating jobs and the choices read train tokens only: scrambling every user's
+    test tokens changes the scores on test and not one choice."""
+    head, layer, trains, tests, _ = planted
+    point = Point.of("svd_cvh", 1.0, D)
+    fit = planted_fit_config(baselines=["unigram", "full_bias"], global_max_tokens=None)
+    heads = {point: head, Point.of("full_bias", 1.0, layer.W.shape[0]): full_bias_head(layer.W)}
 
-    def train_nll(lam):  # leave-one-out, written out token by token
-        n = len(y_train)
-        return (
-            -sum(
-                math.log((1 - lam) * float(p_model[t]) + lam * (float(counts[y_train[t]]) - 1) / (n - 1))
-                for t in range(n)
-            )
-            / n
+    def study(users: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+        job = FitJob(layer, users, heads, torch.device("cpu"), gap=4)
+        thetas, validation, unigram = fit_global(job, fit)
+        shard = validate_shard(job, global_thetas(thetas, "theta_fit"), unigram, fit)
+        choices = capacity_choices(pd.concat([validation, shard]))
+        fits, _ = fit_shard(job, global_thetas(thetas), choices, unigram, fit)
+        return choices, fits
+
+    users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
+    generator = torch.Generator().manual_seed(5)
+    scrambled = {
+        user: UserStates(
+            states.train_hidden,
+            states.train_targets,
+            torch.randn(states.test_hidden.shape, generator=generator),
+            torch.randint(0, layer.W.shape[0], states.test_targets.shape, generator=generator),
         )
-
-    grid = [i / 50 for i in range(50)]
-    best = min(grid, key=train_nll)
-    fitted = unigram_interpolation(train, test, V)
-    assert abs(fitted["lambda"] - best) <= 1 / 50 and fitted["train_nll"] <= train_nll(best) + 1e-9
-    assert fitted["train_nll"] == pytest.approx(train_nll(fitted["lambda"]), rel=1e-9)
-    y_test = torch.cat([c.targets for c in test.chunks])
-    p_test = torch.cat([c.nll0 for c in test.chunks]).neg().exp()
-    lam = fitted["lambda"]
-    expected = -sum(
-        math.log((1 - lam) * float(p_test[t]) + lam * float(counts[y_test[t]]) / len(y_train))
-        for t in range(len(y_test))
-    ) / len(y_test)
-    assert fitted["nll"] == pytest.approx(expected, rel=1e-9)
+        for user, states in users.items()
+    }
+    (choices, fits), (again, scrambled_fits) = study(users), study(scrambled)
+    pd.testing.assert_frame_equal(choices, again)
+    assert len(choices) == 2 * 3 + 2 + 3  # svd_cvh, full bias: 3 arms each, dose k = 160, 320, unigram 3 arms
+    assert (fits["residual_nll"] != scrambled_fits["residual_nll"]).all()
 
 
-def test_mixture_nll_is_finite_where_the_model_probability_underflows():
+def test_unigram_arms_against_explicit_mixtures(planted):
+    """The three unigram arms token by token: the pooled cache, the user's, the user's on the pooled mixture."""
+    _, layer, trains, tests, _ = planted
+    V = layer.W.shape[0]
+    train, test = trains["romeo"], tests["romeo"]
+    pooled_counts = sum(torch.bincount(columns(t)[1], minlength=V).double() for t in trains.values())
+    own_counts = torch.bincount(columns(train)[1], minlength=V).double()
+    y = columns(test)[1]
+    p_model = torch.cat([c.nll0 for c in test.chunks]).neg().exp().double()
+    pooled, own = pooled_counts / pooled_counts.sum(), own_counts / own_counts.sum()
+    lam, lam_g = 0.3, 0.1
+    expected = {
+        "global": (1 - lam) * p_model + lam * pooled[y],
+        "personal": (1 - lam) * p_model + lam * own[y],
+        "residual": (1 - lam) * ((1 - lam_g) * p_model + lam_g * pooled[y]) + lam * own[y],
+    }
+    for arm, p in expected.items():
+        nll = unigram_nll(arm, lam, test, log_unigram(pooled_counts), log_unigram(own_counts), lam_g)
+        assert nll == pytest.approx(float(-p.log().mean()), rel=1e-12), arm
+
+
+def test_mixture_is_finite_where_the_model_probability_underflows():
     log_p_model = torch.tensor([-800.0, -1.0], dtype=torch.float64)  # exp(-800) is 0 in float64
-    log_p_user = torch.tensor([math.log(0.5), math.log(0.25)], dtype=torch.float64)
-    value = mixture_nll(0.1, log_p_model, log_p_user)
-    assert math.isfinite(value)
-    assert value == pytest.approx(-(math.log(0.1 * 0.5) + math.log(0.9 * math.exp(-1) + 0.1 * 0.25)) / 2)
+    log_q = torch.tensor([math.log(0.5), -math.inf], dtype=torch.float64)  # a token the cache never saw
+    value = mixture(0.1, log_p_model, log_q)
+    assert torch.isfinite(value).all()
+    torch.testing.assert_close(value, torch.tensor([math.log(0.1 * 0.5), math.log(0.9) - 1.0], dtype=torch.float64))
 
 
 def residual_study(model_dir, stars: dict, max_norm: float):
@@ -164,16 +220,16 @@ def residual_study(model_dir, stars: dict, max_norm: float):
     layer = OutputLayer(W)
     settings = HeadSettings.defaults()
     head = make_head("svd_cvh", W, d=D, alpha=1.0, settings=settings, svd=torch.linalg.svd(W, full_matrices=False))
-    point, solver = Point.of("svd_cvh", 1.0, D), SolverSettings.defaults(max_norm=max_norm)
+    point, solver = Point.of("svd_cvh", 1.0, D), SolverSettings.defaults()
     users, trains, tests = {}, {}, {}
     for i, (user, star) in enumerate(stars.items()):
         ids = sample_text(model, lambda h, star=star: head.logits(h, star), batch=24, length=81, seed=30 + i)
         (h_train, y_train), (h_test, y_test) = user_split(model, ids)
         users[user] = UserStates(h_train, y_train, h_test, y_test)
         trains[user], tests[user] = prepare(h_train, y_train, layer), prepare(h_test, y_test, layer)
-    theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", solver)
-    residuals = {user: fit_theta(trains[user], head, "exact", solver, offset=theta_g)[0] for user in users}
-    job = FitJob(layer, users, {point: head}, torch.device("cpu"))
+    theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", solver, max_norm)
+    residuals = {user: fit_theta(trains[user], head, "exact", solver, max_norm, theta_g)[0] for user in users}
+    job = FitJob(layer, users, {point: head}, torch.device("cpu"), gap=0)
     table = others(job, {(point, "exact"): theta_g}, {(point, "exact"): residuals}).set_index("user")
     nll = {}
     for user in users:

@@ -9,7 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uph.lm.tables import CROSS_USER_COLUMNS, cross_user_table, dose_response_table, personalization_table
+from uph.lm.tables import (
+    CROSS_USER_COLUMNS,
+    capacity_table,
+    cross_user_table,
+    dose_response_table,
+    personalization_table,
+)
 
 USERS = ["a", "b", "c"]
 POINT = {"head": "cvh", "alpha": 1.0, "d": 8, "solver": "exact"}
@@ -22,6 +28,7 @@ def fits() -> pd.DataFrame:
         {
             **{key: [value] * 3 for key, value in POINT.items()},
             "user": USERS,
+            "params_per_user": 8,
             "base_nll": 3.0 + wiggle,
             "global_nll": 2.9 + wiggle,
             "personal_nll": 2.95 + 2 * wiggle,
@@ -49,38 +56,68 @@ def global_fits() -> pd.DataFrame:
 
 
 def baselines() -> pd.DataFrame:
+    """The unigram's three arms (no theta) and the full bias's (fitted, d = V = 100) as fits rows."""
     unigram = [
         {
-            "baseline": "unigram",
+            "head": "unigram",
+            "alpha": np.nan,
+            "d": np.nan,
             "solver": "exact",
             "user": u,
             "base_nll": 3.0,
-            "nll": 2.0 + i * 0.1,
+            "global_nll": 2.2,
+            "personal_nll": 2.0 + i * 0.1,
+            "residual_nll": 2.1,
             "params_per_user": 101,
         }
         for i, u in enumerate(USERS)
     ]
     bias = [
         {
-            "baseline": "full_bias",
+            "head": "full_bias",
+            "alpha": 1.0,
+            "d": 100,
             "solver": "exact",
             "user": u,
             "base_nll": 3.0,
-            "nll": 2.5,
+            "global_nll": 2.6,
+            "personal_nll": 2.5,
+            "residual_nll": 2.55,
             "params_per_user": 100,
-            "fit_objective": 1.0 + i,
-            "fit_certificate": 1e-6 * (i + 1),
-            "fit_theta_norm": 5.0,
+            "personal_objective": 1.0 + i,
+            "personal_certificate": 1e-6 * (i + 1),
+            "personal_theta_norm": 15.0,
         }
         for i, u in enumerate(USERS)
     ]
     return pd.DataFrame(unigram + bias)
 
 
-def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines():
-    table = personalization_table(
-        "m", fits(), global_fits(), others(), baselines(), n_boot=200, max_norm=5.0
-    ).set_index(["head", "control"])
+def choices() -> pd.DataFrame:
+    """Every arm's choice: the heads' radii (the personal one at the grid's high end), the unigram's lambdas."""
+    rows = []
+    for method, capacities in (
+        (POINT, {"global": 5.0, "personal": 5.0, "residual": 5.0}),
+        (
+            {"head": "full_bias", "alpha": 1.0, "d": 100, "solver": "exact"},
+            dict.fromkeys(["global", "personal", "residual"], 15.0),
+        ),
+        (
+            {"head": "unigram", "alpha": np.nan, "d": np.nan, "solver": "exact"},
+            {"global": 0.1, "personal": 0.3, "residual": 0.03},
+        ),
+    ):
+        for arm, capacity in capacities.items():
+            edge = "high" if (method["head"], arm) == ("cvh", "personal") else ""
+            rows.append({**method, "arm": arm, "train_tokens": np.nan, "capacity": capacity, "at_edge": edge})
+    return pd.DataFrame(rows)
+
+
+def test_personalization_rows_are_the_paired_comparisons_at_the_chosen_capacities():
+    rows = pd.concat([fits(), baselines()])
+    table = personalization_table("m", rows, global_fits(), others(), choices(), n_boot=200).set_index(
+        ["head", "control"]
+    )
     wiggle = np.array([0.0, 0.01, -0.02])
     expected = {  # control: (arm - reference per user, mean KL, fit objective, worst certificate, on the ball)
         "global": (np.full(3, -0.1), 0.2, 2.5, 4e-7, 1.0),
@@ -89,7 +126,8 @@ def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines
     }
     for control, (delta, kl, objective, certificate, on_ball) in expected.items():
         row = table.loc[("cvh", control)]
-        assert row["frac_on_ball"] == pytest.approx(on_ball)
+        assert row["frac_on_ball"] == pytest.approx(on_ball) and row["capacity"] == 5.0
+        assert row["at_edge"] == ("high" if control == "personal" else "")
         assert row["delta_nll"] == pytest.approx(delta.mean())
         assert row["n_users_improved"] == (delta < 0).sum() and row["n_users"] == 3
         assert (row["kl"], row["fit_objective"], row["fit_certificate_max"]) == pytest.approx(
@@ -104,19 +142,42 @@ def test_personalization_rows_are_the_three_paired_comparisons_and_the_baselines
         (-0.05 + 3 * wiggle).mean()
     )
     assert math.isnan(own_vs_others["fit_objective"])
-    without = personalization_table(
-        "m", fits(), global_fits(), others().iloc[:0], baselines(), n_boot=200, max_norm=5.0
-    )
-    assert "others" not in set(without["control"]) and len(without) == 5  # one user: no others control
+    without = personalization_table("m", rows, global_fits(), others().iloc[:0], choices(), n_boot=200)
+    assert "others" not in set(without["control"]) and len(without) == 9  # one user: no others control
     assert table.loc[("cvh", "global"), "base_nll"] == pytest.approx(3.0 + wiggle.mean())
-    # baselines after the heads, sorted by name: no alpha or d; unigram has no fit columns
-    assert list(table.index[-2:]) == [("full_bias", "personal"), ("unigram", "personal")]
+    # baselines in the same three arms, with no alpha or d; the unigram has no fit columns
     bias, unigram = table.loc[("full_bias", "personal")], table.loc[("unigram", "personal")]
     assert bias["delta_nll"] == pytest.approx(-0.5) and bias["fit_objective"] == pytest.approx(2.0)
     assert bias["fit_certificate_max"] == pytest.approx(3e-6) and bias["params_per_user"] == 100
+    assert bias["frac_on_ball"] == 1.0 and bias["capacity"] == 15.0 and math.isnan(bias["d"])
     assert unigram["delta_nll"] == pytest.approx(-0.9) and math.isnan(unigram["fit_objective"])
-    assert bias["frac_on_ball"] == 1.0 and math.isnan(unigram["frac_on_ball"])
+    assert math.isnan(unigram["frac_on_ball"]) and unigram["capacity"] == 0.3
     assert math.isnan(unigram["alpha"]) and math.isnan(unigram["d"]) and unigram["reference"] == "base"
+    beyond = table.loc[("unigram", "global+personal")]
+    assert beyond["delta_nll"] == pytest.approx(-0.1) and beyond["reference"] == "global" and beyond["capacity"] == 0.03
+
+
+def test_capacity_table_marks_the_chosen_point_of_every_curve():
+    validation = pd.DataFrame(
+        [
+            {
+                **POINT,
+                "arm": "personal",
+                "train_tokens": np.nan,
+                "capacity": r,
+                "user": u,
+                "validation_nll": nll + i * 0.01,
+                "theta_norm": min(r, 3.0),
+            }
+            for r, nll in ((1.0, 2.0), (5.0, 1.9), (25.0, 1.95))
+            for i, u in enumerate(USERS)
+        ]
+    )
+    choice = pd.DataFrame([{**POINT, "arm": "personal", "train_tokens": np.nan, "capacity": 5.0, "at_edge": ""}])
+    table = capacity_table("m", validation, choice)
+    assert table["chosen"].tolist() == [False, True, False] and table["n_users"].tolist() == [3, 3, 3]
+    assert table["validation_nll"].tolist() == pytest.approx([2.01, 1.91, 1.96])
+    assert table["frac_on_ball"].tolist() == [1.0, 0.0, 0.0]
 
 
 def test_dose_response_rows_stand_all_tokens_at_their_mean_count():
@@ -129,6 +190,7 @@ def test_dose_response_rows_stand_all_tokens_at_their_mean_count():
                     "user": user,
                     "train_tokens": k,
                     "all_train_tokens": k == count,
+                    "radius": 5.0,
                     "global_nll": 2.9,
                     "residual_nll": residual,
                 }

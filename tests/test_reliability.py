@@ -63,6 +63,8 @@ STAGE_RULES = {
     "svd_basis",
     "fit",
     "fit_global",
+    "validate",
+    "capacity",
     "fit_others",
     "cross_user",
     "personalization_table",
@@ -164,11 +166,11 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     remove(
         workdir,
         "results/cache/shard-1.parquet",
-        "results/fit/global.parquet",
+        "results/fit/*.parquet",
         "results/fit/shard-*/*.parquet",
-        "results/fit/others.parquet",
         "results/fit/*/*/*/cross_user.parquet",
         "results/tables/personalization.*",
+        "results/tables/capacity.*",
         "results/tables/dose_response.*",
         "results/tables/cross_user.*",
     )
@@ -182,20 +184,26 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     assert planned_jobs(resumed) == {
         "extract": 1,
         "fit_global": 1,
+        "validate": 2,
+        "capacity": 1,
         "fit": 2,
         "fit_others": 1,
         "cross_user": 1,
         "personalization_table": 1,
     }
-    finished = {rule: resumed.stdout.count(f"(Rule: {rule})") for rule in ("extract", "fit", "fit_global")}
+    finished = {
+        rule: resumed.stdout.count(f"(Rule: {rule})") for rule in ("extract", "fit_global", "validate", "capacity", "fit")
+    }
     written = {path: stamp for path, stamp in results_files(workdir).items() if path not in kept}
 
     unlock(workdir)
     rerun = snakemake(workdir, "--rerun-incomplete", *LM_TABLES)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     unfinished = {
-        "fit": 2 - finished["fit"],
         "fit_global": 1 - finished["fit_global"],
+        "validate": 2 - finished["validate"],
+        "capacity": 1 - finished["capacity"],
+        "fit": 2 - finished["fit"],
         "fit_others": 1,
         "cross_user": 1,
         "personalization_table": 1,
@@ -204,7 +212,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     after = results_files(workdir)
     assert all(after[path] == stamp for path, stamp in kept.items())
     # outputs of finished jobs stay; one written but not yet recorded when killed is incomplete, so redone
-    outputs = {"extract": 1, "fit_global": 1, "fit": 3}  # files each finished job wrote
+    outputs = {"extract": 1, "fit_global": 3, "validate": 1, "capacity": 1, "fit": 2}  # files each finished job wrote
     assert sum(after[path] == stamp for path, stamp in written.items()) == sum(
         outputs[rule] * count for rule, count in finished.items()
     )
@@ -536,7 +544,7 @@ def test_unwritable_results_folder_stops_at_dag_build(tmp_path):
         ("fit", "lr", float("inf")),
         ("fit", "lam", float("nan")),
         ("fit", "beta", float("nan")),
-        ("fit", "max_norm", float("inf")),
+        ("fit", "clip_norm", float("inf")),
         ("corpus", "train_fraction", float("nan")),
         ("copy_task", "lr", float("nan")),
     ],
@@ -692,7 +700,7 @@ def _tokens():
 
 def test_fits_at_the_extremes_stay_finite_and_a_nan_names_the_user_the_point_and_the_keys():
     tokens, W = _tokens()
-    huge_lr = SolverSettings.defaults(lr=1e6, max_norm=5.0)
+    huge_lr = SolverSettings.defaults(lr=1e6, clip_norm=5.0)
     _, result = fit_theta(
         tokens, make_head("cvh", W, d=4, alpha=1.0, settings=HeadSettings.defaults()), "adam", huge_lr
     )
@@ -717,7 +725,7 @@ def test_fits_at_the_extremes_stay_finite_and_a_nan_names_the_user_the_point_and
     assert str(error.value) == (
         "fit of user 'hamlet/Hamlet' (head=cvh alpha=1e+20 d=4, solver exact) diverged at "
         "iteration 1: objective nan, |theta| nan; lower config key 'fit.alphas' or "
-        "'fit.max_norm'"
+        "'fit.radii'"
     )
 
 
@@ -743,7 +751,15 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 
 # Invalidation: a config change reruns exactly the jobs that depend on it (params and paths).
 
-LM_FITS = {"fit_global": 1, "fit": 2, "fit_others": 1, "cross_user": 1, "personalization_table": 1}  # every point
+LM_FITS = {  # every method in every job
+    "fit_global": 1,
+    "validate": 2,
+    "capacity": 1,
+    "fit": 2,
+    "fit_others": 1,
+    "cross_user": 1,
+    "personalization_table": 1,
+}
 LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}
 CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "model": (
@@ -758,9 +774,13 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "extract-dtype": (lambda c: c["extract"].update(dtype="bfloat16"), LM_STAGES_AFTER_CORPUS),
     "one-more-alpha": (lambda c: c["fit"]["alphas"].append(0.5), LM_FITS),
     "lm-head-update-gamma": (lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}), LM_FITS),
-    "dose-response-sizes": (  # only the shard fits and the tables read them
+    "dose-response-sizes": (  # only the shard jobs and what follows them read them
         lambda c: c["fit"]["dose_response"].update(train_tokens=[256]),
-        {"fit": 2, "fit_others": 1, "cross_user": 1, "personalization_table": 1},
+        {key: count for key, count in LM_FITS.items() if key != "fit_global"},
+    ),
+    "radii": (  # every fit chooses from the grid
+        lambda c: c["fit"].update(radii=[1.0, 10.0]),
+        LM_FITS,
     ),
     "one-more-copy-seed": (lambda c: c["copy_task"]["seeds"].append(1), {"copy_task_train": 2, "copy_task_table": 1}),
     "feedback-sigma": (  # node perturbation's noise: only feedback_learned reads it

@@ -32,6 +32,7 @@ GPU_RULES = {
     "extract",
     "fit",
     "fit_global",
+    "validate",
     "fit_others",
     "cross_user",
     "copy_task_train",
@@ -67,7 +68,7 @@ def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
     fit, shards = study["fit"], study["extract"]["shards"]
     points = len(fit["heads"]) * len(fit["alphas"]) * len(fit["ds"])
     jobs = planned_jobs(run.stdout)
-    assert jobs["extract"] == shards and jobs["fit"] == shards and jobs["fit_global"] == 1  # every point per job
+    assert jobs["extract"] == shards and jobs["fit"] == jobs["validate"] == shards and jobs["fit_global"] == 1
     assert points > 1 and jobs["cross_user"] == len(fit["cross_user"]) and jobs["personalization_table"] == 1
     assert jobs["copy_task_train"] == len(study["copy_task"]["attentions"]) * len(study["copy_task"]["seeds"])
     assert jobs["feedback_train"] == len(study["feedback"]["methods"]) * len(study["feedback"]["seeds"])

@@ -5,7 +5,13 @@ import time
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import REPO, SNAKEMAKE, snakemake, without_modules
+
+from uph.config import schema_defaults
+
+RADII = yaml.safe_load((REPO / "config/test.yaml").read_text())["fit"]["radii"]
+LAMBDAS = schema_defaults("fit")["lambdas"]
 
 
 def test_lm_stages_run_end_to_end_on_the_tiny_config(tiny_study):
@@ -24,15 +30,23 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     assert len(heads) == 5 * 1 * 1 * 2 * 5  # heads x alphas x ds x solvers x controls of config/test.yaml
     assert set(heads["control"]) == {"global", "personal", "global+personal", "others", "own vs others"}
     assert set(heads.groupby("control")["reference"].unique().map(tuple)) == {("base",), ("global",), ("others",)}
-    assert sorted(zip(baselines["head"], baselines["solver"])) == [
-        ("full_bias", "adam"),
-        ("full_bias", "exact"),
-        ("unigram", "exact"),
+    arms = ["global", "global+personal", "personal"]
+    assert sorted(baselines.groupby(["head", "solver"])["control"].apply(sorted).items()) == [
+        (("full_bias", "adam"), sorted([*arms, "others", "own vs others"])),
+        (("full_bias", "exact"), sorted([*arms, "others", "own vs others"])),
+        (("unigram", "exact"), arms),  # the unigram's capacity is a mixture weight: no theta to hand to others
     ]
     assert (table["n_users"] == 4).all() and (heads["params_per_user"] == 8).all()
-    numbers = heads.select_dtypes("number")
+    # every arm's capacity was chosen on the grid, at its end only if flagged so
+    fitted = table[table["capacity"].notna()]
+    grid = {**dict.fromkeys(["full_bias", *heads["head"]], set(RADII)), "unigram": set(LAMBDAS)}
+    assert all(capacity in grid[head] for head, capacity in zip(fitted["head"], fitted["capacity"]))
+    assert set(fitted["at_edge"].fillna("")) <= {"", "low", "high"}
+    beyond = heads[heads["control"] == "global+personal"]
+    assert (beyond["sum_theta_norm"] > 0).all()
+    numbers = heads.drop(columns="sum_theta_norm").select_dtypes("number")
     controls = heads["control"].isin(["others", "own vs others"])  # comparisons of scores: no fit of their own
-    own_fit = ["kl", "fit_objective", "fit_certificate_max", "frac_on_ball"]
+    own_fit = ["kl", "fit_objective", "fit_certificate_max", "frac_on_ball", "capacity"]
     finite = numbers[~controls].abs().lt(float("inf")), numbers[controls].drop(columns=own_fit).abs().lt(float("inf"))
     assert all(frame.all().all() for frame in finite) and numbers[controls][own_fit].isna().all().all()
     assert (table["delta_nll_ci_low"] <= table["delta_nll"]).all()

@@ -212,11 +212,13 @@ def job_params(section: dict, keys=None) -> dict:
 
 # What each job reads, so that its params hold exactly those keys (`job_params`).
 EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.cache.read_users)
-SOLVER_KEYS = ("beta", "lam", "max_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.solvers.SolverSettings
+SOLVER_KEYS = ("beta", "lam", "clip_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.solvers.SolverSettings
 HEAD_KEYS = ("basis_seed", "lm_head_update")  # what building the heads reads besides the point (uph.lm.heads)
-SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", *HEAD_KEYS, *SOLVER_KEYS)  # every point with every solver
-FIT_GLOBAL_KEYS = (*SWEEP_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
-FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "baselines")  # uph.lm.sweep.fit_shard
+SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", "baselines", *HEAD_KEYS, *SOLVER_KEYS)  # every method, every solver
+CAPACITY_KEYS = ("radii", "lambdas", "validation_fraction")  # the grids and the split (uph.lm.capacity)
+FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
+FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response")  # uph.lm.sweep.validate_shard
+FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response")  # uph.lm.sweep.fit_shard (the choices come as a file)
 
 
 FEEDBACK_COMMON_KEYS = ("test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows")

@@ -1,13 +1,16 @@
-"""Rule fit_global: the global theta of every sweep point and solver, on all users' train tokens pooled."""
+"""Rule fit_global: the global theta of every method and solver at its radius chosen on validation, on all
+users' train tokens pooled, with the validation rows it chose from and the pooled unigram."""
 
 import torch
 
 from uph.io import write_parquet
-from uph.lm.sweep import FitConfig, fit_global, load_fit_job
+from uph.lm.sweep import FitConfig, fit_global, load_methods
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     fit = FitConfig.from_config(snakemake.params.fit)
-    job = load_fit_job(snakemake.input, fit.points, fit.heads, snakemake.params.cache, snakemake.params.device)
-    write_parquet(fit_global(job, fit), snakemake.output[0])
+    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device)
+    thetas, validation, unigram = fit_global(job, fit)
+    for table, path in zip((thetas, validation, unigram), snakemake.output):
+        write_parquet(table, path)

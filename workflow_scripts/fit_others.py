@@ -1,17 +1,17 @@
 """Rule fit_others: the 'others' control of every sweep point and solver: each user's held-out text
-scored with the global theta plus the mean of the other users' residual thetas (uph.lm.sweep.others)."""
+of every method (the full bias too) scored with the global theta plus the mean of the other users' residual thetas (uph.lm.sweep.others)."""
 
 import pandas as pd
 import torch
 
 from uph.io import write_parquet
-from uph.lm.sweep import FitConfig, global_thetas, load_fit_job, others, residual_thetas
+from uph.lm.sweep import FitConfig, global_thetas, load_methods, others, residual_thetas
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     fit = FitConfig.from_config(snakemake.params.fit)
-    job = load_fit_job(snakemake.input, fit.points, fit.heads, snakemake.params.cache, snakemake.params.device)
+    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device)
     residuals = residual_thetas(pd.concat(map(pd.read_parquet, snakemake.input.fits)))
     log.info("%d users x %d points x solvers %s: the others control", len(job.users), len(job.heads), fit.solvers)
     thetas_g = global_thetas(pd.read_parquet(snakemake.input.global_fit))

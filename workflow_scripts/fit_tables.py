@@ -8,7 +8,7 @@ import pandas as pd
 
 from uph.io import write_table
 from uph.lm.cache import check_unique_users
-from uph.lm.tables import cross_user_table, dose_response_table, personalization_table
+from uph.lm.tables import capacity_table, cross_user_table, dose_response_table, personalization_table
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
@@ -16,19 +16,21 @@ with rule_logging(snakemake) as log:
     n_boot = snakemake.params.bootstrap
     fits = {path: pd.read_parquet(path) for path in snakemake.input.fits}
     check_unique_users(fits)
-    baselines = {path: pd.read_parquet(path) for path in snakemake.input.baselines}
-    check_unique_users(baselines, keys=("baseline", "solver"))
+    choices = pd.read_parquet(snakemake.input.capacity)
     table = personalization_table(
         model,
         pd.concat(fits.values()),
         pd.read_parquet(snakemake.input.global_fit),
         pd.read_parquet(snakemake.input.others),
-        pd.concat(baselines.values()),
+        choices,
         n_boot,
-        snakemake.params.max_norm,
     )
     write_table(table, snakemake.output.personalization)
     log.info("personalization: %d rows", len(table))
+
+    curves = capacity_table(model, pd.concat(map(pd.read_parquet, snakemake.input.validation)), choices)
+    write_table(curves, snakemake.output.capacity)
+    log.info("capacity: %d rows", len(curves))
 
     dose = dose_response_table(model, pd.concat(map(pd.read_parquet, snakemake.input.dose)), n_boot)
     write_table(dose, snakemake.output.dose_response)

@@ -1,13 +1,20 @@
-"""The baselines a reviewer expects of a personal head, fitted on the user's train tokens only.
+"""The unigram baselines a reviewer expects of a personal head, in the heads' three arms.
 
-unigram (the cache-LM personalization baseline): p(y) = (1 - lam) p_model(y) + lam p_user(y), with
-p_user the user's train unigram c(y) / n. lam minimizes the train NLL with leave-one-out counts,
-p_user(y_t) = (c(y_t) - 1) / (n - 1), so a train token never predicts itself. The NLL of a mixture
-is convex in lam, so golden-section search on [0, 1) finds the minimizer. Everything is in log
-space (logaddexp of log weights), so a p_model that underflows never gives -inf.
+A unigram mixture moves the model's next-token distribution toward a unigram "cache":
 
-full_bias (uph.lm.heads.full_bias_head): a free logit per vocabulary entry, fitted by the engine like
-any head (the d = V limit of the unconditional heads).
+    mix(lam; p_base, q)(y) = (1 - lam) p_base(y) + lam q(y)
+
+    global     p_base = the model, q = the unigram of every user's train tokens pooled
+    personal   p_base = the model, q = the user's own train unigram c(y) / n
+    residual   p_base = the global mixture at its chosen lambda, q = the user's unigram (the personal
+               cache beyond the pooled one)
+
+lam is the arm's capacity knob, chosen on validation from fit.lambdas like the heads' radii
+(uph.lm.capacity). Everything is in log space (logaddexp of log weights), so a p_model that
+underflows, or a token the cache never saw, never gives -inf.
+
+The full-vocabulary bias (uph.lm.heads.full_bias_head) is the other baseline: a free logit per
+vocabulary entry, fitted by the engine like any head (the d = V limit of the unconditional heads).
 """
 
 from __future__ import annotations
@@ -19,42 +26,46 @@ import torch
 from uph.lm.tokens import Tokens
 
 BASELINES = ("unigram", "full_bias")  # config key fit.baselines
-GOLDEN = (math.sqrt(5) - 1) / 2
+UNIGRAM = "unigram"
 
 
-def _targets(tokens: Tokens) -> torch.Tensor:
+def targets_of(tokens: Tokens) -> torch.Tensor:
     return torch.cat([chunk.targets for chunk in tokens.chunks]).cpu()
 
 
-def _model_log_probs(tokens: Tokens) -> torch.Tensor:
+def model_log_probs(tokens: Tokens) -> torch.Tensor:
+    """log p_model(y_t) of every token (float64)."""
     return -torch.cat([chunk.nll0 for chunk in tokens.chunks]).double().cpu()
 
 
-def mixture_nll(lam: float, log_p_model: torch.Tensor, log_p_user: torch.Tensor) -> float:
-    """mean -log((1 - lam) p_model + lam p_user), from log probabilities."""
-    log_weights = (math.log1p(-lam) if lam < 1 else -math.inf, math.log(lam) if lam > 0 else -math.inf)
-    return float(-torch.logaddexp(log_weights[0] + log_p_model, log_weights[1] + log_p_user).mean())
+def counts_of(tokens: Tokens, vocab_size: int) -> torch.Tensor:
+    return torch.bincount(targets_of(tokens), minlength=vocab_size).double()
 
 
-def unigram_interpolation(train: Tokens, test: Tokens, vocab_size: int, tol: float = 1e-6) -> dict:
-    """lam fitted on `train` (leave-one-out), then the held-out NLL of the interpolation on `test`."""
-    targets = _targets(train)
-    counts = torch.bincount(targets, minlength=vocab_size).double()
-    n = len(targets)
-    with torch.no_grad():
-        log_p_loo = ((counts[targets] - 1) / max(n - 1, 1)).log()  # -inf for a token seen once
-        log_p_model = _model_log_probs(train)
-        low, high = 0.0, 1.0 - 1e-9
-        while high - low > tol:  # golden-section search on the convex mixture NLL
-            a, b = high - GOLDEN * (high - low), low + GOLDEN * (high - low)
-            if mixture_nll(a, log_p_model, log_p_loo) <= mixture_nll(b, log_p_model, log_p_loo):
-                high = b
-            else:
-                low = a
-        lam = (low + high) / 2
-        log_p_user = (counts[_targets(test)] / n).log()
-        return {
-            "lambda": lam,
-            "train_nll": mixture_nll(lam, log_p_model, log_p_loo),
-            "nll": mixture_nll(lam, _model_log_probs(test), log_p_user),
-        }
+def log_unigram(counts: torch.Tensor) -> torch.Tensor:
+    """log c(y) / n [V] (-inf where c(y) = 0)."""
+    return (counts / counts.sum()).log()
+
+
+def mixture(lam: float, log_p_base: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """log((1 - lam) p_base + lam q) per token, from log probabilities (0 <= lam < 1)."""
+    weights = (math.log1p(-lam), math.log(lam) if lam > 0 else -math.inf)
+    return torch.logaddexp(weights[0] + log_p_base, weights[1] + log_q)
+
+
+def arm_log_probs(
+    arm: str, lam: float, tokens: Tokens, pooled: torch.Tensor, user: torch.Tensor, lam_global: float | None
+) -> torch.Tensor:
+    """log p(y_t) of `tokens` under the unigram mixture of `arm` (module docstring) at `lam`; `pooled` and
+    `user` are the caches' log unigrams [V], `lam_global` the global arm's chosen lambda (residual arm)."""
+    y, log_p_model = targets_of(tokens), model_log_probs(tokens)
+    if arm == "global":
+        return mixture(lam, log_p_model, pooled[y])
+    if arm == "personal":
+        return mixture(lam, log_p_model, user[y])
+    return mixture(lam, mixture(lam_global, log_p_model, pooled[y]), user[y])
+
+
+def unigram_nll(arm: str, lam: float, tokens: Tokens, pooled, user, lam_global: float | None = None) -> float:
+    """Mean NLL of `tokens` under the arm's mixture at `lam`."""
+    return float(-arm_log_probs(arm, lam, tokens, pooled, user, lam_global).mean())

@@ -1,20 +1,28 @@
-"""The personalization study on cached users: every sweep point, p0 computed once per user.
+"""The personalization study on cached users: every method at its capacity chosen on validation.
 
-A point is (head, alpha, d); every point is fitted with every solver, in three arms whose
-held-out NLLs sit side by side in one row per (user, point, solver):
+A method is a sweep point (head, alpha, d), or the full-vocabulary bias (d = V) when fit.baselines
+has it; each is fitted with every solver, in three arms whose held-out NLLs sit side by side in one
+row per (user, point, solver):
 
     global     theta_g fitted on the pooled train tokens of all users (the domain-adaptation control)
     personal   theta_u fitted on the user's train tokens from zero (seed 002's setting)
     residual   theta_r fitted on the user's train tokens on top of theta_g (held fixed): the
                personal gain beyond domain adaptation is nll(theta_g + theta_r) - nll(theta_g)
 
-Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all points:
-`fit_global` pools each user's first ceil(global_max_tokens / N) train tokens (all when null),
-so its memory does not grow with the number of users; `fit_shard` runs, per user of one cache
-shard (`fit_user`), the three arms of every point and solver (`fit_arms`), the dose-response
-(`fit_dose_response`: residual fits on the first k train tokens) and the baselines (`fit_baselines`,
-uph.lm.baselines); `cross_user` scores every user's residual
-theta on each user's held-out text (N x N evaluations, no fits).
+Each arm's capacity, the radius of its ball, is chosen on validation (uph.lm.capacity): every radius
+of fit.radii is fitted on the users' fit parts (warm along the path, uph.lm.fit.fit_path) and scored
+on their validation parts, the best mean is chosen, and the arm is refitted on all train tokens at it.
+The unigram mixtures (uph.lm.baselines) choose their lambda the same way.
+
+Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all methods:
+`fit_global` walks the global path on the pooled fit parts (each user's first ceil(global_max_tokens /
+N) tokens, so its memory does not grow with the number of users), scores it on every user's validation
+part, chooses, and refits on the pooled train tokens (the same tokens when the cap leaves every fit part
+longer than its share); it also counts the pooled unigram. `validate_shard` walks the personal and
+residual paths (and the dose-response's, on each prefix's own tail) of one shard's users;
+`capacity_choices` chooses; `fit_shard` refits each arm at its choice (`fit_arms`), the dose-response
+(`fit_dose_response`) and the unigram arms (`unigram_arms`) and scores them on test; `others` and
+`cross_user` score the residual thetas on held-out text (no fits).
 """
 
 from __future__ import annotations
@@ -29,17 +37,23 @@ import torch
 from tqdm import tqdm
 
 from uph.device import resolve_device
-from uph.lm.baselines import unigram_interpolation
+from uph.errors import ConfigError
+from uph.lm.baselines import UNIGRAM, counts_of, log_unigram, unigram_nll
 from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
+from uph.lm.capacity import choose, chosen, chosen_row
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import FitResult, fit_theta
+from uph.lm.fit import FitResult, fit_path, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
 from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import Tokens, pool, prepare
+from uph.lm.tokens import Tokens, pool, prepare, split_lengths, validation_split
 
 log = logging.getLogger(__name__)
+
+FULL_BIAS = "full_bias"
+CHOICE_KEYS = ["head", "alpha", "d", "solver", "arm", "train_tokens"]  # one capacity choice each
+ALL_TOKENS = float("nan")  # train_tokens of a choice for all of each user's train tokens
 
 
 @dataclass(frozen=True)
@@ -75,19 +89,33 @@ class DoseResponse:
 
 
 @dataclass(frozen=True)
+class Capacity:
+    """fit.radii, fit.lambdas and fit.validation_fraction: the grids and the split of uph.lm.capacity."""
+
+    radii: tuple[float, ...]
+    lambdas: tuple[float, ...]
+    validation_fraction: float
+
+    @classmethod
+    def from_config(cls, fit: dict) -> Capacity:
+        return cls(tuple(sorted(fit["radii"])), tuple(sorted(fit["lambdas"])), fit["validation_fraction"])
+
+
+@dataclass(frozen=True)
 class FitConfig:
-    """The `fit:` section as a fit-stage job receives it (its keys in uph.config: FIT_GLOBAL_KEYS or
-    FIT_SHARD_KEYS; defaults in schemas/fit.schema.yaml only), built once by the job's script. A part
-    the job is not given is None: global_max_tokens (null there: no cap) is fit_global's, dose_response
-    and baselines the shard fits'."""
+    """The `fit:` section as a fit-stage job receives it (its keys in uph.config: FIT_GLOBAL_KEYS,
+    FIT_VALIDATE_KEYS or FIT_SHARD_KEYS; defaults in schemas/fit.schema.yaml only), built once by the
+    job's script. A part the job is not given is None: global_max_tokens (null there: no cap) is
+    fit_global's, capacity the validating jobs', dose_response the shard jobs'."""
 
     points: tuple[Point, ...]  # heads x alphas x ds
     solvers: tuple[str, ...]
     heads: HeadSettings
     solver: SolverSettings
+    baselines: tuple[str, ...]
+    capacity: Capacity | None
     global_max_tokens: int | None
     dose_response: DoseResponse | None
-    baselines: tuple[str, ...] | None
 
     @classmethod
     def from_config(cls, fit: dict) -> FitConfig:
@@ -98,39 +126,54 @@ class FitConfig:
             tuple(fit["solvers"]),
             HeadSettings.from_config(fit),
             SolverSettings.from_config(fit),
+            tuple(fit["baselines"]),
+            Capacity.from_config(fit) if "radii" in fit else None,
             fit.get("global_max_tokens"),
             None if dose is None else DoseResponse.from_config(dose),
-            None if "baselines" not in fit else tuple(fit["baselines"]),
         )
 
 
-def build_heads(points, layer: OutputLayer, basis_path: str | Path, settings: HeadSettings) -> dict[Point, Head]:
-    """Each point's head on the model's output layer and SVD basis."""
+def build_heads(
+    points, layer: OutputLayer, basis_path: str | Path, settings: HeadSettings, full_bias: bool = False
+) -> dict[Point, Head]:
+    """Each point's head on the model's output layer and SVD basis; with `full_bias`, the full bias too
+    (at Point(FULL_BIAS, 1, V))."""
     svd = load_basis(basis_path)
-    return {
+    heads = {
         point: make_head(point.head, layer.W, d=point.d, alpha=point.alpha, settings=settings, svd=svd, bias=layer.b)
         for point in points
     }
+    if full_bias:
+        heads[Point.of(FULL_BIAS, 1.0, layer.W.shape[0])] = full_bias_head(layer.W, layer.b)
+    return heads
 
 
 @dataclass
 class FitJob:
     """What a fit-stage job works on: the model's output layer, the users of its cache files (each
-    checked against the model, the users table and the job's extract keys), every point's head."""
+    checked against the model, the users table and the job's extract keys), every method's head, and
+    the gap between a train part and the part that follows it (extract.context)."""
 
     layer: OutputLayer
     users: dict[str, UserStates]
     heads: dict[Point, Head]
     device: torch.device
+    gap: int
 
 
-def load_fit_job(inputs, points, heads: HeadSettings, cache: dict, device: str, shards=None) -> FitJob:
+def load_fit_job(inputs, points, heads: HeadSettings, cache: dict, device: str, shards=None, full_bias=False) -> FitJob:
     """`inputs`: the rule's model (identity.json), users (users.parquet), basis and shards (or `shards`);
-    `cache`: the job's extract keys."""
+    `cache`: the job's extract keys; `full_bias`: fit the full bias beside the points."""
     model_dir = Path(inputs.model).parent
     layer = read_output_layer(model_dir)
     users = read_users(shards or inputs.shards, model_dir, inputs.users, cache)
-    return FitJob(layer, users, build_heads(points, layer, inputs.basis, heads), resolve_device(device))
+    heads = build_heads(points, layer, inputs.basis, heads, full_bias)
+    return FitJob(layer, users, heads, resolve_device(device), cache["context"])
+
+
+def load_methods(inputs, fit: FitConfig, cache: dict, device: str, shards=None) -> FitJob:
+    """load_fit_job for every method of `fit`: its points, and the full bias if fit.baselines has it."""
+    return load_fit_job(inputs, fit.points, fit.heads, cache, device, shards, FULL_BIAS in fit.baselines)
 
 
 def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tuple[Tokens, Tokens]:
@@ -145,50 +188,240 @@ def _fit_columns(prefix: str, result: FitResult) -> dict:
     return {f"{prefix}_{key}": value for key, value in result.as_dict().items() if key != "solver"}
 
 
-def fit_global(job: FitJob, fit: FitConfig) -> pd.DataFrame:
-    """The global theta of every (point, solver) on the pooled train tokens of the job's users (module
-    docstring)."""
-    cap = fit.global_max_tokens
-    share = None if cap is None else math.ceil(cap / len(job.users))
-    train = pool(
+def _scored_path(held_out: HeldOut, path, offset: torch.Tensor | None, columns: dict) -> list[dict]:
+    """One validation row per ball of a path (uph.lm.fit.fit_path): its thetas (on top of `offset`)
+    scored on the validation part in one pass (HeldOut.many)."""
+    thetas = torch.stack([theta.double() for theta, _ in path])
+    scores = held_out.many(thetas if offset is None else thetas + offset)
+    return [
+        {
+            **columns,
+            "capacity": result.radius,
+            "validation_nll": score["nll"],
+            "theta_norm": result.theta_norm,
+            "certificate": result.certificate,
+            "evaluations": result.evaluations,
+            "seconds": result.seconds,
+        }
+        for (_, result), score in zip(path, scores)
+    ]
+
+
+def _choice_columns(point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> dict:
+    return {**point.columns, "solver": solver, "arm": arm, "train_tokens": train_tokens}
+
+
+def _unigram_columns(arm: str) -> dict:
+    return {
+        "head": UNIGRAM,
+        "alpha": math.nan,
+        "d": math.nan,
+        "solver": "exact",
+        "arm": arm,
+        "train_tokens": ALL_TOKENS,
+    }
+
+
+def _radius(choices: pd.DataFrame, point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> float:
+    return chosen(choices, "capacity", **_choice_columns(point, solver, arm, train_tokens))
+
+
+def _pooled(job: FitJob, ends: dict[str, int]) -> Tokens:
+    """Each user's first ends[user] train tokens, pooled."""
+    return pool(
         [
-            prepare(states.train_hidden[:share], states.train_targets[:share], job.layer, device=job.device)
-            for states in job.users.values()
+            prepare(states.train_hidden[: ends[user]], states.train_targets[: ends[user]], job.layer, device=job.device)
+            for user, states in job.users.items()
         ]
     )
-    log.info("global theta on %d pooled train tokens of %d users", train.n, len(job.users))
-    rows = []
-    for point, head in job.heads.items():
-        for solver in fit.solvers:
-            theta, result = fit_theta(train, head, solver, fit.solver, user="global", label=point.label)
-            rows.append(
+
+
+def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(global thetas, validation rows, pooled unigram) (module docstring): per (method, solver) the path
+    on the pooled fit parts, each ball scored on every user's validation part, the radius with the best
+    mean chosen, and theta_g refitted at it on the pooled train tokens (`theta_fit`, the fit parts' theta
+    at the same radius, is the base of the validating jobs' residual paths). The pooled unigram counts
+    every fit part's tokens (`counts_fit`) and every train token (`counts`), uncapped."""
+    capacity, n_users = fit.capacity, len(job.users)
+    share = math.inf if fit.global_max_tokens is None else math.ceil(fit.global_max_tokens / n_users)
+    splits = {
+        user: split_lengths(len(states.train_targets), capacity.validation_fraction, job.gap)
+        for user, states in job.users.items()
+    }
+    fit_ends = {user: min(share, fit_end) for user, (fit_end, _) in splits.items()}
+    train_ends = {user: min(share, len(states.train_targets)) for user, states in job.users.items()}
+    train = _pooled(job, fit_ends)
+    log.info("global paths on %d pooled fit-part tokens of %d users, radii %s", train.n, n_users, capacity.radii)
+    paths = {
+        (point, solver): fit_path(train, head, solver, fit.solver, capacity.radii, user="global", label=point.label)
+        for point, head in job.heads.items()
+        for solver in fit.solvers
+    }
+    del train
+    vocab_size = job.layer.W.shape[0]
+    counts_fit = sum(
+        torch.bincount(states.train_targets[: splits[user][0]].long(), minlength=vocab_size).double()
+        for user, states in job.users.items()
+    )
+    counts = sum(torch.bincount(s.train_targets.long(), minlength=vocab_size).double() for s in job.users.values())
+    pooled_fit = log_unigram(counts_fit)
+    validation = []
+    for user, states in tqdm(job.users.items(), desc="global validation", unit="user", mininterval=5):
+        start = splits[user][1]
+        held = prepare(states.train_hidden[start:], states.train_targets[start:], job.layer, device=job.device)
+        for (point, solver), path in paths.items():
+            columns = {**_choice_columns(point, solver, "global"), "user": user}
+            validation += _scored_path(HeldOut(held, job.heads[point]), path, None, columns)
+        if UNIGRAM in fit.baselines:
+            validation += [
                 {
-                    **point.columns,
-                    "solver": solver,
-                    "pooled_tokens": train.n,
-                    **_fit_columns("fit", result),
-                    "theta": theta.double().tolist(),
+                    **_unigram_columns("global"),
+                    "user": user,
+                    "capacity": lam,
+                    "validation_nll": unigram_nll("global", lam, held, pooled_fit, None),
                 }
+                for lam in capacity.lambdas
+            ]
+    validation = pd.DataFrame(validation)
+    choices = choose(validation, CHOICE_KEYS, "capacity")
+    train = None if fit_ends == train_ends else _pooled(job, train_ends)  # else: the same tokens, the same fit
+    rows = []
+    for (point, solver), path in paths.items():
+        radius = _radius(choices, point, solver, "global")
+        theta_fit, result = next((theta, result) for theta, result in path if result.radius == radius)
+        theta = theta_fit
+        if train is not None:
+            theta, result = fit_theta(
+                train, job.heads[point], solver, fit.solver, radius, user="global", label=point.label
             )
-            log.info("%s %s: certificate %.1e (%.1f s)", point.label, solver, result.certificate, result.seconds)
-    return pd.DataFrame(rows)
+        edge = chosen_row(choices, **_choice_columns(point, solver, "global"))["at_edge"]
+        rows.append(
+            {
+                **point.columns,
+                "solver": solver,
+                "pooled_tokens": sum(train_ends.values()),
+                "at_edge": edge,
+                **_fit_columns("fit", result),
+                "theta": theta.double().tolist(),
+                "theta_fit": theta_fit.double().tolist(),
+            }
+        )
+        log.info(
+            "%s %s: radius %g%s, certificate %.1e",
+            point.label,
+            solver,
+            radius,
+            edge and f" (at the {edge} end)",
+            result.certificate,
+        )
+    unigram = pd.DataFrame()
+    if UNIGRAM in fit.baselines:
+        lam = choices[choices["head"] == UNIGRAM].iloc[0]
+        unigram = pd.DataFrame(
+            [
+                {
+                    "lambda": lam["capacity"],
+                    "at_edge": lam["at_edge"],
+                    "counts_fit": counts_fit.tolist(),
+                    "counts": counts.tolist(),
+                }
+            ]
+        )
+    return pd.DataFrame(rows), validation, unigram
 
 
-def global_thetas(table: pd.DataFrame) -> dict[tuple[Point, str], torch.Tensor]:
-    """(point, solver) -> theta_g from fit_global's table."""
+def global_thetas(table: pd.DataFrame, column: str = "theta") -> dict[tuple[Point, str], torch.Tensor]:
+    """(point, solver) -> theta_g from fit_global's table (`theta_fit`: the fit parts' theta_g)."""
     return {
-        (Point.of(row.head, row.alpha, row.d), row.solver): torch.tensor(row.theta, dtype=torch.float64)
-        for row in table.itertuples()
+        (Point.of(row["head"], row["alpha"], row["d"]), row["solver"]): torch.tensor(row[column], dtype=torch.float64)
+        for _, row in table.iterrows()
     }
 
 
 def residual_thetas(fits: pd.DataFrame) -> dict[tuple[Point, str], dict[str, torch.Tensor]]:
     """(point, solver) -> user -> residual theta_r, from the fit jobs' rows."""
     thetas: dict[tuple[Point, str], dict[str, torch.Tensor]] = {}
-    for row in fits.itertuples():
+    for row in fits[fits["head"] != UNIGRAM].itertuples():
         key = (Point.of(row.head, row.alpha, row.d), row.solver)
         thetas.setdefault(key, {})[row.user] = torch.tensor(row.theta_residual, dtype=torch.float64)
     return thetas
+
+
+def _dose_split(train: Tokens, k: int, fraction: float, gap: int) -> tuple[Tokens, Tokens]:
+    try:
+        return validation_split(train.prefix(k), fraction, gap)
+    except ValueError as error:
+        raise ConfigError(
+            f"config key 'fit.dose_response.train_tokens': {k} is too few to validate on: {error}"
+        ) from None
+
+
+def validate_user(
+    user: str,
+    train: Tokens,
+    heads: dict[Point, Head],
+    thetas_g_fit: dict,
+    unigram: pd.DataFrame | None,
+    fit: FitConfig,
+    gap: int,
+) -> list[dict]:
+    """One user's validation rows: the personal and residual paths of every method and solver on the fit
+    part, scored on the validation part; the dose-response's residual paths on each prefix k's own fit
+    part and tail; the unigram arms at every lambda."""
+    capacity = fit.capacity
+    fit_part, held = validation_split(train, capacity.validation_fraction, gap)
+    dose_points, ks = dict(fit.dose_response.points), [k for k in fit.dose_response.train_tokens if k < train.n]
+    rows = []
+    for point, head in heads.items():
+        held_out = HeldOut(held, head)
+        for solver in fit.solvers:
+            theta_g = thetas_g_fit[(point, solver)]
+            personal = fit_path(fit_part, head, solver, fit.solver, capacity.radii, user=user, label=point.label)
+            residual = fit_path(fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label)
+            rows += _scored_path(held_out, personal, None, {**_choice_columns(point, solver, "personal"), "user": user})
+            rows += _scored_path(
+                held_out, residual, theta_g, {**_choice_columns(point, solver, "residual"), "user": user}
+            )
+            if dose_points.get(point) != solver:
+                continue
+            for k in ks:
+                fit_k, held_k = _dose_split(train, k, capacity.validation_fraction, gap)
+                path = fit_path(fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label)
+                rows += _scored_path(
+                    HeldOut(held_k, head),
+                    path,
+                    theta_g,
+                    {**_choice_columns(point, solver, "residual", k), "user": user},
+                )
+    if unigram is not None:
+        pooled, lam_global = log_unigram(torch.tensor(unigram["counts_fit"].iloc[0])), float(unigram["lambda"].iloc[0])
+        own = log_unigram(counts_of(fit_part, len(pooled)))
+        rows += [
+            {
+                **_unigram_columns(arm),
+                "user": user,
+                "capacity": lam,
+                "validation_nll": unigram_nll(arm, lam, held, pooled, own, lam_global),
+            }
+            for arm in ("personal", "residual")
+            for lam in capacity.lambdas
+        ]
+    return rows
+
+
+def validate_shard(job: FitJob, thetas_g_fit: dict, unigram: pd.DataFrame | None, fit: FitConfig) -> pd.DataFrame:
+    """Every user of one shard: the validation rows (validate_user) that capacity_choices chooses from."""
+    rows = []
+    for user, states in job.users.items():
+        train = prepare(states.train_hidden, states.train_targets, job.layer, device=job.device)
+        rows += validate_user(user, train, job.heads, thetas_g_fit, unigram, fit, job.gap)
+        log.info("%s: validated %d train tokens", user, train.n)
+    return pd.DataFrame(rows)
+
+
+def capacity_choices(validation: pd.DataFrame) -> pd.DataFrame:
+    """Every (method, arm, train_tokens)'s choice from the validation rows of every job (uph.lm.capacity)."""
+    return choose(validation, CHOICE_KEYS, "capacity")
 
 
 def fit_arms(
@@ -196,17 +429,18 @@ def fit_arms(
     held_out: HeldOut,
     head: Head,
     theta_g: torch.Tensor,
+    radii: tuple[float, float],
     solver: str,
     fit: FitConfig,
     user: str,
     label: str,
 ) -> tuple[dict, torch.Tensor]:
     """One user's three arms at one point and solver, scored on the held-out text: the global theta_g,
-    the personal theta from zero, the residual theta_r on top of theta_g. Returns the row's columns
-    and theta_r."""
-    theta_p, personal = fit_theta(train, head, solver, fit.solver, user=user, label=label)
-    theta_r, residual = fit_theta(train, head, solver, fit.solver, offset=theta_g, user=user, label=label)
-    global_, personal_, residual_ = held_out(theta_g), held_out(theta_p), held_out(theta_g + theta_r)
+    the personal theta from zero and the residual theta_r on top of theta_g, each at its chosen radius
+    (`radii`: personal, residual). Returns the row's columns and theta_r."""
+    theta_p, personal = fit_theta(train, head, solver, fit.solver, radii[0], user=user, label=label)
+    theta_r, residual = fit_theta(train, head, solver, fit.solver, radii[1], offset=theta_g, user=user, label=label)
+    global_, personal_, residual_ = held_out.many(torch.stack([theta_g, theta_p.double(), theta_g + theta_r.double()]))
     columns = {
         "base_nll": held_out.base_nll,
         "global_nll": global_["nll"],
@@ -217,6 +451,7 @@ def fit_arms(
         "residual_kl": residual_["kl"],
         **_fit_columns("personal", personal),
         **_fit_columns("residual", residual),
+        "sum_theta_norm": float((theta_g + theta_r.double()).norm()),
         "theta_personal": theta_p.double().tolist(),
         "theta_residual": theta_r.double().tolist(),
     }
@@ -230,20 +465,24 @@ def fit_dose_response(
     theta_g: torch.Tensor,
     theta_r: torch.Tensor,
     global_nll: float,
+    radii: dict[int, float],
     solver: str,
     fit: FitConfig,
 ) -> list[dict]:
-    """The residual arm refitted on the user's first k train tokens, for each k of fit.dose_response
-    below the user's count, then all of them (theta_r, already fitted): the held-out NLL of each, beside
-    the global theta's (`global_nll`, from the arms)."""
+    """The residual arm refitted on the user's first k train tokens at the radius chosen for k (`radii`),
+    for each k of fit.dose_response below the user's count, then all of them (theta_r, already fitted):
+    the held-out NLL of each, beside the global theta's (`global_nll`, from the arms)."""
     ks = [k for k in fit.dose_response.train_tokens if k < train.n]
     rows = []
     for k in [*ks, train.n]:
-        theta_k = theta_r if k == train.n else fit_theta(train.prefix(k), head, solver, fit.solver, offset=theta_g)[0]
+        theta_k = theta_r
+        if k < train.n:
+            theta_k = fit_theta(train.prefix(k), head, solver, fit.solver, radii[k], offset=theta_g)[0]
         rows.append(
             {
                 "train_tokens": k,
                 "all_train_tokens": k == train.n,
+                "radius": radii[k],
                 "global_nll": global_nll,
                 "residual_nll": held_out(theta_g + theta_k)["nll"],
             }
@@ -251,45 +490,33 @@ def fit_dose_response(
     return rows
 
 
-def fit_baselines(train: Tokens, test: Tokens, fit: FitConfig, user: str, columns: dict) -> list[dict]:
-    """The baselines fitted on the user's train tokens (uph.lm.baselines), each row with `columns`: unigram
-    interpolation (its lambda by leave-one-out, no solver) and the full-vocabulary bias (every solver)."""
-    vocab_size = train.layer.W.shape[0]
-    rows = []
-    if "unigram" in fit.baselines:
-        unigram = unigram_interpolation(train, test, vocab_size)
-        rows.append(
-            {
-                "baseline": "unigram",
-                "solver": "exact",
-                **columns,
-                "nll": unigram["nll"],
-                "lambda": unigram["lambda"],
-                "params_per_user": vocab_size + 1,
-            }
-        )
-    if "full_bias" in fit.baselines:
-        head = full_bias_head(train.layer.W, train.layer.b)
-        held_out = HeldOut(test, head)
-        for solver in fit.solvers:
-            theta, result = fit_theta(train, head, solver, fit.solver, user=user, label="full_bias")
-            rows.append(
-                {
-                    "baseline": "full_bias",
-                    "solver": solver,
-                    **columns,
-                    "nll": held_out(theta)["nll"],
-                    **_fit_columns("fit", result),
-                    "params_per_user": vocab_size,
-                }
-            )
-    return rows
+def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame, choices: pd.DataFrame) -> dict:
+    """One user's unigram mixtures in the three arms at their chosen lambdas, scored on test: the columns
+    of a fits row (uph.lm.baselines)."""
+    pooled, lam_global = log_unigram(torch.tensor(unigram["counts"].iloc[0])), float(unigram["lambda"].iloc[0])
+    own = log_unigram(counts_of(train, len(pooled)))
+    lams = {arm: chosen(choices, "capacity", **_unigram_columns(arm)) for arm in ("personal", "residual")}
+    return {
+        "base_nll": test.base_nll,
+        "global_nll": unigram_nll("global", lam_global, test, pooled, own),
+        "personal_nll": unigram_nll("personal", lams["personal"], test, pooled, own),
+        "residual_nll": unigram_nll("residual", lams["residual"], test, pooled, own, lam_global),
+        "personal_lambda": lams["personal"],
+        "residual_lambda": lams["residual"],
+    }
 
 
 def fit_user(
-    user: str, train: Tokens, test: Tokens, heads: dict[Point, Head], thetas_g: dict, fit: FitConfig
-) -> tuple[list[dict], list[dict], list[dict]]:
-    """One user's rows: (every point x solver with its three arms, dose-response, baselines)."""
+    user: str,
+    train: Tokens,
+    test: Tokens,
+    heads: dict[Point, Head],
+    thetas_g: dict,
+    choices: pd.DataFrame,
+    unigram: pd.DataFrame | None,
+    fit: FitConfig,
+) -> tuple[list[dict], list[dict]]:
+    """One user's rows: (every method x solver with its three arms, and the unigram's; dose-response)."""
     dose_points = dict(fit.dose_response.points)
     fits, dose = [], []
     user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
@@ -297,13 +524,16 @@ def fit_user(
         held_out = HeldOut(test, head)
         for solver in fit.solvers:
             theta_g = thetas_g[(point, solver)]
-            arms, theta_r = fit_arms(train, held_out, head, theta_g, solver, fit, user, point.label)
-            fits.append({**point.columns, "solver": solver, **user_columns, **arms})
+            radii = tuple(_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
+            arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label)
+            fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
             if dose_points.get(point) == solver:
+                ks = [k for k in fit.dose_response.train_tokens if k < train.n]
+                dose_radii = {k: _radius(choices, point, solver, "residual", k) for k in ks} | {train.n: radii[1]}
                 dose += [
                     {**point.columns, "solver": solver, "user": user, **row}
                     for row in fit_dose_response(
-                        train, held_out, head, theta_g, theta_r, arms["global_nll"], solver, fit
+                        train, held_out, head, theta_g, theta_r, arms["global_nll"], dose_radii, solver, fit
                     )
                 ]
         log.info(
@@ -313,15 +543,28 @@ def fit_user(
             fits[-1]["residual_nll"] - fits[-1]["global_nll"],
             fits[-1]["personal_nll"] - fits[-1]["base_nll"],
         )
-    return fits, dose, fit_baselines(train, test, fit, user, {**user_columns, "base_nll": test.base_nll})
+    if unigram is not None:
+        method = {key: value for key, value in _unigram_columns("").items() if key in ("head", "alpha", "d", "solver")}
+        vocab_and_lambda = train.layer.W.shape[0] + 1
+        fits.append(
+            {
+                **method,
+                **user_columns,
+                "params_per_user": vocab_and_lambda,
+                **unigram_arms(train, test, unigram, choices),
+            }
+        )
+    return fits, dose
 
 
-def fit_shard(job: FitJob, thetas_g: dict, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Every user of one shard: (fits, dose_response, baselines) tables (module docstring)."""
-    tables = ([], [], [])
+def fit_shard(
+    job: FitJob, thetas_g: dict, choices: pd.DataFrame, unigram: pd.DataFrame | None, fit: FitConfig
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every user of one shard: (fits, dose_response) tables (module docstring)."""
+    tables = ([], [])
     for user, states in job.users.items():
         train, test = prepared(states, job.layer, job.device)
-        for table, rows in zip(tables, fit_user(user, train, test, job.heads, thetas_g, fit)):
+        for table, rows in zip(tables, fit_user(user, train, test, job.heads, thetas_g, choices, unigram, fit)):
             table.extend(rows)
     return tuple(pd.DataFrame(rows) for rows in tables)
 

@@ -1,7 +1,8 @@
 """The personalization study's tables from the fit jobs' per-user rows (rule personalization_table).
 
-personalization: per (head, alpha, d, solver) three comparisons on the users' held-out text, each
-uph.stats.compare of per-user NLLs (paired bootstrap interval, users improved, sign test):
+personalization: per method (head, alpha, d; the baselines full_bias and unigram with no alpha, d) and
+solver, the arms on the users' held-out text, each uph.stats.compare of per-user NLLs (paired bootstrap
+interval, users improved, sign test), each at its capacity chosen on validation (uph.lm.capacity):
 
     global            nll(theta_g)          against base_nll
     personal          nll(theta_u)          against base_nll
@@ -10,9 +11,12 @@ uph.stats.compare of per-user NLLs (paired bootstrap interval, users improved, s
     own vs others     nll(theta_g + theta_r) against the others' nll (the personal gain: the own
                       residual against the same capacity fitted on everyone else)
 
-then one row per (baseline, solver), personal against base. dose_response: the gain beyond global of
-residuals fitted on each user's first k train tokens, the all-tokens rows standing at their mean count.
-cross_user: every residual theta on every user's text, as the cross_user jobs scored them.
+The unigram mixtures' arms are the pooled, the personal and the personal-on-pooled unigram (uph.lm.
+baselines). Each arm's row has its chosen `capacity` (radius, or lambda), `at_edge` and the share of
+users whose theta lies on its ball. capacity: every validation curve, its chosen point marked.
+dose_response: the gain beyond global of residuals fitted on each user's first k train tokens at the
+radius chosen for k, the all-tokens rows standing at their mean count. cross_user: every residual theta
+on every user's text, as the cross_user jobs scored them.
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from uph.lm.capacity import chosen_row
 from uph.lm.solvers import on_ball
 from uph.stats import compare
 
 KEYS = ["head", "alpha", "d", "solver"]
-ARMS = (  # control, its held-out NLL, the reference it is compared with, its KL column, its fit columns' prefix
-    ("global", "global_nll", "base_nll", "global_kl", None),
-    ("personal", "personal_nll", "base_nll", "personal_kl", "personal"),
-    ("global+personal", "residual_nll", "global_nll", "residual_kl", "residual"),
+BASELINES = ("full_bias", "unigram")  # rows with no alpha, d: the baselines, not prior heads
+ARMS = (  # control, its arm (uph.lm.capacity), held-out NLL, the reference it is compared with, its KL column
+    ("global", "global", "global_nll", "base_nll", "global_kl"),
+    ("personal", "personal", "personal_nll", "base_nll", "personal_kl"),
+    ("global+personal", "residual", "residual_nll", "global_nll", "residual_kl"),
 )
 OTHERS = (  # control, its held-out NLL, the reference: the comparisons that read the others control
     ("others", "others_nll", "global_nll"),
@@ -44,67 +50,85 @@ def _comparison(model: str, point: dict, users: pd.DataFrame, control: str, arm:
         "control": control,
         "reference": reference.removesuffix("_nll"),
         **compare(users[arm], users[reference], n_boot=n_boot),
-        "params_per_user": point["d"],
+    }
+
+
+def _fitted(users: pd.DataFrame, global_fit: pd.Series | None, arm: str, radius: float) -> dict:
+    """An arm's fit columns: objective, worst certificate, share of thetas on the ball of `radius` (NaN
+    for the unigram, which fits no theta)."""
+    if arm == "global":
+        if global_fit is None:
+            return {"fit_objective": np.nan, "fit_certificate_max": np.nan, "frac_on_ball": np.nan}
+        return {
+            "fit_objective": global_fit["fit_objective"],
+            "fit_certificate_max": global_fit["fit_certificate"],
+            "frac_on_ball": float(on_ball(global_fit["fit_theta_norm"], radius)),
+        }
+    if f"{arm}_objective" not in users or users[f"{arm}_objective"].isna().all():
+        return {"fit_objective": np.nan, "fit_certificate_max": np.nan, "frac_on_ball": np.nan}
+    return {
+        "fit_objective": users[f"{arm}_objective"].mean(),
+        "fit_certificate_max": users[f"{arm}_certificate"].max(),
+        "frac_on_ball": float(on_ball(users[f"{arm}_theta_norm"], radius).mean()),
     }
 
 
 def personalization_table(
-    model: str,
-    fits: pd.DataFrame,
-    global_fits: pd.DataFrame,
-    others: pd.DataFrame,
-    baselines: pd.DataFrame,
-    n_boot: int,
-    max_norm: float,
+    model: str, fits: pd.DataFrame, global_fits: pd.DataFrame, others: pd.DataFrame, choices: pd.DataFrame, n_boot: int
 ) -> pd.DataFrame:
-    """`fits`: the fit jobs' per-(user, point, solver) rows; `global_fits`: fit_global's rows; `others`:
-    fit_others' per-(user, point, solver) others_nll (no rows with one user: no others controls);
-    `baselines`: the per-(user, baseline, solver) rows. A fitted row's frac_on_ball is the share of its
-    thetas on the ball of radius `max_norm` (fit.max_norm; the global row's one theta: 0 or 1)."""
+    """`fits`: the fit jobs' per-(user, method, solver) rows; `global_fits`: fit_global's rows; `others`:
+    fit_others' per-(user, method, solver) others_nll (no rows with one user: no others controls);
+    `choices`: the capacity job's choices (uph.lm.capacity)."""
     global_fits = global_fits.set_index(KEYS)
     fits = fits.assign(others_nll=np.nan) if others.empty else fits.merge(others, on=[*KEYS, "user"], how="left")
     rows = []
-    for key, users in fits.groupby(KEYS, sort=True):
-        point = dict(zip(KEYS, key))
-        for control, arm, reference, kl, prefix in ARMS:
-            fitted = global_fits.loc[key] if prefix is None else None
+    for key, users in fits.groupby(KEYS, sort=True, dropna=False):
+        method = dict(zip(KEYS, key))
+        baseline = method["head"] in BASELINES
+        shown = {**method, "alpha": np.nan, "d": np.nan} if baseline else method
+        params = users["params_per_user"].iloc[0]
+        for control, arm, nll, reference, kl in ARMS:
+            choice = chosen_row(choices, **method, arm=arm, train_tokens=np.nan)
+            global_fit = global_fits.loc[key] if key in global_fits.index else None
             rows.append(
                 {
-                    **_comparison(model, point, users, control, arm, reference, n_boot),
-                    "kl": users[kl].mean(),
-                    "fit_objective": fitted["fit_objective"] if prefix is None else users[f"{prefix}_objective"].mean(),
-                    "fit_certificate_max": (
-                        fitted["fit_certificate"] if prefix is None else users[f"{prefix}_certificate"].max()
-                    ),
-                    "frac_on_ball": float(
-                        on_ball(fitted["fit_theta_norm"], max_norm)
-                        if prefix is None
-                        else on_ball(users[f"{prefix}_theta_norm"], max_norm).mean()
-                    ),
+                    **_comparison(model, shown, users, control, nll, reference, n_boot),
+                    "params_per_user": params,
+                    "capacity": choice["capacity"],
+                    "at_edge": choice["at_edge"],
+                    "kl": users[kl].mean() if kl in users else np.nan,
+                    **_fitted(users, global_fit, arm, choice["capacity"]),
+                    "sum_theta_norm": users["sum_theta_norm"].mean()
+                    if arm == "residual" and "sum_theta_norm" in users
+                    else np.nan,
                 }
             )
         if users["others_nll"].notna().all():
-            rows += [_comparison(model, point, users, *control, n_boot) for control in OTHERS]
-    for (baseline, solver), users in baselines.groupby(["baseline", "solver"], sort=True):
-        fitted = "fit_objective" in users and users["fit_objective"].notna().any()
-        rows.append(
-            {
-                "model": model,
-                "head": baseline,
-                "alpha": np.nan,
-                "d": np.nan,
-                "solver": solver,
-                "control": "personal",
-                "reference": "base",
-                **compare(users["nll"], users["base_nll"], n_boot=n_boot),
-                "params_per_user": users["params_per_user"].iloc[0],
-                "kl": np.nan,
-                "fit_objective": users["fit_objective"].mean() if fitted else np.nan,
-                "fit_certificate_max": users["fit_certificate"].max() if fitted else np.nan,
-                "frac_on_ball": on_ball(users["fit_theta_norm"], max_norm).mean() if fitted else np.nan,
-            }
-        )
+            rows += [
+                {**_comparison(model, shown, users, *control, n_boot), "params_per_user": params} for control in OTHERS
+            ]
     return pd.DataFrame(rows)
+
+
+def capacity_table(model: str, validation: pd.DataFrame, choices: pd.DataFrame) -> pd.DataFrame:
+    """Every validation curve: per (method, arm, train_tokens, capacity) the mean validation NLL over the
+    users, the share of their thetas on the ball, and whether it is the chosen point (at a grid edge?)."""
+    keys = [*KEYS, "arm", "train_tokens"]
+    curves = (
+        validation.assign(
+            on_ball=on_ball(validation["theta_norm"], validation["capacity"]) if "theta_norm" in validation else np.nan
+        )
+        .groupby([*keys, "capacity"], dropna=False, sort=True)
+        .agg(validation_nll=("validation_nll", "mean"), n_users=("user", "nunique"), frac_on_ball=("on_ball", "mean"))
+        .reset_index()
+    )
+    picked = choices[[*keys, "capacity", "at_edge"]].assign(chosen=True)
+    table = curves.merge(picked, on=[*keys, "capacity"], how="left")
+    table["chosen"] = table["chosen"].fillna(False).astype(bool)
+    table["at_edge"] = table["at_edge"].fillna("")
+    return table.assign(model=model)[
+        ["model", *keys, "capacity", "validation_nll", "n_users", "frac_on_ball", "chosen", "at_edge"]
+    ]
 
 
 def dose_response_table(model: str, dose: pd.DataFrame, n_boot: int) -> pd.DataFrame:
@@ -119,6 +143,7 @@ def dose_response_table(model: str, dose: pd.DataFrame, n_boot: int) -> pd.DataF
                 **dict(zip(KEYS, key)),
                 "train_tokens": train_tokens,
                 "all_train_tokens": everything,
+                "radius": users["radius"].mean(),
                 **compare(users["residual_nll"], users["global_nll"], n_boot=n_boot),
             }
             for (*key, train_tokens, everything), users in dose.groupby([*KEYS, "train_tokens", "all_train_tokens"])

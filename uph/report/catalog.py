@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 TABLES = (  # results/tables/<name>.csv
     "personalization",
+    "capacity",  # every validation curve of the personalization study, its choice marked
     "dose_response",
     "cross_user",
     "copy_task",
@@ -37,6 +38,9 @@ FIGURES = {
         "Held-out NLL change by head against d: global, personal, personal beyond global",
         (FULL_WIDTH, 4.2),
         "User prior heads",
+    ),
+    "capacity": FigureSpec(
+        "Validation NLL against the ball's radius, every head and arm", (FULL_WIDTH, 2.6), "User prior heads"
     ),
     "dose_response": FigureSpec(
         "Personal gain beyond global against the user's train tokens", (FULL_WIDTH, 2.6), "User prior heads"

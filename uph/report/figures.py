@@ -155,6 +155,39 @@ def personalization(fig: Figure, study: Study) -> None:
     )
 
 
+def capacity(fig: Figure, study: Study) -> None:
+    """The capacity path: the mean validation NLL over users against the ball's radius (log axis), one
+    panel per arm, a line per head and the full bias at all of each user's train tokens, the chosen
+    radius ringed (uph.lm.capacity). The unigram's lambda is another knob: its curve is in the table."""
+    solver = headline_solver(study.personalization)
+    table = study.capacity[(study.capacity["solver"] == solver) & study.capacity["train_tokens"].isna()]
+    table = table[table["head"] != "unigram"]
+    colors = palette(table["head"], (*HEADS, "full_bias"))
+    axes = fig.subplots(1, 3, squeeze=False)[0]
+    for ax, arm in zip(axes, ("global", "personal", "residual")):
+        for (head, _alpha, _d), rows in table[table["arm"] == arm].groupby(
+            ["head", "alpha", "d"], sort=True, dropna=False
+        ):
+            rows = rows.sort_values("capacity")
+            ax.plot(rows["capacity"], rows["validation_nll"], color=colors[head], marker=".", label=head)
+            picked = rows[rows["chosen"]]
+            ax.plot(
+                picked["capacity"],
+                picked["validation_nll"],
+                color=colors[head],
+                marker="o",
+                markersize=9,
+                fillstyle="none",
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("radius of the ball ‖θ‖ ≤ r")
+        ax.set_title(arm)
+    axes[0].set_ylabel("validation NLL (nats/token)")
+    handles = [Line2D([], [], color=color, label=head) for head, color in colors.items()]
+    fig.legend(handles=handles, loc="outside right center")
+    fig.suptitle(f"Capacity chosen on validation, {solver} solver: mean over users, ○ the chosen radius")
+
+
 def dose_response(fig: Figure, study: Study) -> None:
     """The personal gain beyond global (global -> global + personal) against the user's train tokens
     the residual theta was fitted on, one panel per alpha: a line per head and d, its 95 % interval a band."""
@@ -502,6 +535,7 @@ def feedback(fig: Figure, study: Study) -> None:
 
 DRAW: dict[str, Callable[[Figure, Study], None]] = {  # one per figure of uph.report.catalog.FIGURES
     "personalization": personalization,
+    "capacity": capacity,
     "dose_response": dose_response,
     "cross_user": cross_user,
     "solver_gap": solver_gap,

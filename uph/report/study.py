@@ -1,4 +1,4 @@
-"""The finished study as the aggregate stage reads it: the five contract tables and the per-job
+"""The finished study as the aggregate stage reads it: the contract tables and the per-job
 training curves, nothing else (no model, no cache), so figures and summary can be rebuilt from them.
 
 `headline_solver` picks the solver whose numbers the figures and the summary quote: `exact`, the
@@ -27,6 +27,7 @@ class Study:
     copy_task_curves: pd.DataFrame  # every results/copy_task/attention~*/seed~*/curves.parquet
     feedback_curves: pd.DataFrame  # every results/feedback/method~*/seed~*/curves.parquet
     copy_task_vocab: int  # chance accuracy on the copy task is 1 / vocab
+    capacity: pd.DataFrame | None = None  # results/tables/capacity.csv
     attention: pd.DataFrame | None = None  # results/tables/attention.csv
     attention_sweep: pd.DataFrame | None = None  # results/tables/attention_sweep.csv
     attention_curves: pd.DataFrame | None = None  # results/tables/attention_curves.csv
@@ -54,10 +55,11 @@ def headline_solver(personalization: pd.DataFrame) -> str:
     return "exact" if "exact" in solvers else sorted(solvers)[0]
 
 
-def baselines_at(personalization: pd.DataFrame, solver: str) -> pd.DataFrame:
-    """One row per baseline to quote beside `solver`'s heads: its row at that solver, else its only one
-    (unigram's lambda is a 1-D search, fitted the same whatever fit.solvers says)."""
+def baselines_at(personalization: pd.DataFrame, solver: str, control: str = "personal") -> pd.DataFrame:
+    """One row per baseline to quote beside `solver`'s heads, in the arm `control`: its row at that
+    solver, else its only one (the unigram fits no theta: it has one row per arm whatever fit.solvers says)."""
     baselines = split_baselines(personalization)[1]
+    baselines = baselines[baselines["control"] == control]
     return baselines.sort_values("solver", key=lambda solvers: solvers != solver, kind="stable").drop_duplicates("head")
 
 

@@ -76,22 +76,27 @@ def personalization_finding(study: Study) -> list[str]:
             f"there, against the global θ alone: own residual {delta_with_ci(control.loc['global+personal'])}, "
             f"the others' mean residual {delta_with_ci(control.loc['others'])}"
         )
-    if "frac_on_ball" in control:  # the ball binds: its radius (fit.max_norm), not the data, decides those fits
+    if "capacity" in control:  # each arm's radius, chosen on validation; where its ball still binds
         users = int(best["n_users"])
-        on_ball = {arm: round(control.loc[arm, "frac_on_ball"] * users) for arm in ("personal", "global+personal")}
+        arms = {"global θ": "global", "personal θ": "personal", "residual θ": "global+personal"}
         facts.append(
-            f"there, on the ball of radius fit.max_norm: the global θ {'yes' if control.loc['global', 'frac_on_ball'] else 'no'}, "
-            f"personal θs {on_ball['personal']} of {users} users, residual θs {on_ball['global+personal']} of {users}"
+            "there, radii chosen on validation: "
+            + ", ".join(f"{name} {_capacity(control.loc[arm])}" for name, arm in arms.items())
+            + f"; on the ball: personal θs {round(control.loc['personal', 'frac_on_ball'] * users)} of {users} users, "
+            f"residual θs {round(control.loc['global+personal', 'frac_on_ball'] * users)} of {users}; "
+            f"mean ‖θ_g + θ_r‖ {control.loc['global+personal', 'sum_theta_norm']:.3g}"
         )
     facts += [
         f"there, against the frozen model: global θ {delta_with_ci(control.loc['global'])}, "
         f"personal θ {delta_with_ci(control.loc['personal'])}",
         f"base → personal, the best head: {point_label(best_personal)} {delta_with_ci(best_personal)}",
     ]
-    facts += [
-        f"baseline {row['head']} ({row['solver']}): {delta_with_ci(row)}"
-        for _, row in baselines_at(study.personalization, solver).iterrows()
-    ]
+    for arm, what in (("global", "pooled"), ("personal", "personal"), ("global+personal", "beyond its pooled arm")):
+        facts += [
+            f"baseline {row['head']} ({row['solver']}), {what}: {delta_with_ci(row)}{_capacity_of_baseline(row)}"
+            for _, row in baselines_at(study.personalization, solver, arm).iterrows()
+        ]
+    facts.append(_edges(study.personalization))
     cross = cross_user_at_headline(study)
     facts.append(
         f"cross-user residual θs at {point_label(cross.iloc[0])}: {_dominance(cross)}"
@@ -99,6 +104,31 @@ def personalization_finding(study: Study) -> list[str]:
         else f"no cross-user point at the {solver} solver (fit.cross_user)"
     )
     return facts
+
+
+def _capacity(row) -> str:
+    """A chosen capacity, with its grid edge when it sits at one."""
+    return f"{row['capacity']:g}" + (
+        f" (at the grid's {row['at_edge']} end)" if isinstance(row["at_edge"], str) and row["at_edge"] else ""
+    )
+
+
+def _capacity_of_baseline(row) -> str:
+    knob = "λ" if row["head"] == "unigram" else "radius"
+    return f" ({knob} {_capacity(row)})" if pd.notna(row["capacity"]) else ""
+
+
+def _edges(personalization) -> str:
+    """Which arms' choices sit at an end of their grid (the grid did not bracket the optimum)."""
+    edges = personalization[personalization["at_edge"].fillna("").astype(str) != ""]
+    if edges.empty:
+        return "every capacity chosen on validation lies inside its grid"
+    labels = [
+        f"{row['head']}{'' if pd.isna(row['d']) else f' α {row.alpha:g} d {row.d:g}'} {row['solver']} {row['control']} "
+        f"at the {row['at_edge']} end ({row['capacity']:g})"
+        for _, row in edges.iterrows()
+    ]
+    return f"{len(labels)} choices at a grid edge: " + "; ".join(labels)
 
 
 def dose_response_finding(study: Study) -> list[str]:
@@ -114,6 +144,10 @@ def dose_response_finding(study: Study) -> list[str]:
         f"personal gain beyond the global θ at {point_label(first)} ({first['solver']} solver)",
         f"from the first {first['train_tokens']:.0f} train tokens per user: {delta_with_ci(first)} × 10⁻³ nats/token",
         f"from all of them ({last['train_tokens']:.0f} on average): {delta_with_ci(last)}",
+        "radii chosen on validation at each size: "
+        + ", ".join(f"{row.train_tokens:.0f} tokens {row.radius:g}" for row in curve.itertuples())
+        if "radius" in curve
+        else "no radii in the dose-response table",
         f"the interval lies below 0 at {len(reliable)} of {len(curve)} train sizes, the smallest {reliable.iloc[0]:.0f} tokens"
         if len(reliable)
         else f"the interval lies below 0 at none of the {len(curve)} train sizes",
