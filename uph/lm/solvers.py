@@ -18,6 +18,11 @@ from uph.config import dataclass_fields, schema_defaults
 
 SOLVERS = ("adam", "exact")  # adam: seed 002's schedule; exact: certified optimum
 DENSE_MAX_D = 1024  # the exact solver keeps a d×d BFGS model up to this d
+# J sums float32 log-partitions in float64: two evaluations a step apart differ by rounding up to about
+# 1e-8 |J| (measured: ±2e-8 at J = 4.5). A trial whose predicted decrease is below that cannot be judged
+# by Armijo's test, so the exact solver stops there (it would spend up to 20 evaluations a step on
+# rounding); its certificate says how close it got. float64 tokens round far below what fit.tol resolves.
+NOISE = {torch.float32: 1e-8, torch.float64: 0.0}
 
 
 @dataclass(frozen=True)
@@ -72,17 +77,20 @@ class Solution:
     hessian: torch.Tensor | None  # the exact solver's last BFGS model (d <= DENSE_MAX_D), to start the next ball
 
 
-def minimize(solver: str, evaluate, start: torch.Tensor, radius: float, settings: SolverSettings, hessian) -> Solution:
+def minimize(
+    solver: str, evaluate, start: torch.Tensor, radius: float, settings: SolverSettings, hessian, noise: float
+) -> Solution:
     """Minimize J over the ball of `radius`: `evaluate(theta, iteration)` is J's Value with its gradient.
     adam runs seed 002's schedule from zero in `start`'s dtype; exact starts at `start` (float64) with
-    the BFGS model `hessian` (up to d = DENSE_MAX_D)."""
+    the BFGS model `hessian` (up to d = DENSE_MAX_D), and stops where a step's predicted decrease is below
+    `noise` |J| (NOISE of the tokens' dtype)."""
     if solver == "adam":
         theta = _adam(evaluate, torch.zeros_like(start), settings.lr, settings.steps, settings.clip_norm, radius)
         return Solution(theta, settings.steps, evaluate(theta, settings.steps), None)
     theta = project(start.double(), radius)
     if len(theta) <= DENSE_MAX_D:
-        return _projected_bfgs(evaluate, theta, hessian, radius, settings.tol, settings.max_iter)
-    return Solution(*_projected_lbfgs(evaluate, theta, radius, settings.tol, settings.max_iter), None)
+        return _projected_bfgs(evaluate, theta, hessian, radius, settings.tol, settings.max_iter, noise)
+    return Solution(*_projected_lbfgs(evaluate, theta, radius, settings.tol, settings.max_iter, noise), None)
 
 
 def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, clip_norm: float, radius: float) -> torch.Tensor:
@@ -98,7 +106,7 @@ def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, clip_norm: float
     return theta.detach()
 
 
-def _projected_bfgs(evaluate, theta: torch.Tensor, B: torch.Tensor, radius: float, tol: float, max_iter: int):
+def _projected_bfgs(evaluate, theta, B: torch.Tensor, radius: float, tol: float, max_iter: int, noise: float):
     """Minimize J over the ball from the model Hessian B: each step minimizes the BFGS model
     g·s + ½ s^T B s exactly over the ball, then backtracks (Armijo) along it. Stops at
     certificate <= tol, or when no step decreases J any more (the float noise floor)."""
@@ -111,6 +119,8 @@ def _projected_bfgs(evaluate, theta: torch.Tensor, B: torch.Tensor, radius: floa
         if slope >= 0:
             return Solution(theta, iteration, value, B)
         for _ in range(20):  # t >= 2^-19: a step cut further is lost in the float noise floor
+            if -t * slope < noise * max(1.0, abs(value.objective)):
+                return Solution(theta, iteration, value, B)
             trial = evaluate(theta + t * step, iteration + 1)
             if trial.objective <= value.objective + 1e-4 * t * slope:
                 break
@@ -145,7 +155,7 @@ def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
     return x(high)
 
 
-def _projected_lbfgs(evaluate, theta: torch.Tensor, radius: float, tol: float, max_iter: int, memory: int = 10):
+def _projected_lbfgs(evaluate, theta, radius: float, tol: float, max_iter: int, noise: float, memory: int = 10):
     """Limited-memory BFGS inside the ball, spectral projected gradient on it. Each iteration takes the
     two-loop direction d from the last `memory` pairs (s, y) when x + d stays in the ball; else the
     Barzilai-Borwein projected gradient step proj(x - lambda g) - x, lambda = s·s / s·y of the last pair
@@ -177,6 +187,8 @@ def _projected_lbfgs(evaluate, theta: torch.Tensor, radius: float, tol: float, m
         if slope >= 0:
             return theta, iteration, value
         for _ in range(20):
+            if -t * slope < noise * max(1.0, abs(value.objective)):
+                return theta, iteration, value
             trial = evaluate(theta + t * step, iteration + 1)
             if trial.objective <= max(history) + 1e-4 * t * slope:
                 break
