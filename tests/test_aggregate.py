@@ -35,6 +35,7 @@ from uph.report.figures import pixel_size
 from uph.report.provenance import config_seeds, git_state
 from uph.report.study import Study
 from uph.report.summary import (
+    capacity_finding,
     cross_user_finding,
     dose_response_finding,
     feedback_finding,
@@ -264,16 +265,20 @@ def test_personalization_finding_lists_the_facts_at_the_headline_point():
     )
     assert facts[1] == "there: 18 of 24 users improved, sign test p = 0.023, 0.046 after Bonferroni over the 2 points"
     assert facts[2] == "1 of 2 points have an interval excluding 0 (1 below, 0 above)"
-    assert "global θ -10.00 (95 % CI -12.00 to -8.00), personal θ -8.00" in facts[3]
-    assert facts[4] == "base → personal, the best head: cvh at α = 1, d = 8 -8.00 (95 % CI -10.00 to -6.00)"
+    assert facts[3].startswith("there, radii chosen on validation: global θ 5, personal θ 5, residual θ 5")
+    assert "global θ -10.00 (95 % CI -12.00 to -8.00), personal θ -8.00" in facts[4]
+    assert facts[5] == "base → personal, the best head: cvh at α = 1, d = 8 -8.00 (95 % CI -10.00 to -6.00)"
     assert "baseline unigram (exact), personal: -3.00" in lines(facts)
     assert "baseline full_bias (exact), personal: -5.00" in lines(facts) and "(radius 5)" in lines(facts)
-    assert facts[-2] == "every capacity chosen on validation lies inside its grid"
     assert facts[-1] == "no cross-user point at the exact solver (fit.cross_user)"
+    facts = capacity_finding(study(personalization=personalization_table(-0.004, -0.001)))
+    assert facts[1] == "chosen on validation (exact), personal θ: unigram 5, full_bias 5, cvh d 8 5, uncond d 8 5"
+    assert facts[-1] == "every capacity chosen on validation lies inside its grid"
     table = personalization_table(-0.004, -0.001)
     table.loc[(table["head"] == "cvh") & (table["control"] == "personal"), ["capacity", "at_edge"]] = [500.0, "high"]
-    facts = personalization_finding(study(personalization=table, cross_user=no_cross()))
-    assert facts[-2] == "1 choices at a grid edge: cvh α 1 d 8 exact personal at the high end (500)"
+    facts = capacity_finding(study(personalization=table))
+    assert "cvh d 8 500 (at the grid's high end)" in facts[1]
+    assert facts[-1] == "1 choices at a grid edge: cvh α 1 d 8 exact personal at the high end (500)"
     worse = personalization_finding(study(personalization=personalization_table(0.004, 0.005), cross_user=no_cross()))
     assert "(0 below, 2 above)" in lines(worse)
 
@@ -302,7 +307,10 @@ def test_the_personal_gain_is_the_own_residual_against_the_others():
         "the others' mean residual -0.10 (95 % CI -2.10 to +1.90)"
     )
     on_ball = table.assign(frac_on_ball=np.where(table["control"] == "personal", 1.0, 0.75))
-    on_ball.loc[(on_ball["head"] == "uncond") & (on_ball["control"] == "global"), ["capacity", "at_edge"]] = [0.5, "low"]
+    on_ball.loc[(on_ball["head"] == "uncond") & (on_ball["control"] == "global"), ["capacity", "at_edge"]] = [
+        0.5,
+        "low",
+    ]
     facts = personalization_finding(study(personalization=on_ball, cross_user=no_cross()))
     assert facts[4] == (
         "there, radii chosen on validation: global θ 0.5 (at the grid's low end), personal θ 5, residual θ 5; "
@@ -331,8 +339,8 @@ def test_personalization_finding_quotes_the_headline_solver_and_the_diagonal_dom
     facts = lines(
         personalization_finding(study(personalization=table, cross_user=cross_matrix("cvh", -0.01, 0.0, "adam")))
     )
-    assert "cvh at α = 1, d = 8 (adam solver)" in facts and "unigram (exact): -3.00" in facts
-    assert "full_bias (adam): -5.00" in facts
+    assert "cvh at α = 1, d = 8 (adam solver)" in facts and "unigram (exact), personal: -3.00" in facts
+    assert "full_bias (adam), personal: -5.00" in facts
     # own theta best on all 3 texts: 1 of the 3! = 6 matchings is as good, p = 1/6 up to permutation noise
     assert (
         "cross-user residual θs at cvh at α = 1, d = 8: own θ mean rank 1.00 of 3 (chance 2, permutation p = 0.17)"
@@ -373,7 +381,13 @@ def dose_table(deltas, head="cvh", tokens=(256, 512, 1024, 1600.0), everything=3
     """Rows at each train size; row `everything` fits all train tokens (its size the mean count)."""
     return pd.DataFrame(
         [
-            {**lm_row(head, "global+personal", delta), "train_tokens": t, "all_train_tokens": i == everything}
+            {
+                **lm_row(head, "global+personal", delta),
+                "train_tokens": t,
+                "all_train_tokens": i == everything,
+                "radius": 0.05 if i == 0 else 1.5,
+                "at_edge": "low" if i == 0 else "",
+            }
             for i, (t, delta) in enumerate(zip(tokens, deltas))
         ]
     )
@@ -388,6 +402,7 @@ def test_dose_response_finding_follows_the_numbers():
     assert "from the first 256 train tokens per user: +1.00 (95 % CI -1.00 to +3.00)" in facts
     assert "from all of them (1600 on average): -4.00 (95 % CI -6.00 to -2.00)" in facts
     assert "the interval lies below 0 at 2 of 4 train sizes, the smallest 1024 tokens" in facts
+    assert "radii chosen on validation at each size: 256 tokens 0.05 (at the grid's low end), 512 tokens 1.5," in facts
     # a fixed k above the mean count of all train tokens (the full study's 4,096, held by a few users)
     above = dose_table([0.001, -0.001, -0.003, -0.004, -0.007], tokens=(256, 512, 1024, 1600.0, 2048))
     facts = lines(dose_response_finding(study(personalization=table, dose_response=above)))

@@ -190,13 +190,19 @@ def test_dose_response_rows_stand_all_tokens_at_their_mean_count():
                     "user": user,
                     "train_tokens": k,
                     "all_train_tokens": k == count,
-                    "radius": 5.0,
                     "global_nll": 2.9,
                     "residual_nll": residual,
                 }
             )
-    table = dose_response_table("m", pd.DataFrame(rows), n_boot=200)
+    choices = pd.DataFrame(
+        [
+            {**POINT, "arm": "residual", "train_tokens": k, "capacity": radius, "at_edge": edge}
+            for k, radius, edge in ((512.0, 0.05, "low"), (np.nan, 5.0, ""))
+        ]
+    )
+    table = dose_response_table("m", pd.DataFrame(rows), choices, n_boot=200)
     assert table["train_tokens"].tolist() == [512, 1200] and table["all_train_tokens"].tolist() == [False, True]
+    assert table["radius"].tolist() == [0.05, 5.0] and table["at_edge"].tolist() == ["low", ""]
     assert table["delta_nll"].tolist() == pytest.approx([0.05, -0.05]) and (table["n_users"] == 3).all()
 
 

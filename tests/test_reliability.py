@@ -192,7 +192,8 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
         "personalization_table": 1,
     }
     finished = {
-        rule: resumed.stdout.count(f"(Rule: {rule})") for rule in ("extract", "fit_global", "validate", "capacity", "fit")
+        rule: resumed.stdout.count(f"(Rule: {rule})")
+        for rule in ("extract", "fit_global", "validate", "capacity", "fit")
     }
     written = {path: stamp for path, stamp in results_files(workdir).items() if path not in kept}
 

@@ -32,7 +32,7 @@ with rule_logging(snakemake) as log:
     write_table(curves, snakemake.output.capacity)
     log.info("capacity: %d rows", len(curves))
 
-    dose = dose_response_table(model, pd.concat(map(pd.read_parquet, snakemake.input.dose)), n_boot)
+    dose = dose_response_table(model, pd.concat(map(pd.read_parquet, snakemake.input.dose)), choices, n_boot)
     write_table(dose, snakemake.output.dose_response)
     log.info("dose_response: %d rows", len(dose))
 

@@ -131,24 +131,29 @@ def capacity_table(model: str, validation: pd.DataFrame, choices: pd.DataFrame) 
     ]
 
 
-def dose_response_table(model: str, dose: pd.DataFrame, n_boot: int) -> pd.DataFrame:
-    """Per (point, solver, train size): the residual against the global theta over the users. The rows
-    that use all of each user's train tokens stand at their mean count."""
+def dose_response_table(model: str, dose: pd.DataFrame, choices: pd.DataFrame, n_boot: int) -> pd.DataFrame:
+    """Per (point, solver, train size): the residual against the global theta over the users, at the
+    radius chosen for that size (`at_edge` from `choices`). The rows that use all of each user's train
+    tokens stand at their mean count."""
     mean_count = dose.groupby([*KEYS, "all_train_tokens"])["train_tokens"].transform("mean")
-    dose = dose.assign(train_tokens=mean_count.where(dose["all_train_tokens"], dose["train_tokens"]))
-    return pd.DataFrame(
-        [
+    sizes = dose["train_tokens"].where(~dose["all_train_tokens"])  # NaN: all train tokens, as choices key it
+    dose = dose.assign(train_tokens=mean_count.where(dose["all_train_tokens"], dose["train_tokens"]), size=sizes)
+    rows = []
+    for (*key, train_tokens, everything), users in dose.groupby([*KEYS, "train_tokens", "all_train_tokens"]):
+        method = dict(zip(KEYS, key))
+        choice = chosen_row(choices, **method, arm="residual", train_tokens=users["size"].iloc[0])
+        rows.append(
             {
                 "model": model,
-                **dict(zip(KEYS, key)),
+                **method,
                 "train_tokens": train_tokens,
                 "all_train_tokens": everything,
-                "radius": users["radius"].mean(),
+                "radius": choice["capacity"],
+                "at_edge": choice["at_edge"],
                 **compare(users["residual_nll"], users["global_nll"], n_boot=n_boot),
             }
-            for (*key, train_tokens, everything), users in dose.groupby([*KEYS, "train_tokens", "all_train_tokens"])
-        ]
-    )
+        )
+    return pd.DataFrame(rows)
 
 
 def cross_user_table(model: str, points: list[pd.DataFrame]) -> pd.DataFrame:

@@ -96,7 +96,6 @@ def personalization_finding(study: Study) -> list[str]:
             f"baseline {row['head']} ({row['solver']}), {what}: {delta_with_ci(row)}{_capacity_of_baseline(row)}"
             for _, row in baselines_at(study.personalization, solver, arm).iterrows()
         ]
-    facts.append(_edges(study.personalization))
     cross = cross_user_at_headline(study)
     facts.append(
         f"cross-user residual θs at {point_label(cross.iloc[0])}: {_dominance(cross)}"
@@ -131,6 +130,24 @@ def _edges(personalization) -> str:
     return f"{len(labels)} choices at a grid edge: " + "; ".join(labels)
 
 
+def capacity_finding(study: Study) -> list[str]:
+    """The capacity chosen on validation per arm at the headline solver, method by method, and every
+    choice at an end of its grid."""
+    solver = headline_solver(study.personalization)
+    table = study.personalization[study.personalization["solver"] == solver]
+    facts = []
+    for arm, what in (("global", "global θ"), ("personal", "personal θ"), ("global+personal", "residual θ")):
+        rows = table[(table["control"] == arm) & table["capacity"].notna()]
+        facts.append(
+            f"chosen on validation ({solver}), {what}: "
+            + ", ".join(
+                f"{row['head']}{'' if pd.isna(row['d']) else f' d {row.d:g}'} {_capacity(row)}"
+                for _, row in rows.iterrows()
+            )
+        )
+    return [*facts, _edges(study.personalization)]
+
+
 def dose_response_finding(study: Study) -> list[str]:
     """The personal gain beyond global against the user's train tokens at the headline point (else the
     dose-response point with the best gain on all train tokens): smallest and all train tokens, and at
@@ -145,9 +162,10 @@ def dose_response_finding(study: Study) -> list[str]:
         f"from the first {first['train_tokens']:.0f} train tokens per user: {delta_with_ci(first)} × 10⁻³ nats/token",
         f"from all of them ({last['train_tokens']:.0f} on average): {delta_with_ci(last)}",
         "radii chosen on validation at each size: "
-        + ", ".join(f"{row.train_tokens:.0f} tokens {row.radius:g}" for row in curve.itertuples())
-        if "radius" in curve
-        else "no radii in the dose-response table",
+        + ", ".join(
+            f"{row['train_tokens']:.0f} tokens {_capacity({**row, 'capacity': row['radius']})}"
+            for _, row in curve.iterrows()
+        ),
         f"the interval lies below 0 at {len(reliable)} of {len(curve)} train sizes, the smallest {reliable.iloc[0]:.0f} tokens"
         if len(reliable)
         else f"the interval lies below 0 at none of the {len(curve)} train sizes",
@@ -356,6 +374,7 @@ def feedback_finding(study: Study) -> list[str]:
 
 FINDINGS = {
     "personalization": personalization_finding,
+    "capacity": capacity_finding,
     "dose_response": dose_response_finding,
     "cross_user": cross_user_finding,
     "solver_gap": solver_gap_finding,

@@ -1,0 +1,77 @@
+"""The capacity path's cost against the landed single fit, side by side on the same users.
+
+Reference (the fit stage before issue 23): each arm fitted once, cold, at seed 002's radius 5 on all of
+the user's train tokens. Now (uph.lm.sweep): each arm's path over fit.radii on the user's fit part
+(warm, uph.lm.fit.fit_path; the validate job), then one refit on all train tokens (the fit job) at the
+grid's middle radius (a stand-in: the choice needs every user). Both run here on the same cached users of a finished study, one thread, the personal and
+residual arms of every method (heads and the full bias), the exact solver; the residuals sit on the
+study's global thetas.
+
+    .venv/bin/python benchmarks/bench_capacity.py --results results [--users 2] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import torch
+import yaml
+
+from uph.config import EXTRACT_KEYS, job_params, validate
+from uph.lm.fit import SEED_RADIUS, fit_path, fit_theta
+from uph.lm.sweep import FitConfig, global_thetas, load_methods, prepared
+from uph.lm.tokens import validation_split
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default="results", help="a finished study's results folder")
+    parser.add_argument("--users", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = Path(args.results)
+    config = validate(yaml.safe_load(Path("config.yaml").read_text()))
+    fit = FitConfig.from_config(config["fit"])
+    inputs = SimpleNamespace(
+        model=results / "model" / "identity.json",
+        users=results / "corpus" / "users.parquet",
+        basis=results / "basis" / "svd.safetensors",
+        shards=[results / "cache" / "shard-0.parquet"],
+    )
+    job = load_methods(inputs, fit, job_params(config["extract"], EXTRACT_KEYS), "cpu")
+    table = pd.read_parquet(results / "fit" / "global.parquet")
+    thetas_g, thetas_g_fit = global_thetas(table), global_thetas(table, "theta_fit")
+    radii, settings = fit.capacity.radii, fit.solver
+    rows = []
+    for states in list(job.users.values())[: args.users]:
+        train, _ = prepared(states, job.layer, job.device)
+        fit_part, _ = validation_split(train, fit.capacity.validation_fraction, job.gap)
+        for point, head in job.heads.items():
+            for arm in ("personal", "residual"):
+                offset, offset_fit = (
+                    (None, None) if arm == "personal" else (thetas_g[point, "exact"], thetas_g_fit[point, "exact"])
+                )
+                start = time.perf_counter()
+                fit_theta(train, head, "exact", settings, SEED_RADIUS, offset)
+                single = time.perf_counter() - start
+                start = time.perf_counter()
+                path = fit_path(fit_part, head, "exact", settings, radii, offset_fit)
+                walked = time.perf_counter() - start
+                start = time.perf_counter()
+                fit_theta(train, head, "exact", settings, path[len(path) // 2][1].radius, offset)
+                refit = time.perf_counter() - start
+                rows.append({"method": point.head, "arm": arm, "single": single, "path": walked, "refit": refit})
+    times = pd.DataFrame(rows).groupby("method")[["single", "path", "refit"]].sum()
+    times.loc["all"] = times.sum()
+    times["ratio"] = (times["path"] + times["refit"]) / times["single"]
+    print(f"{args.users} users, radii {radii}, exact solver, threads {args.threads}; seconds, personal + residual arms")
+    print(times.round(2).to_string())
+
+
+if __name__ == "__main__":
+    main()
