@@ -26,6 +26,7 @@ include: "rules/aggregate.smk"
 # Seconds-long jobs that read small tables: on a cluster they run beside Snakemake, not in the queue.
 localrules:
     all,
+    capacity,
     personalization_table,
     copy_task_table,
     attention_table,
