@@ -25,6 +25,7 @@ from uph.report.answers import (
     feedback_beats,
     gram_resilience,
     head_against_baselines,
+    head_on_cache,
     little_text,
     loud_copy_loudest,
     own_theta_on_own_text,
@@ -88,7 +89,7 @@ def test_summary_opens_with_the_answers_and_links_every_figure_and_table(tiny_st
     summary = (results / "summary.md").read_text()
     answers_table = summary[summary.index("## Answers") : summary.index("## Figures")]
     rows = [line for line in answers_table.splitlines() if line.startswith("| ")][2:]
-    assert len(rows) == 12 and all(re.search(r"\| \*\*(yes|no|not shown|untested)\*\* \|", row) for row in rows)
+    assert len(rows) == 13 and all(re.search(r"\| \*\*(yes|no|not shown|untested)\*\* \|", row) for row in rows)
     assert summary.index("## Answers") < summary.index("## Figures") < summary.index("## Tables")
     # the report's Summary category shows the same answers
     page = (results / "answers.html").read_text()
@@ -332,6 +333,19 @@ def test_head_against_baselines_compares_their_intervals():
     assert head_against_baselines(study(personalization=table, cross_user=no_cross())).answer == "no"
     heads_only = table[table["d"].notna()]
     assert head_against_baselines(study(personalization=heads_only, cross_user=no_cross())).answer == "untested"
+
+
+def test_a_head_on_the_cache_answers_by_its_interval_and_bonferroni():
+    table = personalization_table(-0.004, -0.001)
+    assert head_on_cache(study(personalization=table)).answer == "untested"
+    on_cache = pd.DataFrame([lm_row("cvh", "cache+head", -0.003), lm_row("uncond", "cache+head", 0.001)])
+    answer = head_on_cache(study(personalization=pd.concat([table, on_cache], ignore_index=True)))
+    assert answer.answer == "yes" and "at the best of 2 points (cvh at α = 1, d = 8, radius 5)" in answer.rests_on
+    assert "(0.046 after Bonferroni over 2)" in answer.rests_on
+    on_cache["sign_test_p"] = 0.03  # 0.06 after Bonferroni
+    assert head_on_cache(study(personalization=pd.concat([table, on_cache]))).answer == "not shown"
+    on_cache["delta_nll"], on_cache["delta_nll_ci_low"], on_cache["delta_nll_ci_high"] = 0.004, 0.003, 0.005
+    assert head_on_cache(study(personalization=pd.concat([table, on_cache]))).answer == "no"
 
 
 def test_personalization_finding_quotes_the_headline_solver_and_the_diagonal_dominance():

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from tiny_lm import sample_text, tiny_llama, user_split
 
 from uph.config import schema_defaults
-from uph.lm.baselines import log_unigram, mixture, unigram_nll
+from uph.lm.baselines import cache_mixture, log_unigram, mixture, unigram_nll
 from uph.lm.cache import UserStates
 from uph.lm.capacity import chosen
 from uph.lm.evaluate import HeldOut
@@ -279,3 +279,33 @@ def test_many_thetas_in_one_pass_score_as_one_at_a_time(planted, name):
     for batched, alone in zip(many, one):
         assert batched["nll"] == pytest.approx(alone["nll"], rel=1e-6, abs=1e-9)
         assert batched["kl"] == pytest.approx(alone["kl"], rel=1e-5, abs=1e-7)
+
+
+def test_a_head_on_the_unigram_cache_scores_against_the_mixture_written_out(planted):
+    """Tokens.mixed: the base is the unigram residual arm's mixture; its NLL is the unigram arm's, a
+    theta's held-out NLL is the CE of log(mixture) + P theta, and the logits of the exact (underflow)
+    path are the mixture's log."""
+    head, layer, trains, tests, _ = planted
+    V = layer.W.shape[0]
+    pooled = sum(torch.bincount(columns(t)[1], minlength=V).double() for t in trains.values())
+    own = torch.bincount(columns(trains["romeo"])[1], minlength=V).double()
+    lam_g, lam_r = 0.1, 0.3
+    test = tests["romeo"].mixed(cache_mixture(pooled, own, lam_g, lam_r))
+    expected = unigram_nll("residual", lam_r, tests["romeo"], log_unigram(pooled), log_unigram(own), lam_g)
+    assert test.base_nll == pytest.approx(expected, rel=1e-6)
+    h, y = columns(tests["romeo"])
+    p_model = F.softmax(F.linear(h, layer.W).double(), dim=-1)
+    log_mixture = (
+        (1 - lam_r) * ((1 - lam_g) * p_model + lam_g * pooled / pooled.sum()) + lam_r * own / own.sum()
+    ).log()
+    uncond = make_head("uncond", layer.W, d=D, alpha=1.0, settings=HeadSettings.defaults())
+    for scale in (1.0, 30.0):
+        theta = scale * F.normalize(
+            torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7)), dim=0
+        )
+        logits = log_mixture + uncond.correction(h, theta).double()
+        assert HeldOut(test, uncond)(theta)["nll"] == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
+    # the logits the exact path recomputes where a cached partition sum underflows: the mixture's log
+    torch.testing.assert_close(test.base_logits(h).T.double(), log_mixture, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="already have a mixture base"):
+        test.mixed(cache_mixture(pooled, own, lam_g, lam_r))

@@ -27,6 +27,12 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
     heads, baselines = table[table["alpha"].notna()], table[table["alpha"].isna()]
+    on_cache = heads[heads["control"] == "cache+head"]  # fit.on_cache: svd_uncond, exact
+    assert list(zip(on_cache["head"], on_cache["solver"], on_cache["reference"])) == [("svd_uncond", "exact", "cache")]
+    assert on_cache["capacity"].isin(RADII).all() and on_cache["fit_certificate_max"].notna().all()
+    unigram = baselines[(baselines["head"] == "unigram") & (baselines["control"] == "global+personal")]
+    assert on_cache["base_nll"].iloc[0] == pytest.approx(unigram["nll"].iloc[0], rel=1e-5)  # the cache's own NLL
+    heads = heads[heads["control"] != "cache+head"]
     assert len(heads) == 5 * 1 * 1 * 2 * 5  # heads x alphas x ds x solvers x controls of config/test.yaml
     assert set(heads["control"]) == {"global", "personal", "global+personal", "others", "own vs others"}
     assert set(heads.groupby("control")["reference"].unique().map(tuple)) == {("base",), ("global",), ("others",)}

@@ -217,8 +217,8 @@ HEAD_KEYS = ("basis_seed", "lm_head_update")  # what building the heads reads be
 SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", "baselines", *HEAD_KEYS, *SOLVER_KEYS)  # every method, every solver
 CAPACITY_KEYS = ("radii", "lambdas", "validation_fraction")  # the grids and the split (uph.lm.capacity)
 FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
-FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response")  # uph.lm.sweep.validate_shard
-FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response")  # uph.lm.sweep.fit_shard (the choices come as a file)
+FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.validate_shard
+FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.fit_shard (the choices come as a file)
 
 
 FEEDBACK_COMMON_KEYS = ("test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows")

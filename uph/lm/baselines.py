@@ -10,7 +10,8 @@ A unigram mixture moves the model's next-token distribution toward a unigram "ca
                cache beyond the pooled one)
 
 lam is the arm's capacity knob, chosen on validation from fit.lambdas like the heads' radii
-(uph.lm.capacity). Everything is in log space (logaddexp of log weights), so a p_model that
+(uph.lm.capacity), all three arms in fit_global (which holds every user's tokens). The residual arm's
+mixture is also the base a head can be fitted on (`cache_mixture`: does a rank-d head add to a cache?). Everything is in log space (logaddexp of log weights), so a p_model that
 underflows, or a token the cache never saw, never gives -inf.
 
 The full-vocabulary bias (uph.lm.heads.full_bias_head) is the other baseline: a free logit per
@@ -23,7 +24,7 @@ import math
 
 import torch
 
-from uph.lm.tokens import Tokens
+from uph.lm.tokens import Mixture, Tokens
 
 BASELINES = ("unigram", "full_bias")  # config key fit.baselines
 UNIGRAM = "unigram"
@@ -53,19 +54,29 @@ def mixture(lam: float, log_p_base: torch.Tensor, log_q: torch.Tensor) -> torch.
     return torch.logaddexp(weights[0] + log_p_base, weights[1] + log_q)
 
 
-def arm_log_probs(
-    arm: str, lam: float, tokens: Tokens, pooled: torch.Tensor, user: torch.Tensor, lam_global: float | None
-) -> torch.Tensor:
-    """log p(y_t) of `tokens` under the unigram mixture of `arm` (module docstring) at `lam`; `pooled` and
-    `user` are the caches' log unigrams [V], `lam_global` the global arm's chosen lambda (residual arm)."""
-    y, log_p_model = targets_of(tokens), model_log_probs(tokens)
+def arm_nll(arm: str, lam: float, log_p_model, log_pooled, log_user, lam_global: float | None = None) -> float:
+    """Mean NLL of tokens under the unigram mixture of `arm` (module docstring) at `lam`, from per-token
+    log probabilities: the model's, the pooled cache's and the user's cache's at the targets;
+    `lam_global` is the global arm's chosen lambda (residual arm)."""
     if arm == "global":
-        return mixture(lam, log_p_model, pooled[y])
-    if arm == "personal":
-        return mixture(lam, log_p_model, user[y])
-    return mixture(lam, mixture(lam_global, log_p_model, pooled[y]), user[y])
+        log_p = mixture(lam, log_p_model, log_pooled)
+    elif arm == "personal":
+        log_p = mixture(lam, log_p_model, log_user)
+    else:
+        log_p = mixture(lam, mixture(lam_global, log_p_model, log_pooled), log_user)
+    return float(-log_p.mean())
 
 
 def unigram_nll(arm: str, lam: float, tokens: Tokens, pooled, user, lam_global: float | None = None) -> float:
-    """Mean NLL of `tokens` under the arm's mixture at `lam`."""
-    return float(-arm_log_probs(arm, lam, tokens, pooled, user, lam_global).mean())
+    """Mean NLL of `tokens` under the arm's mixture at `lam`; `pooled` and `user` are the caches' log
+    unigrams [V]."""
+    y = targets_of(tokens)
+    return arm_nll(arm, lam, model_log_probs(tokens), pooled[y], None if user is None else user[y], lam_global)
+
+
+def cache_mixture(pooled_counts, user_counts, lam_global: float, lam_residual: float) -> Mixture:
+    """The residual arm's mixture as a base for a head (uph.lm.tokens.Mixture): (1 - lam_r)((1 - lam_g)
+    p_model + lam_g q_pooled) + lam_r q_user."""
+    floor = (1 - lam_residual) * lam_global * pooled_counts / pooled_counts.sum()
+    floor += lam_residual * user_counts / user_counts.sum()
+    return Mixture((1 - lam_residual) * (1 - lam_global), floor)

@@ -45,7 +45,7 @@ import torch
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
 from uph.lm.solvers import DENSE_MAX_D, NOISE, SOLVERS, SolverSettings, minimize, projected_gradient_norm
-from uph.lm.tokens import Chunk, Tokens, base_logits
+from uph.lm.tokens import Chunk, Tokens
 
 VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
 EXP_SAFE = 60.0  # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
@@ -116,7 +116,7 @@ class Objective:
         """log Σ_v exp(z0_tv - max z0_t + s_tv) [k] and P^T p_t [k, d] (p_t itself for P = I) for the
         tokens `rows` of `chunk`, tilt s [k, V], in log space from their logits: the fallback where
         the fast path's partition sum underflows."""
-        z0 = base_logits(chunk.hidden[rows], self.tokens.layer).T  # [k, V]
+        z0 = self.tokens.base_logits(chunk.hidden[rows]).T  # [k, V]
         logits = z0 - z0.amax(dim=1, keepdim=True) + tilt
         log_z = torch.logsumexp(logits, dim=1)
         p = (logits - log_z[:, None]).exp()

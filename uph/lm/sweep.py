@@ -38,7 +38,16 @@ from tqdm import tqdm
 
 from uph.device import resolve_device
 from uph.errors import ConfigError
-from uph.lm.baselines import UNIGRAM, counts_of, log_unigram, unigram_nll
+from uph.lm.baselines import (
+    UNIGRAM,
+    arm_nll,
+    cache_mixture,
+    counts_of,
+    log_unigram,
+    model_log_probs,
+    targets_of,
+    unigram_nll,
+)
 from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
 from uph.lm.capacity import choose, chosen, chosen_row
@@ -47,12 +56,13 @@ from uph.lm.fit import FitResult, fit_path, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
 from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import Tokens, pool, prepare, split_lengths, validation_split
+from uph.lm.tokens import Mixture, Tokens, pool, prepare, split_lengths, validation_split
 
 log = logging.getLogger(__name__)
 
 FULL_BIAS = "full_bias"
 CHOICE_KEYS = ["head", "alpha", "d", "solver", "arm", "train_tokens"]  # one capacity choice each
+ARMS = ("global", "personal", "residual")
 ALL_TOKENS = float("nan")  # train_tokens of a choice for all of each user's train tokens
 
 
@@ -106,7 +116,7 @@ class FitConfig:
     """The `fit:` section as a fit-stage job receives it (its keys in uph.config: FIT_GLOBAL_KEYS,
     FIT_VALIDATE_KEYS or FIT_SHARD_KEYS; defaults in schemas/fit.schema.yaml only), built once by the
     job's script. A part the job is not given is None: global_max_tokens (null there: no cap) is
-    fit_global's, capacity the validating jobs', dose_response the shard jobs'."""
+    fit_global's, capacity the validating jobs', dose_response and on_cache the shard jobs'."""
 
     points: tuple[Point, ...]  # heads x alphas x ds
     solvers: tuple[str, ...]
@@ -116,11 +126,12 @@ class FitConfig:
     capacity: Capacity | None
     global_max_tokens: int | None
     dose_response: DoseResponse | None
+    on_cache: tuple[tuple[Point, str], ...] | None  # (point, solver): fitted on the unigram cache's mixture
 
     @classmethod
     def from_config(cls, fit: dict) -> FitConfig:
         points = tuple(Point.of(h, a, d) for h in fit["heads"] for a in fit["alphas"] for d in fit["ds"])
-        dose = fit.get("dose_response")
+        dose, on_cache = fit.get("dose_response"), fit.get("on_cache")
         return cls(
             points,
             tuple(fit["solvers"]),
@@ -130,7 +141,21 @@ class FitConfig:
             Capacity.from_config(fit) if "radii" in fit else None,
             fit.get("global_max_tokens"),
             None if dose is None else DoseResponse.from_config(dose),
-        )
+            None
+            if on_cache is None
+            else tuple((Point.of(p["head"], p["alpha"], p["d"]), p["solver"]) for p in on_cache),
+        ).checked()
+
+    def checked(self) -> FitConfig:
+        """Raises ConfigError where fit.on_cache names a point outside the sweep, or has no unigram cache."""
+        for point, solver in self.on_cache or ():
+            if point not in self.points or solver not in self.solvers:
+                raise ConfigError(f"config key 'fit.on_cache': {point.label} {solver} is not a sweep point and solver")
+            if UNIGRAM not in self.baselines:
+                raise ConfigError(
+                    "config key 'fit.on_cache': the heads fit on the unigram cache; add unigram to fit.baselines"
+                )
+        return self
 
 
 def build_heads(
@@ -236,6 +261,30 @@ def _pooled(job: FitJob, ends: dict[str, int]) -> Tokens:
     )
 
 
+def unigram_validation(at_targets: dict, lambdas) -> list[dict]:
+    """The unigram arms' validation rows: every lambda of the global arm, then (on the global lambda
+    chosen from them) the personal and residual arms'. `at_targets`: user -> per-token log probabilities
+    at the validation targets (the model's, the pooled fit parts' unigram, the user's fit part's)."""
+
+    def rows(arm: str, lam_global=None) -> list[dict]:
+        return [
+            {
+                **_unigram_columns(arm),
+                "user": user,
+                "capacity": lam,
+                "validation_nll": arm_nll(arm, lam, *logs, lam_global),
+            }
+            for user, logs in at_targets.items()
+            for lam in lambdas
+        ]
+
+    global_rows = rows("global")
+    lam_global = chosen(
+        choose(pd.DataFrame(global_rows), CHOICE_KEYS, "capacity"), "capacity", **_unigram_columns("global")
+    )
+    return global_rows + rows("personal") + rows("residual", lam_global)
+
+
 def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(global thetas, validation rows, pooled unigram) (module docstring): per (method, solver) the path
     on the pooled fit parts, each ball scored on every user's validation part, the radius with the best
@@ -265,23 +314,18 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame,
     )
     counts = sum(torch.bincount(s.train_targets.long(), minlength=vocab_size).double() for s in job.users.values())
     pooled_fit = log_unigram(counts_fit)
-    validation = []
+    validation, at_targets = [], {}  # user -> (log p_model, log q_pooled, log q_user) at the validation targets
     for user, states in tqdm(job.users.items(), desc="global validation", unit="user", mininterval=5):
         start = splits[user][1]
         held = prepare(states.train_hidden[start:], states.train_targets[start:], job.layer, device=job.device)
         for (point, solver), path in paths.items():
             columns = {**_choice_columns(point, solver, "global"), "user": user}
             validation += _scored_path(HeldOut(held, job.heads[point]), path, None, columns)
-        if UNIGRAM in fit.baselines:
-            validation += [
-                {
-                    **_unigram_columns("global"),
-                    "user": user,
-                    "capacity": lam,
-                    "validation_nll": unigram_nll("global", lam, held, pooled_fit, None),
-                }
-                for lam in capacity.lambdas
-            ]
+        y = targets_of(held)
+        own = log_unigram(torch.bincount(states.train_targets[: splits[user][0]].long(), minlength=vocab_size).double())
+        at_targets[user] = (model_log_probs(held), pooled_fit[y], own[y])
+    if UNIGRAM in fit.baselines:
+        validation += unigram_validation(at_targets, capacity.lambdas)
     validation = pd.DataFrame(validation)
     choices = choose(validation, CHOICE_KEYS, "capacity")
     train = None if fit_ends == train_ends else _pooled(job, train_ends)  # else: the same tokens, the same fit
@@ -316,12 +360,11 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame,
         )
     unigram = pd.DataFrame()
     if UNIGRAM in fit.baselines:
-        lam = choices[choices["head"] == UNIGRAM].iloc[0]
+        lams = {arm: chosen(choices, "capacity", **_unigram_columns(arm)) for arm in ARMS}
         unigram = pd.DataFrame(
             [
                 {
-                    "lambda": lam["capacity"],
-                    "at_edge": lam["at_edge"],
+                    **{f"lambda_{arm}": lam for arm, lam in lams.items()},
                     "counts_fit": counts_fit.tolist(),
                     "counts": counts.tolist(),
                 }
@@ -367,7 +410,8 @@ def validate_user(
 ) -> list[dict]:
     """One user's validation rows: the personal and residual paths of every method and solver on the fit
     part, scored on the validation part; the dose-response's residual paths on each prefix k's own fit
-    part and tail; the unigram arms at every lambda."""
+    part and tail; the paths of fit.on_cache's heads on the unigram cache's mixture (the residual arm's,
+    from the fit part's counts; `unigram`: fit_global's lambdas and counts)."""
     capacity = fit.capacity
     fit_part, held = validation_split(train, capacity.validation_fraction, gap)
     dose_points, ks = dict(fit.dose_response.points), [k for k in fit.dose_response.train_tokens if k < train.n]
@@ -393,19 +437,13 @@ def validate_user(
                     theta_g,
                     {**_choice_columns(point, solver, "residual", k), "user": user},
                 )
-    if unigram is not None:
-        pooled, lam_global = log_unigram(torch.tensor(unigram["counts_fit"].iloc[0])), float(unigram["lambda"].iloc[0])
-        own = log_unigram(counts_of(fit_part, len(pooled)))
-        rows += [
-            {
-                **_unigram_columns(arm),
-                "user": user,
-                "capacity": lam,
-                "validation_nll": unigram_nll(arm, lam, held, pooled, own, lam_global),
-            }
-            for arm in ("personal", "residual")
-            for lam in capacity.lambdas
-        ]
+    if fit.on_cache:
+        cache = _cache_mixture(unigram, "counts_fit", fit_part)
+        fit_cache, held_cache = fit_part.mixed(cache), held.mixed(cache)
+        for point, solver in fit.on_cache:
+            path = fit_path(fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label)
+            columns = {**_choice_columns(point, solver, "cache"), "user": user}
+            rows += _scored_path(HeldOut(held_cache, heads[point]), path, None, columns)
     return rows
 
 
@@ -490,20 +528,47 @@ def fit_dose_response(
     return rows
 
 
-def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame, choices: pd.DataFrame) -> dict:
+def _cache_mixture(unigram: pd.DataFrame, counts: str, train: Tokens) -> Mixture:
+    """The unigram residual arm's mixture at its chosen lambdas: the pooled `counts` column of fit_global's
+    unigram row with the user's own counts of `train`."""
+    pooled = torch.tensor(unigram[counts].iloc[0], dtype=torch.float64)
+    lam_global, lam_residual = float(unigram["lambda_global"].iloc[0]), float(unigram["lambda_residual"].iloc[0])
+    return cache_mixture(pooled, counts_of(train, len(pooled)), lam_global, lam_residual)
+
+
+def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
     """One user's unigram mixtures in the three arms at their chosen lambdas, scored on test: the columns
     of a fits row (uph.lm.baselines)."""
-    pooled, lam_global = log_unigram(torch.tensor(unigram["counts"].iloc[0])), float(unigram["lambda"].iloc[0])
+    pooled = log_unigram(torch.tensor(unigram["counts"].iloc[0], dtype=torch.float64))
     own = log_unigram(counts_of(train, len(pooled)))
-    lams = {arm: chosen(choices, "capacity", **_unigram_columns(arm)) for arm in ("personal", "residual")}
+    lams = {arm: float(unigram[f"lambda_{arm}"].iloc[0]) for arm in ARMS}
     return {
         "base_nll": test.base_nll,
-        "global_nll": unigram_nll("global", lam_global, test, pooled, own),
+        "global_nll": unigram_nll("global", lams["global"], test, pooled, own),
         "personal_nll": unigram_nll("personal", lams["personal"], test, pooled, own),
-        "residual_nll": unigram_nll("residual", lams["residual"], test, pooled, own, lam_global),
+        "residual_nll": unigram_nll("residual", lams["residual"], test, pooled, own, lams["global"]),
         "personal_lambda": lams["personal"],
         "residual_lambda": lams["residual"],
     }
+
+
+def fit_on_cache(
+    train: Tokens,
+    test: Tokens,
+    head: Head,
+    radius: float,
+    solver: str,
+    fit: FitConfig,
+    user: str,
+    label: str,
+    mixture: Mixture,
+) -> dict:
+    """A head fitted on the unigram cache's mixture (`mixture`: the residual arm's, uph.lm.baselines) at
+    its chosen radius, scored on test against the mixture alone: the columns cache_nll, cache_head_nll
+    and the fit's."""
+    theta, result = fit_theta(train.mixed(mixture), head, solver, fit.solver, radius, user=user, label=label)
+    held_out = HeldOut(test.mixed(mixture), head)
+    return {"cache_nll": held_out.base_nll, "cache_head_nll": held_out(theta)["nll"], **_fit_columns("cache", result)}
 
 
 def fit_user(
@@ -516,8 +581,10 @@ def fit_user(
     unigram: pd.DataFrame | None,
     fit: FitConfig,
 ) -> tuple[list[dict], list[dict]]:
-    """One user's rows: (every method x solver with its three arms, and the unigram's; dose-response)."""
-    dose_points = dict(fit.dose_response.points)
+    """One user's rows: (every method x solver with its three arms, and the unigram's; dose-response).
+    The heads of fit.on_cache are also fitted on the unigram residual arm's mixture (fit_on_cache)."""
+    dose_points, on_cache = dict(fit.dose_response.points), set(fit.on_cache)
+    mixture = _cache_mixture(unigram, "counts", train) if on_cache else None
     fits, dose = [], []
     user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
     for point, head in heads.items():
@@ -526,6 +593,9 @@ def fit_user(
             theta_g = thetas_g[(point, solver)]
             radii = tuple(_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
             arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label)
+            if (point, solver) in on_cache:
+                radius = _radius(choices, point, solver, "cache")
+                arms |= fit_on_cache(train, test, head, radius, solver, fit, user, point.label, mixture)
             fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
             if dose_points.get(point) == solver:
                 ks = [k for k in fit.dose_response.train_tokens if k < train.n]
@@ -551,7 +621,7 @@ def fit_user(
                 **method,
                 **user_columns,
                 "params_per_user": vocab_and_lambda,
-                **unigram_arms(train, test, unigram, choices),
+                **unigram_arms(train, test, unigram),
             }
         )
     return fits, dose

@@ -10,6 +10,8 @@ interval, users improved, sign test), each at its capacity chosen on validation 
     others            nll(theta_g + mean of the other users' theta_r) against nll(theta_g)
     own vs others     nll(theta_g + theta_r) against the others' nll (the personal gain: the own
                       residual against the same capacity fitted on everyone else)
+    cache+head        the head fitted on the unigram residual arm's mixture, against that mixture alone
+                      (fit.on_cache: does a rank-d head add anything to a cache?)
 
 The unigram mixtures' arms are the pooled, the personal and the personal-on-pooled unigram (uph.lm.
 baselines). Each arm's row has its chosen `capacity` (radius, or lambda), `at_edge` and the share of
@@ -107,6 +109,17 @@ def personalization_table(
             rows += [
                 {**_comparison(model, shown, users, *control, n_boot), "params_per_user": params} for control in OTHERS
             ]
+        if "cache_head_nll" in users and users["cache_head_nll"].notna().all():  # fit.on_cache
+            choice = chosen_row(choices, **method, arm="cache", train_tokens=np.nan)
+            rows.append(
+                {
+                    **_comparison(model, shown, users, "cache+head", "cache_head_nll", "cache_nll", n_boot),
+                    "params_per_user": params,
+                    "capacity": choice["capacity"],
+                    "at_edge": choice["at_edge"],
+                    **_fitted(users, None, "cache", choice["capacity"]),
+                }
+            )
     return pd.DataFrame(rows)
 
 

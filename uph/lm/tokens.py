@@ -21,12 +21,36 @@ class Chunk:
     p0: torch.Tensor | None  # [V, c] base probabilities up to a factor per token; None: recomputed
 
 
+@dataclass(frozen=True)
+class Mixture:
+    """A base distribution that mixes the model with a fixed distribution over the vocabulary, a
+    unigram cache: p(v) = weight p_model(v) + floor(v), floor >= 0 summing to 1 - weight. Its log is
+    a base logit like any other, so the fit objective stays convex and the engine the same."""
+
+    weight: float
+    floor: torch.Tensor  # [V]
+
+    def probabilities(self, p0: torch.Tensor) -> torch.Tensor:
+        """The mixture [V, c] from the model's p0 [V, c] (up to a factor per token), normalized."""
+        return (p0 / p0.sum(dim=0, keepdim=True)).mul_(self.weight).add_(self.floor.to(p0)[:, None])
+
+    def nll(self, nll0: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """-log p(y_t) [c] from the model's NLL of the targets, in log space (a model probability that
+        underflows leaves the floor)."""
+        floor = self.floor.to(nll0.device, torch.float64)[targets].log()
+        return -torch.logaddexp(torch.log(torch.tensor(self.weight, dtype=torch.float64)) - nll0.double(), floor).to(
+            nll0.dtype
+        )
+
+
 @dataclass
 class Tokens:
-    """A split's tokens with the base distribution of each token, cached within a memory budget."""
+    """A split's tokens with the base distribution of each token, cached within a memory budget: the
+    model's (p0), or its mixture with a unigram cache (`mixture`: see Mixture)."""
 
     chunks: list[Chunk]
     layer: OutputLayer  # on the tokens' device, in the compute dtype
+    mixture: Mixture | None = None
 
     @property
     def n(self) -> int:
@@ -47,7 +71,33 @@ class Tokens:
     def probabilities(self):
         """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed."""
         for chunk in self.chunks:
-            yield chunk, chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
+            if chunk.p0 is not None:
+                yield chunk, chunk.p0
+            else:
+                p0 = base_distribution(chunk, self.layer)[0]
+                yield chunk, p0 if self.mixture is None else self.mixture.probabilities(p0)
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The base's logits [V, c] of hidden states [c, H]: the model's, or the log of the mixture."""
+        z = base_logits(hidden, self.layer)
+        if self.mixture is None:
+            return z
+        return self.mixture.probabilities(z.sub_(z.amax(dim=0, keepdim=True)).exp_()).log_()
+
+    def mixed(self, mixture: Mixture) -> Tokens:
+        """The same tokens on the base `mixture` of the model with a unigram cache (new p0 caches)."""
+        if self.mixture is not None:
+            raise ValueError("these tokens already have a mixture base")
+        chunks = [
+            Chunk(
+                chunk.hidden,
+                chunk.targets,
+                mixture.nll(chunk.nll0, chunk.targets),
+                None if chunk.p0 is None else mixture.probabilities(chunk.p0),
+            )
+            for chunk in self.chunks
+        ]
+        return Tokens(chunks, self.layer, mixture)
 
     def prefix(self, n: int) -> Tokens:
         """The first n tokens (views of the same chunks and caches)."""
@@ -63,7 +113,7 @@ class Tokens:
                 p0 = None if chunk.p0 is None else chunk.p0[:, a:b]
                 chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0))
             offset += c
-        return Tokens(chunks, self.layer)
+        return Tokens(chunks, self.layer, self.mixture)
 
 
 def validation_split(train: Tokens, fraction: float, gap: int) -> tuple[Tokens, Tokens]:
@@ -137,5 +187,7 @@ def prepare(
 
 
 def pool(splits: list[Tokens]) -> Tokens:
-    """All the splits' tokens as one (the pooled `global` theta), sharing their caches."""
+    """All the splits' tokens as one (the pooled `global` theta), sharing their caches (the model's base)."""
+    if any(split.mixture is not None for split in splits):
+        raise ValueError("pool takes tokens on the model's base")
     return Tokens([chunk for split in splits for chunk in split.chunks], splits[0].layer)

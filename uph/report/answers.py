@@ -189,6 +189,29 @@ def head_against_baselines(study: Study) -> Answer:
     )
 
 
+def head_on_cache(study: Study) -> Answer:
+    """The heads fitted on the unigram cache (fit.on_cache) against the cache alone: the best of K points,
+    yes only if its interval lies below 0 and its sign test survives Bonferroni over the K."""
+    question = "Does a rank-d head add anything to a per-user unigram cache (the head fitted on the cache's mixture)?"
+    _, table = heads_at_headline(study)
+    rows = table[table["control"] == "cache+head"]
+    if rows.empty:
+        return Answer(question, "untested", "no head on the cache (fit.on_cache)", "", "personalization")
+    best, points = rows.loc[rows["delta_nll"].idxmin()], len(rows)
+    answer = _by_interval(best["delta_nll_ci_low"], best["delta_nll_ci_high"])
+    if answer == "yes" and bonferroni(best, points) >= SIGNIFICANCE:
+        answer = "not shown"
+    return Answer(
+        question,
+        answer,
+        f"{delta_with_ci(best)} × 10⁻³ nats/token against the cache alone at the best of {points} points "
+        f"({point_label(best)}, radius {best['capacity']:g}); {int(best['n_users_improved'])} users improved, "
+        f"sign test p = {best['sign_test_p']:.2g} ({bonferroni(best, points):.2g} after Bonferroni over {points})",
+        f"{int(best['n_users'])} users",
+        "personalization",
+    )
+
+
 def seeds(n: int) -> str:
     return f"{n} seed{'s' if n != 1 else ''}"
 
@@ -354,6 +377,7 @@ QUESTIONS = (  # in the order of the table
     own_theta_on_own_text,
     little_text,
     head_against_baselines,
+    head_on_cache,
     copy_task_at_train_length,
     copy_task_beyond_train_length,
     gram_resilience,

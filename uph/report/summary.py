@@ -96,6 +96,11 @@ def personalization_finding(study: Study) -> list[str]:
             f"baseline {row['head']} ({row['solver']}), {what}: {delta_with_ci(row)}{_capacity_of_baseline(row)}"
             for _, row in baselines_at(study.personalization, solver, arm).iterrows()
         ]
+    facts += [
+        f"head on the unigram cache, {point_label(row)}: {delta_with_ci(row)} against the cache alone "
+        f"(radius {_capacity(row)}, {int(row['n_users_improved'])} of {int(row['n_users'])} users improved)"
+        for _, row in table[table["control"] == "cache+head"].iterrows()
+    ]
     cross = cross_user_at_headline(study)
     facts.append(
         f"cross-user residual θs at {point_label(cross.iloc[0])}: {_dominance(cross)}"
