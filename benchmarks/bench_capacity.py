@@ -12,39 +12,21 @@ study's global thetas.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
-import torch
-import yaml
+from finished_study import arguments, shard_zero
 
-from uph.config import EXTRACT_KEYS, job_params, validate
 from uph.lm.fit import SEED_RADIUS, fit_path, fit_theta
-from uph.lm.sweep import FitConfig, global_thetas, load_methods, prepared
+from uph.lm.sweep import global_thetas, prepared
 from uph.lm.tokens import validation_split
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results", help="a finished study's results folder")
-    parser.add_argument("--users", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    results = Path(args.results)
-    config = validate(yaml.safe_load(Path("config.yaml").read_text()))
-    fit = FitConfig.from_config(config["fit"])
-    inputs = SimpleNamespace(
-        model=results / "model" / "identity.json",
-        users=results / "corpus" / "users.parquet",
-        basis=results / "basis" / "svd.safetensors",
-        shards=[results / "cache" / "shard-0.parquet"],
-    )
-    job = load_methods(inputs, fit, job_params(config["extract"], EXTRACT_KEYS), "cpu")
-    table = pd.read_parquet(results / "fit" / "global.parquet")
+    args = arguments(__doc__.splitlines()[0], users=2)
+    fit, job = shard_zero(args.results)
+    table = pd.read_parquet(Path(args.results) / "fit" / "global.parquet")
     thetas_g, thetas_g_fit = global_thetas(table), global_thetas(table, "theta_fit")
     radii, settings = fit.capacity.radii, fit.solver
     rows = []

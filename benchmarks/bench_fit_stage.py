@@ -12,37 +12,19 @@ side by side in one process; only where p0 is computed differs.
 
 from __future__ import annotations
 
-import argparse
 import time
-from pathlib import Path
-from types import SimpleNamespace
 
-import torch
-import yaml
+from finished_study import arguments, shard_zero
 
-from uph.config import EXTRACT_KEYS, job_params, validate
 from uph.lm.fit import fit_theta
-from uph.lm.sweep import FitConfig, load_fit_job, prepared
+from uph.lm.sweep import prepared
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results", help="a finished study's results folder")
-    parser.add_argument("--users", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    results = Path(args.results)
-    config = validate(yaml.safe_load(Path("config.yaml").read_text()))
-    fit = FitConfig.from_config(config["fit"])
-    inputs = SimpleNamespace(
-        model=results / "model" / "identity.json",
-        users=results / "corpus" / "users.parquet",
-        basis=results / "basis" / "svd.safetensors",
-        shards=[results / "cache" / "shard-0.parquet"],
-    )
-    job = load_fit_job(inputs, fit.points, fit.heads, job_params(config["extract"], EXTRACT_KEYS), "cpu")
-    layer, heads, device = job.layer, job.heads, job.device
+    args = arguments(__doc__.splitlines()[0], users=4)
+    fit, job = shard_zero(args.results)
+    layer, device = job.layer, job.device
+    heads = {point: head for point, head in job.heads.items() if point in fit.points}  # the heads, not the full bias
     users = dict(list(job.users.items())[: args.users])
     settings = fit.solver
 
