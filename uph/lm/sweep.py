@@ -12,15 +12,17 @@ row per (user, point, solver):
 Each arm's capacity, the radius of its ball, is chosen on validation (uph.lm.capacity): every radius
 of fit.radii is fitted on the users' fit parts (warm along the path, uph.lm.fit.fit_path) and scored
 on their validation parts, the best mean is chosen, and the arm is refitted on all train tokens at it.
-The unigram mixtures (uph.lm.baselines) choose their lambda the same way.
+The unigram mixtures (uph.lm.baselines) choose their lambda the same way. The heads of fit.on_cache are
+also fitted on the unigram residual arm's mixture as their base (a fourth arm, "cache").
 
 Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all methods:
 `fit_global` walks the global path on the pooled fit parts (each user's first ceil(global_max_tokens /
 N) tokens, so its memory does not grow with the number of users), scores it on every user's validation
 part, chooses, and refits on the pooled train tokens (the same tokens when the cap leaves every fit part
-longer than its share); it also counts the pooled unigram. `validate_shard` walks the personal and
-residual paths (and the dose-response's, on each prefix's own tail) of one shard's users;
-`capacity_choices` chooses; `fit_shard` refits each arm at its choice (`fit_arms`), the dose-response
+longer than its share); it also counts the pooled unigram and chooses the unigram's three lambdas
+(`unigram_validation`). `validate_shard` walks the personal and residual paths (and the dose-response's,
+on each prefix's own tail, and the cache arm's) of one shard's users; `capacity_choices` chooses;
+`fit_shard` refits each arm at its choice (`fit_arms`, `fit_on_cache`), the dose-response
 (`fit_dose_response`) and the unigram arms (`unigram_arms`) and scores them on test; `others` and
 `cross_user` score the residual thetas on held-out text (no fits).
 """
@@ -236,15 +238,11 @@ def _choice_columns(point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS
     return {**point.columns, "solver": solver, "arm": arm, "train_tokens": train_tokens}
 
 
+UNIGRAM_METHOD = {"head": UNIGRAM, "alpha": math.nan, "d": math.nan, "solver": "exact"}  # no point, no solver
+
+
 def _unigram_columns(arm: str) -> dict:
-    return {
-        "head": UNIGRAM,
-        "alpha": math.nan,
-        "d": math.nan,
-        "solver": "exact",
-        "arm": arm,
-        "train_tokens": ALL_TOKENS,
-    }
+    return {**UNIGRAM_METHOD, "arm": arm, "train_tokens": ALL_TOKENS}
 
 
 def _radius(choices: pd.DataFrame, point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> float:
@@ -614,11 +612,10 @@ def fit_user(
             fits[-1]["personal_nll"] - fits[-1]["base_nll"],
         )
     if unigram is not None:
-        method = {key: value for key, value in _unigram_columns("").items() if key in ("head", "alpha", "d", "solver")}
         vocab_and_lambda = train.layer.W.shape[0] + 1
         fits.append(
             {
-                **method,
+                **UNIGRAM_METHOD,
                 **user_columns,
                 "params_per_user": vocab_and_lambda,
                 **unigram_arms(train, test, unigram),
