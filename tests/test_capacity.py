@@ -34,6 +34,8 @@ def test_the_best_mean_over_users_wins_not_any_one_user():
         ({1.0: [1.0], 3.0: [2.0], 10.0: [3.0]}, 1.0, "low"),
         ({1.0: [3.0], 3.0: [2.0], 10.0: [1.0]}, 10.0, "high"),
         ({1.0: [2.0], 3.0: [1.0], 10.0: [1.0]}, 3.0, ""),  # a tie: the smaller capacity
+        # the same interior theta at every larger radius scores equal up to rounding: still a tie
+        ({1.0: [2.0], 3.0: [1.0 + 2e-16], 10.0: [1.0]}, 3.0, ""),
     ],
 )
 def test_a_choice_at_an_end_of_the_grid_is_flagged(nlls, capacity, edge):

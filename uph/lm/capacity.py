@@ -10,7 +10,7 @@ Every method has one capacity knob, walked over a grid (schemas/fit.schema.yaml)
 Each user's train tokens split in time into a fit part and a validation part (uph.lm.tokens.
 validation_split). Per (method, arm) every grid value is fitted on each user's fit part and scored on
 that user's validation part; the value with the lowest validation NLL averaged over users is chosen
-(ties: the smaller capacity), and the method is refitted on all train tokens with it and scored on
+(ties, to TIE: the smaller capacity), and the method is refitted on all train tokens with it and scored on
 test. Test tokens take no part in any choice. A choice at either end of the grid says the grid did not
 bracket the optimum: `at_edge` names the end ("low" or "high"), and the tables and summary say so.
 """
@@ -20,6 +20,8 @@ from __future__ import annotations
 import pandas as pd
 
 EDGES = ("low", "high")
+TIE = 1e-9  # nats/token: validation means closer than this are one value (the same interior theta at
+# every larger radius scores equal up to rounding), and the smaller capacity is chosen
 
 
 def choose(validation: pd.DataFrame, keys: list[str], knob: str) -> pd.DataFrame:
@@ -30,7 +32,8 @@ def choose(validation: pd.DataFrame, keys: list[str], knob: str) -> pd.DataFrame
     rows = []
     for key, curve in means.groupby(level=list(range(len(keys))), dropna=False, sort=True):
         values = curve.index.get_level_values(knob)
-        best = int(curve["mean"].to_numpy().argmin())  # the first minimum: the smaller capacity on ties
+        means = curve["mean"].to_numpy()
+        best = int((means <= means.min() + TIE).argmax())  # the smallest capacity within TIE of the minimum
         edge = "" if len(values) < 2 or 0 < best < len(values) - 1 else EDGES[best > 0]
         rows.append(
             {
