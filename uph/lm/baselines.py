@@ -11,8 +11,9 @@ A unigram mixture moves the model's next-token distribution toward a unigram "ca
 
 lam is the arm's capacity knob, chosen on validation from fit.lambdas like the heads' radii
 (uph.lm.capacity), all three arms in fit_global (which holds every user's tokens). The residual arm's
-mixture is also the base a head can be fitted on (`cache_mixture`: does a rank-d head add to a cache?). Everything is in log space (logaddexp of log weights), so a p_model that
-underflows, or a token the cache never saw, never gives -inf.
+mixture is also the base a head can be fitted on (`cache_mixture`: does a rank-d head add to a cache?).
+Everything is in log space (logaddexp of log weights), so a p_model that underflows, or a token the
+cache never saw, never gives -inf.
 
 The full-vocabulary bias (uph.lm.heads.full_bias_head) is the other baseline: a free logit per
 vocabulary entry, fitted by the engine like any head (the d = V limit of the unconditional heads).
@@ -39,8 +40,13 @@ def model_log_probs(tokens: Tokens) -> torch.Tensor:
     return -torch.cat([chunk.nll0 for chunk in tokens.chunks]).double().cpu()
 
 
+def count(targets: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """c(y) [V] (float64) of token ids `targets`."""
+    return torch.bincount(targets.long(), minlength=vocab_size).double()
+
+
 def counts_of(tokens: Tokens, vocab_size: int) -> torch.Tensor:
-    return torch.bincount(targets_of(tokens), minlength=vocab_size).double()
+    return count(targets_of(tokens), vocab_size)
 
 
 def log_unigram(counts: torch.Tensor) -> torch.Tensor:
@@ -71,7 +77,7 @@ def unigram_nll(arm: str, lam: float, tokens: Tokens, pooled, user, lam_global: 
     """Mean NLL of `tokens` under the arm's mixture at `lam`; `pooled` and `user` are the caches' log
     unigrams [V]."""
     y = targets_of(tokens)
-    return arm_nll(arm, lam, model_log_probs(tokens), pooled[y], None if user is None else user[y], lam_global)
+    return arm_nll(arm, lam, model_log_probs(tokens), pooled[y], user[y], lam_global)
 
 
 def cache_mixture(pooled_counts, user_counts, lam_global: float, lam_residual: float) -> Mixture:

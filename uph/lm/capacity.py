@@ -31,9 +31,8 @@ def choose(validation: pd.DataFrame, keys: list[str], knob: str) -> pd.DataFrame
     means = validation.groupby([*keys, knob], dropna=False, sort=True)["validation_nll"].agg(["mean", "count"])
     rows = []
     for key, curve in means.groupby(level=list(range(len(keys))), dropna=False, sort=True):
-        values = curve.index.get_level_values(knob)
-        means = curve["mean"].to_numpy()
-        best = int((means <= means.min() + TIE).argmax())  # the smallest capacity within TIE of the minimum
+        values, curve_means = curve.index.get_level_values(knob), curve["mean"].to_numpy()
+        best = int((curve_means <= curve_means.min() + TIE).argmax())  # the smallest capacity within TIE of the minimum
         edge = "" if len(values) < 2 or 0 < best < len(values) - 1 else EDGES[best > 0]
         rows.append(
             {
@@ -41,7 +40,7 @@ def choose(validation: pd.DataFrame, keys: list[str], knob: str) -> pd.DataFrame
                 knob: values[best],
                 "at_edge": edge,
                 "grid_size": len(values),
-                "validation_nll": curve["mean"].iloc[best],
+                "validation_nll": curve_means[best],
                 "n_users": int(curve["count"].iloc[best]),
             }
         )

@@ -4,8 +4,9 @@ steps at `lr`); "exact" stops when the projected-gradient norm, reported as `cer
 up to d = DENSE_MAX_D a projected quasi-Newton method (a BFGS model, started from the Hessian diagonal
 at the base or handed on from a smaller ball, minimized exactly over the ball; Armijo backtracking),
 beyond it limited-memory BFGS inside the ball and the spectral projected gradient method on it
-(Barzilai-Borwein steps, non-monotone Armijo; no d×d matrix). The exact solver may start anywhere in the ball (a warm start along a path of radii): J is
-convex, so where it starts changes only how long it takes.
+(Barzilai-Borwein steps, non-monotone Armijo; no d×d matrix). The exact solver may start anywhere in
+the ball (a warm start along a path of radii): J is convex, so where it starts changes only how long
+it takes.
 """
 
 from __future__ import annotations

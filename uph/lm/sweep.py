@@ -44,6 +44,7 @@ from uph.lm.baselines import (
     UNIGRAM,
     arm_nll,
     cache_mixture,
+    count,
     counts_of,
     log_unigram,
     model_log_probs,
@@ -245,6 +246,11 @@ def _unigram_columns(arm: str) -> dict:
     return {**UNIGRAM_METHOD, "arm": arm, "train_tokens": ALL_TOKENS}
 
 
+def capacity_choices(validation: pd.DataFrame) -> pd.DataFrame:
+    """Every (method, arm, train_tokens)'s choice from the validation rows of every job (uph.lm.capacity)."""
+    return choose(validation, CHOICE_KEYS, "capacity")
+
+
 def _radius(choices: pd.DataFrame, point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> float:
     return chosen(choices, "capacity", **_choice_columns(point, solver, arm, train_tokens))
 
@@ -277,9 +283,7 @@ def unigram_validation(at_targets: dict, lambdas) -> list[dict]:
         ]
 
     global_rows = rows("global")
-    lam_global = chosen(
-        choose(pd.DataFrame(global_rows), CHOICE_KEYS, "capacity"), "capacity", **_unigram_columns("global")
-    )
+    lam_global = chosen(capacity_choices(pd.DataFrame(global_rows)), "capacity", **_unigram_columns("global"))
     return global_rows + rows("personal") + rows("residual", lam_global)
 
 
@@ -306,26 +310,27 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame,
     }
     del train
     vocab_size = job.layer.W.shape[0]
-    counts_fit = sum(
-        torch.bincount(states.train_targets[: splits[user][0]].long(), minlength=vocab_size).double()
-        for user, states in job.users.items()
-    )
-    counts = sum(torch.bincount(s.train_targets.long(), minlength=vocab_size).double() for s in job.users.values())
+    fit_counts = {
+        user: count(states.train_targets[: splits[user][0]], vocab_size) for user, states in job.users.items()
+    }
+    counts_fit = sum(fit_counts.values())
+    counts = sum(count(states.train_targets, vocab_size) for states in job.users.values())
     pooled_fit = log_unigram(counts_fit)
     validation, at_targets = [], {}  # user -> (log p_model, log q_pooled, log q_user) at the validation targets
     for user, states in tqdm(job.users.items(), desc="global validation", unit="user", mininterval=5):
         start = splits[user][1]
         held = prepare(states.train_hidden[start:], states.train_targets[start:], job.layer, device=job.device)
+        held_out = {point: HeldOut(held, head) for point, head in job.heads.items()}
         for (point, solver), path in paths.items():
             columns = {**_choice_columns(point, solver, "global"), "user": user}
-            validation += _scored_path(HeldOut(held, job.heads[point]), path, None, columns)
-        y = targets_of(held)
-        own = log_unigram(torch.bincount(states.train_targets[: splits[user][0]].long(), minlength=vocab_size).double())
-        at_targets[user] = (model_log_probs(held), pooled_fit[y], own[y])
+            validation += _scored_path(held_out[point], path, None, columns)
+        if UNIGRAM in fit.baselines:
+            y = targets_of(held)
+            at_targets[user] = (model_log_probs(held), pooled_fit[y], log_unigram(fit_counts[user])[y])
     if UNIGRAM in fit.baselines:
         validation += unigram_validation(at_targets, capacity.lambdas)
     validation = pd.DataFrame(validation)
-    choices = choose(validation, CHOICE_KEYS, "capacity")
+    choices = capacity_choices(validation)
     train = None if fit_ends == train_ends else _pooled(job, train_ends)  # else: the same tokens, the same fit
     rows = []
     for (point, solver), path in paths.items():
@@ -455,11 +460,6 @@ def validate_shard(job: FitJob, thetas_g_fit: dict, unigram: pd.DataFrame | None
     return pd.DataFrame(rows)
 
 
-def capacity_choices(validation: pd.DataFrame) -> pd.DataFrame:
-    """Every (method, arm, train_tokens)'s choice from the validation rows of every job (uph.lm.capacity)."""
-    return choose(validation, CHOICE_KEYS, "capacity")
-
-
 def fit_arms(
     train: Tokens,
     held_out: HeldOut,
@@ -505,20 +505,20 @@ def fit_dose_response(
     solver: str,
     fit: FitConfig,
 ) -> list[dict]:
-    """The residual arm refitted on the user's first k train tokens at the radius chosen for k (`radii`),
-    for each k of fit.dose_response below the user's count, then all of them (theta_r, already fitted):
-    the held-out NLL of each, beside the global theta's (`global_nll`, from the arms)."""
-    ks = [k for k in fit.dose_response.train_tokens if k < train.n]
+    """The residual arm refitted on the user's first k train tokens at the radius chosen for k, for each k
+    of `radii` (k -> radius: fit.dose_response's sizes below the user's count, then all of them, whose
+    theta_r is already fitted): the held-out NLL of each, beside the global theta's (`global_nll`, from
+    the arms)."""
     rows = []
-    for k in [*ks, train.n]:
+    for k, radius in sorted(radii.items()):
         theta_k = theta_r
         if k < train.n:
-            theta_k = fit_theta(train.prefix(k), head, solver, fit.solver, radii[k], offset=theta_g)[0]
+            theta_k = fit_theta(train.prefix(k), head, solver, fit.solver, radius, offset=theta_g)[0]
         rows.append(
             {
                 "train_tokens": k,
                 "all_train_tokens": k == train.n,
-                "radius": radii[k],
+                "radius": radius,
                 "global_nll": global_nll,
                 "residual_nll": held_out(theta_g + theta_k)["nll"],
             }
@@ -551,21 +551,13 @@ def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
 
 
 def fit_on_cache(
-    train: Tokens,
-    test: Tokens,
-    head: Head,
-    radius: float,
-    solver: str,
-    fit: FitConfig,
-    user: str,
-    label: str,
-    mixture: Mixture,
+    train: Tokens, test: Tokens, head: Head, radius: float, solver: str, fit: FitConfig, user: str, label: str
 ) -> dict:
-    """A head fitted on the unigram cache's mixture (`mixture`: the residual arm's, uph.lm.baselines) at
-    its chosen radius, scored on test against the mixture alone: the columns cache_nll, cache_head_nll
+    """A head fitted on the unigram cache (`train` and `test` on the residual arm's mixture, Tokens.mixed)
+    at its chosen radius, scored on test against the mixture alone: the columns cache_nll, cache_head_nll
     and the fit's."""
-    theta, result = fit_theta(train.mixed(mixture), head, solver, fit.solver, radius, user=user, label=label)
-    held_out = HeldOut(test.mixed(mixture), head)
+    theta, result = fit_theta(train, head, solver, fit.solver, radius, user=user, label=label)
+    held_out = HeldOut(test, head)
     return {"cache_nll": held_out.base_nll, "cache_head_nll": held_out(theta)["nll"], **_fit_columns("cache", result)}
 
 
@@ -582,7 +574,9 @@ def fit_user(
     """One user's rows: (every method x solver with its three arms, and the unigram's; dose-response).
     The heads of fit.on_cache are also fitted on the unigram residual arm's mixture (fit_on_cache)."""
     dose_points, on_cache = dict(fit.dose_response.points), set(fit.on_cache)
-    mixture = _cache_mixture(unigram, "counts", train) if on_cache else None
+    if on_cache:  # every head on the cache shares the user's mixed tokens
+        mixture = _cache_mixture(unigram, "counts", train)
+        on_mixture = (train.mixed(mixture), test.mixed(mixture))
     fits, dose = [], []
     user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
     for point, head in heads.items():
@@ -593,7 +587,7 @@ def fit_user(
             arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label)
             if (point, solver) in on_cache:
                 radius = _radius(choices, point, solver, "cache")
-                arms |= fit_on_cache(train, test, head, radius, solver, fit, user, point.label, mixture)
+                arms |= fit_on_cache(*on_mixture, head, radius, solver, fit, user, point.label)
             fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
             if dose_points.get(point) == solver:
                 ks = [k for k in fit.dose_response.train_tokens if k < train.n]

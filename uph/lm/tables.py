@@ -89,9 +89,9 @@ def personalization_table(
         baseline = method["head"] in BASELINES
         shown = {**method, "alpha": np.nan, "d": np.nan} if baseline else method
         params = users["params_per_user"].iloc[0]
+        global_fit = global_fits.loc[key] if key in global_fits.index else None  # the unigram fits no theta
         for control, arm, nll, reference, kl in ARMS:
             choice = chosen_row(choices, **method, arm=arm, train_tokens=np.nan)
-            global_fit = global_fits.loc[key] if key in global_fits.index else None
             rows.append(
                 {
                     **_comparison(model, shown, users, control, nll, reference, n_boot),
