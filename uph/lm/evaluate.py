@@ -30,10 +30,13 @@ class HeldOut:
         """The same for K thetas [K, d]. An unconditional head scores them all in one pass over the tokens
         (Objective.log_partition_sums): nll_k = base_nll + (Σ_t log Z_t(theta_k) - Σ_t log Z_t(0)) / n -
         theta_k · ybar, kl_k the same change less theta_k · mbar; a conditional head, and a theta the
-        batched pass cannot hold, one at a time."""
+        batched pass cannot hold, one at a time, each distinct theta once (a path's balls past its
+        unconstrained minimizer share one)."""
         objective, thetas = self.objective, thetas.detach().double().cpu()
         if objective.a is not None:
-            return [self(theta) for theta in thetas]
+            distinct, index = torch.unique(thetas, dim=0, return_inverse=True)
+            scores = [self(theta) for theta in distinct]
+            return [scores[i] for i in index]
         sums, safe = objective.log_partition_sums(thetas)
         base = sum(float(log_z.sum(dtype=torch.float64)) for log_z in objective.log_z_base)
         change = (sums - base) / objective.tokens.n

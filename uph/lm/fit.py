@@ -44,7 +44,7 @@ import torch
 
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
-from uph.lm.solvers import DENSE_MAX_D, NOISE, SOLVERS, SolverSettings, minimize, projected_gradient_norm
+from uph.lm.solvers import NOISE, SOLVERS, SolverSettings, minimize, projected_gradient_norm
 from uph.lm.tokens import Chunk, Tokens
 
 VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
@@ -310,9 +310,9 @@ def fit_path(
     for radius in radii:
         certified = value is not None and solver == "exact"
         if not (certified and projected_gradient_norm(theta, value.grad, radius) <= settings.tol):
-            if hessian is None and solver == "exact" and head.d <= DENSE_MAX_D:
-                hessian = torch.diag(objective.curvature())
-            solution = minimize(solver, evaluate, theta, radius, settings, hessian, NOISE[objective.dtype])
+            if hessian is None and solver == "exact":
+                hessian = objective.curvature()
+            solution = minimize(solver, evaluate, theta, radius, settings, hessian, NOISE[objective.dtype], value)
             theta, value, hessian, iterations = solution.theta, solution.value, solution.hessian, solution.iterations
         else:
             iterations = 0

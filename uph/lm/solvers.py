@@ -3,8 +3,8 @@ schedule (Adam from zero, gradient-norm clipping at clip_norm, then projection o
 steps at `lr`); "exact" stops when the projected-gradient norm, reported as `certificate`, is <= tol:
 up to d = DENSE_MAX_D a projected quasi-Newton method (a BFGS model, started from the Hessian diagonal
 at the base or handed on from a smaller ball, minimized exactly over the ball; Armijo backtracking),
-beyond it limited-memory BFGS inside the ball and the spectral projected gradient method on it
-(Barzilai-Borwein steps, non-monotone Armijo; no d×d matrix). The exact solver may start anywhere in
+beyond it limited-memory BFGS inside the ball and a diagonal model minimized over it (both scaled by
+the Hessian diagonal at the base, non-monotone Armijo; no d×d matrix). The exact solver may start anywhere in
 the ball (a warm start along a path of radii): J is convex, so where it starts changes only how long
 it takes.
 """
@@ -75,23 +75,35 @@ class Solution:
     theta: torch.Tensor
     iterations: int
     value: object  # uph.lm.fit.Value at theta
-    hessian: torch.Tensor | None  # the exact solver's last BFGS model (d <= DENSE_MAX_D), to start the next ball
+    hessian: torch.Tensor | None  # the exact solver's model to start the next ball: BFGS's [d, d], L-BFGS's diagonal
 
 
 def minimize(
-    solver: str, evaluate, start: torch.Tensor, radius: float, settings: SolverSettings, hessian, noise: float
+    solver: str,
+    evaluate,
+    start: torch.Tensor,
+    radius: float,
+    settings: SolverSettings,
+    hessian,
+    noise: float,
+    start_value=None,
 ) -> Solution:
     """Minimize J over the ball of `radius`: `evaluate(theta, iteration)` is J's Value with its gradient.
-    adam runs seed 002's schedule from zero in `start`'s dtype; exact starts at `start` (float64) with
-    the BFGS model `hessian` (up to d = DENSE_MAX_D), and stops where a step's predicted decrease is below
+    adam runs seed 002's schedule from zero in `start`'s dtype; exact starts at `start` (float64; its
+    Value `start_value` when known and `start` lies in the ball, as a smaller ball's minimizer does) with
+    `hessian`: a smaller ball's model, or J's Hessian diagonal at the base [d] (a BFGS model's start up to
+    d = DENSE_MAX_D, L-BFGS's scaling beyond); it stops where a step's predicted decrease is below
     `noise` |J| (NOISE of the tokens' dtype)."""
     if solver == "adam":
         theta = _adam(evaluate, torch.zeros_like(start), settings.lr, settings.steps, settings.clip_norm, radius)
         return Solution(theta, settings.steps, evaluate(theta, settings.steps), None)
     theta = project(start.double(), radius)
+    value = start_value if start_value is not None and torch.equal(theta, start.double()) else evaluate(theta, 0)
     if len(theta) <= DENSE_MAX_D:
-        return _projected_bfgs(evaluate, theta, hessian, radius, settings.tol, settings.max_iter, noise)
-    return Solution(*_projected_lbfgs(evaluate, theta, radius, settings.tol, settings.max_iter, noise), None)
+        B = torch.diag(hessian) if hessian.dim() == 1 else hessian
+        return _projected_bfgs(evaluate, theta, value, B, radius, settings.tol, settings.max_iter, noise)
+    found = _projected_lbfgs(evaluate, theta, value, hessian, radius, settings.tol, settings.max_iter, noise)
+    return Solution(*found, hessian)
 
 
 def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, clip_norm: float, radius: float) -> torch.Tensor:
@@ -107,11 +119,10 @@ def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, clip_norm: float
     return theta.detach()
 
 
-def _projected_bfgs(evaluate, theta, B: torch.Tensor, radius: float, tol: float, max_iter: int, noise: float):
-    """Minimize J over the ball from the model Hessian B: each step minimizes the BFGS model
-    g·s + ½ s^T B s exactly over the ball, then backtracks (Armijo) along it. Stops at
-    certificate <= tol, or when no step decreases J any more (the float noise floor)."""
-    value = evaluate(theta, 0)
+def _projected_bfgs(evaluate, theta, value, B: torch.Tensor, radius: float, tol: float, max_iter: int, noise: float):
+    """Minimize J over the ball from theta (its Value `value`) and the model Hessian B: each step
+    minimizes the BFGS model g·s + ½ s^T B s exactly over the ball, then backtracks (Armijo) along it.
+    Stops at certificate <= tol, or when no step decreases J any more (the float noise floor)."""
     for iteration in range(max_iter):
         if projected_gradient_norm(theta, value.grad, radius) <= tol:
             return Solution(theta, iteration, value, B)
@@ -138,52 +149,62 @@ def _projected_bfgs(evaluate, theta, B: torch.Tensor, radius: float, tol: float,
 
 def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
     """argmin over ‖x‖ <= radius of grad·(x - theta) + ½ (x - theta)^T B (x - theta), B positive
-    definite: x(mu) = (B + mu I)^-1 (B theta - grad), with mu >= 0 the least that lands in the ball
-    (‖x(mu)‖ decreases in mu; bisection)."""
+    definite (a [d, d] matrix, or its diagonal [d]): in B's eigenbasis Q, x = Q y with
+    y(mu) = c / (eigenvalues + mu), c = Q^T (B theta - grad) (_into_ball)."""
+    if B.dim() == 1:
+        return _into_ball(B * theta - grad, B, radius)
     eigenvalues, Q = torch.linalg.eigh(B)
+    return Q @ _into_ball(Q.T @ (B @ theta - grad), eigenvalues, radius)
+
+
+def _into_ball(c: torch.Tensor, eigenvalues: torch.Tensor, radius: float) -> torch.Tensor:
+    """y(mu) = c / (eigenvalues + mu) with mu >= 0 the least that lands in the ball (‖y(mu)‖ decreases
+    in mu; bisection)."""
     eigenvalues = eigenvalues.clamp_min(eigenvalues.max() * 1e-12)
-    c = Q.T @ (B @ theta - grad)
 
-    def x(mu: float) -> torch.Tensor:
-        return Q @ (c / (eigenvalues + mu))
+    def y(mu: float) -> torch.Tensor:
+        return c / (eigenvalues + mu)
 
-    if x(0.0).norm() <= radius:
-        return x(0.0)
+    if y(0.0).norm() <= radius:
+        return y(0.0)
     low, high = 0.0, float(c.norm()) / radius
     for _ in range(100):
         middle = (low + high) / 2
-        low, high = (middle, high) if x(middle).norm() > radius else (low, middle)
-    return x(high)
+        low, high = (middle, high) if y(middle).norm() > radius else (low, middle)
+    return y(high)
 
 
-def _projected_lbfgs(evaluate, theta, radius: float, tol: float, max_iter: int, noise: float, memory: int = 10):
-    """Limited-memory BFGS inside the ball, spectral projected gradient on it. Each iteration takes the
-    two-loop direction d from the last `memory` pairs (s, y) when x + d stays in the ball; else the
-    Barzilai-Borwein projected gradient step proj(x - lambda g) - x, lambda = s·s / s·y of the last pair
-    (Birgin, Martínez and Raydan's SPG, which binding balls suit). Then Armijo backtracking against the
-    largest of the last 10 objectives (non-monotone; the step is feasible: the ball is convex). Memory
-    O(memory d): the exact solver for large d (the full bias, whose curvatures span four decades, where
-    gradient steps alone crawl once the ball lets go)."""
-    value, pairs, history = evaluate(theta, 0), [], []
+def _projected_lbfgs(
+    evaluate, theta, value, diagonal, radius: float, tol: float, max_iter: int, noise: float, memory: int = 10
+):
+    """Limited-memory BFGS inside the ball, a diagonal model on it; `diagonal` [d] is J's Hessian
+    diagonal at the base (Objective.curvature: the full bias's curvatures span four decades, where
+    unscaled gradient steps crawl). Each iteration takes the two-loop direction d from the last
+    `memory` pairs (s, y), started from H0 = gamma diagonal^-1 (gamma = s·y / y·diagonal^-1·y of the
+    last pair, 1 before any), when x + d stays in the ball; else the minimizer over the ball of
+    g·s + ½ s^T (diagonal / gamma) s (_ball_model_minimizer). Then Armijo backtracking against the
+    largest of the last 10 objectives (non-monotone; the step is feasible: the ball is convex).
+    Memory O(memory d), no d×d matrix."""
+    pairs, history = [], []
     for iteration in range(max_iter):
         grad = value.grad
         if projected_gradient_norm(theta, grad, radius) <= tol:
             return theta, iteration, value
         history = [*history[-9:], value.objective]
-        step = None
+        gamma = 1.0
         if pairs:
-            q, alphas = grad.clone(), []
-            for s, y, rho in reversed(pairs):
-                alphas.append(rho * float(s @ q))
-                q -= alphas[-1] * y
-            q *= float(pairs[-1][0] @ pairs[-1][1]) / float(pairs[-1][1] @ pairs[-1][1])
-            for (s, y, rho), alpha in zip(pairs, reversed(alphas)):
-                q += (alpha - rho * float(y @ q)) * s
-            if (theta - q).norm() <= radius:
-                step = -q
-        if step is None or float(grad @ step) >= 0:
-            bb = float(pairs[-1][0] @ pairs[-1][0]) * pairs[-1][2] if pairs else 1.0
-            step = project(theta - min(max(bb, 1e-10), 1e10) * grad, radius) - theta
+            s_last, y_last, _ = pairs[-1]
+            gamma = float(s_last @ y_last) / float(y_last @ (y_last / diagonal))
+        q, alphas = grad.clone(), []
+        for s, y, rho in reversed(pairs):
+            alphas.append(rho * float(s @ q))
+            q -= alphas[-1] * y
+        q *= gamma / diagonal
+        for (s, y, rho), alpha in zip(pairs, reversed(alphas)):
+            q += (alpha - rho * float(y @ q)) * s
+        step = -q
+        if (theta + step).norm() > radius or float(grad @ step) >= 0:
+            step = _ball_model_minimizer(theta, grad, diagonal / gamma, radius) - theta
         slope, t = float(grad @ step), 1.0
         if slope >= 0:
             return theta, iteration, value
