@@ -34,6 +34,6 @@ rule svd_basis:
         results("benchmarks", "svd_basis.tsv")
     priority: LM_PRIORITY
     params:
-        rank=max(config["fit"]["ds"]),
+        rank=max(d for _, _, d in sweep_points(config["fit"])),
     script:
         "../workflow_scripts/svd_basis.py"

@@ -7,7 +7,7 @@
 # control a personal gain must beat); cross_user scores the residual thetas on every user's text at the
 # listed points; the tables follow.
 wildcard_constraints:
-    head="|".join(FIT["heads"]),
+    head="|".join(sorted({head for head, _, _ in sweep_points(FIT)})),
     alpha=r"[0-9.e+-]+",
     d=r"\d+",
     shard=r"\d+",
@@ -139,6 +139,7 @@ rule cross_user:
 rule fit_others:
     input:
         global_fit=rules.fit_global.output.thetas,
+        unigram=rules.fit_global.output.unigram,
         fits=fit_shard_paths("fits.parquet"),
         shards=shard_paths(),
         users=rules.corpus.output.users,
@@ -155,7 +156,7 @@ rule fit_others:
     resources:
         gpu=gpus(),
     params:
-        fit=FIT_SWEEP,
+        fit=FIT_OTHERS,
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:

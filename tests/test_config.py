@@ -73,3 +73,27 @@ def test_d_above_the_hidden_size_is_refused(config):
         ConfigError, match="config key 'fit.ds': d=65 is larger than the basis rank, the hidden size 64"
     ):
         check_against_model(config, {"name": "tiny", "hidden_size": 64})
+    config["fit"]["ds"] = [8]
+    config["fit"]["extra_points"] = [{"head": "svd_cvh", "alpha": 1.0, "d": 128}]
+    with pytest.raises(ConfigError, match="config key 'fit.extra_points': d=128 is larger than the basis rank"):
+        check_against_model(config, {"name": "tiny", "hidden_size": 64})
+
+
+def test_extra_points_join_the_sweep_once_and_may_be_listed(config):
+    """fit.extra_points: a head at a d beyond fit.ds joins the sweep (once, after the product), and a
+    list of points (cross_user, dose_response, on_cache) may name it."""
+    from uph.config import sweep_points
+    from uph.lm.sweep import FitConfig, Point
+
+    config = copy.deepcopy(config)
+    fit = config["fit"]
+    fit.update(heads=["svd_cvh", "uncond"], alphas=[1.0], ds=[8], solvers=["exact"])
+    fit["extra_points"] = [{"head": "svd_uncond", "alpha": 1.0, "d": 32}, {"head": "svd_cvh", "alpha": 1.0, "d": 8}] * 2
+    fit["cross_user"] = [{"head": "svd_uncond", "alpha": 1.0, "d": 32, "solver": "exact"}]
+    fit["dose_response"]["points"], fit["on_cache"] = [], []
+    validated = validate(config)
+    assert sweep_points(validated["fit"]) == [("svd_cvh", 1.0, 8), ("uncond", 1.0, 8), ("svd_uncond", 1.0, 32)]
+    assert FitConfig.from_config(validated["fit"]).points[-1] == Point.of("svd_uncond", 1.0, 32)
+    fit["cross_user"] = [{"head": "svd_uncond", "alpha": 1.0, "d": 8, "solver": "exact"}]
+    with pytest.raises(ConfigError, match=r"'fit.cross_user\[0\]': svd_uncond alpha=1.0 d=8 is not a point"):
+        validate(config)

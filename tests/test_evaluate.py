@@ -309,3 +309,29 @@ def test_a_head_on_the_unigram_cache_scores_against_the_mixture_written_out(plan
     torch.testing.assert_close(test.base_logits(h).T.double(), log_mixture, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="already have a mixture base"):
         test.mixed(cache_mixture(pooled, own, lam_g, lam_r))
+
+
+def test_others_on_the_cache_score_the_other_users_mean_cache_theta_on_the_users_own_mixture(planted):
+    """The cache arm's others control: for each user, the mean of the other users' cache thetas, scored on
+    the user's held-out tokens over the user's own mixture (pooled counts, the user's train counts and the
+    chosen lambdas), as written out with cache_mixture and HeldOut."""
+    head, layer, trains, tests, _ = planted
+    V, point = layer.W.shape[0], Point.of("svd_cvh", 1.0, D)
+    users = {u: UserStates(*columns(trains[u]), *columns(tests[u])) for u in trains}
+    users["nurse"] = UserStates(*columns(trains["romeo"].prefix(200)), *columns(tests["juliet"]))
+    pooled = sum(torch.bincount(s.train_targets, minlength=V).double() for s in users.values())
+    unigram = pd.DataFrame([{"counts": pooled.tolist(), "lambda_global": 0.1, "lambda_residual": 0.3}])
+    generator = torch.Generator().manual_seed(5)
+    caches = {u: torch.randn(D, dtype=torch.float64, generator=generator) for u in users}
+    residuals = {u: torch.zeros(D, dtype=torch.float64) for u in users}
+    job = FitJob(layer, users, {point: head}, torch.device("cpu"), gap=0)
+    thetas_g = {(point, "exact"): torch.zeros(D, dtype=torch.float64)}
+    table = others(job, thetas_g, {(point, "exact"): residuals}, {(point, "exact"): caches}, unigram)
+    for user, states in users.items():
+        own = torch.bincount(states.train_targets, minlength=V).double()
+        test = prepare(states.test_hidden, states.test_targets, layer).mixed(cache_mixture(pooled, own, 0.1, 0.3))
+        mean_of_others = sum(theta for other, theta in caches.items() if other != user) / 2
+        expected = HeldOut(test, head)(mean_of_others)["nll"]
+        assert table.set_index("user").loc[user, "cache_others_nll"] == pytest.approx(expected, rel=1e-12), user
+    plain = others(job, thetas_g, {(point, "exact"): residuals})
+    assert plain["cache_others_nll"].isna().all() and plain["others_nll"].notna().all()

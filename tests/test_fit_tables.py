@@ -227,3 +227,23 @@ def test_cross_user_table_keeps_the_contract_columns_even_with_no_point():
     )
     table = cross_user_table("m", [matrix])
     assert list(table.columns) == CROSS_USER_COLUMNS and len(table) == 9 and (table["model"] == "m").all()
+
+
+def test_the_head_on_the_cache_has_its_others_control():
+    """cache+head against the mixture; cache others (the other users' mean cache theta) against the
+    mixture; cache own vs others: the own cache theta against the others', per user."""
+    cache = np.array([2.5, 2.6, 2.4])
+    rows = fits().assign(cache_nll=cache, cache_head_nll=cache - [0.03, 0.01, 0.02], cache_others_nll=cache - 0.02)
+    rows = rows.assign(cache_theta_norm=[1.0, 1.0, 1.0], cache_objective=1.0, cache_certificate=1e-7)
+    cache_choice = pd.DataFrame([{**POINT, "arm": "cache", "train_tokens": np.nan, "capacity": 1.5, "at_edge": ""}])
+    all_choices = pd.concat([choices(), cache_choice])
+    table = personalization_table("m", rows, global_fits(), others(), all_choices, n_boot=200).set_index("control")
+    assert table.loc["cache+head", "delta_nll"] == pytest.approx(-0.02) and table.loc["cache+head", "capacity"] == 1.5
+    assert table.loc["cache others", "delta_nll"] == pytest.approx(-0.02)
+    own = table.loc["cache own vs others"]
+    assert own["reference"] == "cache_others" and own["delta_nll"] == pytest.approx(0.0, abs=1e-12)
+    assert own["n_users_improved"] == 1
+    without = personalization_table(
+        "m", rows.drop(columns="cache_others_nll"), global_fits(), others(), all_choices, 200
+    )
+    assert "cache own vs others" not in set(without["control"])

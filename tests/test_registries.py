@@ -17,6 +17,7 @@ from uph.config import (
     FEEDBACK_COMMON_KEYS,
     FEEDBACK_METHOD_KEYS,
     FIT_GLOBAL_KEYS,
+    FIT_OTHERS_KEYS,
     FIT_SHARD_KEYS,
     FIT_VALIDATE_KEYS,
     HEAD_KEYS,
@@ -106,7 +107,7 @@ def test_each_fit_key_list_is_what_its_dataclass_reads(config):
     assert keys_read(HeadSettings.from_config, fit) == set(HEAD_KEYS)
     # a fit-stage job's params hold exactly the keys FitConfig reads for it, and together they are every
     # key FitConfig reads (the rest of the section is read by the rules: bootstrap, cross_user)
-    for keys in (FIT_GLOBAL_KEYS, FIT_VALIDATE_KEYS, FIT_SHARD_KEYS, SWEEP_KEYS):
+    for keys in (FIT_GLOBAL_KEYS, FIT_VALIDATE_KEYS, FIT_SHARD_KEYS, FIT_OTHERS_KEYS, SWEEP_KEYS):
         assert keys_read(FitConfig.from_config, job_params(fit, keys)) == set(keys)
     assert keys_read(FitConfig.from_config, fit) == set(FIT_GLOBAL_KEYS) | set(FIT_VALIDATE_KEYS) | set(FIT_SHARD_KEYS)
 

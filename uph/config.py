@@ -214,11 +214,21 @@ def job_params(section: dict, keys=None) -> dict:
 EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.cache.read_users)
 SOLVER_KEYS = ("beta", "lam", "clip_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.solvers.SolverSettings
 HEAD_KEYS = ("basis_seed", "lm_head_update")  # what building the heads reads besides the point (uph.lm.heads)
-SWEEP_KEYS = ("heads", "alphas", "ds", "solvers", "baselines", *HEAD_KEYS, *SOLVER_KEYS)  # every method, every solver
+SWEEP_KEYS = (
+    "heads",
+    "alphas",
+    "ds",
+    "extra_points",
+    "solvers",
+    "baselines",
+    *HEAD_KEYS,
+    *SOLVER_KEYS,
+)  # every method, every solver
 CAPACITY_KEYS = ("radii", "lambdas", "validation_fraction")  # the grids and the split (uph.lm.capacity)
 FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
 FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.validate_shard
 FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.fit_shard (the choices come as a file)
+FIT_OTHERS_KEYS = (*SWEEP_KEYS, "on_cache")  # uph.lm.sweep.others
 
 
 FEEDBACK_COMMON_KEYS = ("test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows")
@@ -237,13 +247,22 @@ def cross_user_solver(fit: dict, head: str, alpha, d) -> str:
     return next(p["solver"] for p in fit["cross_user"] if (p["head"], float(p["alpha"]), int(p["d"])) == point)
 
 
+def sweep_points(fit: dict) -> list[tuple[str, float, int]]:
+    """The sweep's points (head, alpha, d): fit.heads x fit.alphas x fit.ds, then fit.extra_points not
+    among them, in that order."""
+    points = [(h, float(a), int(d)) for h in fit["heads"] for a in fit["alphas"] for d in fit["ds"]]
+    extra = [(p["head"], float(p["alpha"]), int(p["d"])) for p in fit["extra_points"]]
+    return points + [point for i, point in enumerate(extra) if point not in points and point not in extra[:i]]
+
+
 def check_against_model(config: dict, model_identity: dict) -> None:
     """What needs the model's sizes: every d of the sweep fits in the SVD basis (rank <= H)."""
     hidden = model_identity["hidden_size"]
-    too_big = [d for d in config["fit"]["ds"] if d > hidden]
+    too_big = [d for _, _, d in sweep_points(config["fit"]) if d > hidden]
     if too_big:
+        key = "fit.ds" if too_big[0] in config["fit"]["ds"] else "fit.extra_points"
         raise ConfigError(
-            f"config key 'fit.ds': d={too_big[0]} is larger than the basis rank, the hidden size "
+            f"config key '{key}': d={too_big[0]} is larger than the basis rank, the hidden size "
             f"{hidden} of model '{model_identity['name']}'"
         )
 
@@ -286,9 +305,7 @@ def _check_across_keys(config: dict) -> None:
             f"config key 'model.source': '{model}' is none of tiny:<arch>, package:<module>, a local folder "
             "(starting with /, . or ~) or a hub id (org/name)"
         )
-    points = {
-        (h, float(a), d) for h in config["fit"]["heads"] for a in config["fit"]["alphas"] for d in config["fit"]["ds"]
-    }
+    points = set(sweep_points(config["fit"]))
     listed = {
         "cross_user": config["fit"]["cross_user"],
         "dose_response.points": config["fit"]["dose_response"]["points"],
@@ -298,7 +315,7 @@ def _check_across_keys(config: dict) -> None:
             if (point["head"], float(point["alpha"]), point["d"]) not in points:
                 raise ConfigError(
                     f"config key 'fit.{key}[{i}]': {point['head']} alpha={point['alpha']} "
-                    f"d={point['d']} is not a point of the sweep (fit.heads x fit.alphas x fit.ds)"
+                    f"d={point['d']} is not a point of the sweep (fit.heads x fit.alphas x fit.ds, fit.extra_points)"
                 )
             if point["solver"] not in config["fit"]["solvers"]:
                 raise ConfigError(f"config key 'fit.{key}[{i}]': solver '{point['solver']}' is not in fit.solvers")

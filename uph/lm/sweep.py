@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from uph.config import sweep_points
 from uph.device import resolve_device
 from uph.errors import ConfigError
 from uph.lm.baselines import (
@@ -121,7 +122,7 @@ class FitConfig:
     job's script. A part the job is not given is None: global_max_tokens (null there: no cap) is
     fit_global's, capacity the validating jobs', dose_response and on_cache the shard jobs'."""
 
-    points: tuple[Point, ...]  # heads x alphas x ds
+    points: tuple[Point, ...]  # heads x alphas x ds, then extra_points
     solvers: tuple[str, ...]
     heads: HeadSettings
     solver: SolverSettings
@@ -133,7 +134,7 @@ class FitConfig:
 
     @classmethod
     def from_config(cls, fit: dict) -> FitConfig:
-        points = tuple(Point.of(h, a, d) for h in fit["heads"] for a in fit["alphas"] for d in fit["ds"])
+        points = tuple(Point.of(*point) for point in sweep_points(fit))
         dose, on_cache = fit.get("dose_response"), fit.get("on_cache")
         return cls(
             points,
@@ -384,12 +385,17 @@ def global_thetas(table: pd.DataFrame, column: str = "theta") -> dict[tuple[Poin
     }
 
 
-def residual_thetas(fits: pd.DataFrame) -> dict[tuple[Point, str], dict[str, torch.Tensor]]:
-    """(point, solver) -> user -> residual theta_r, from the fit jobs' rows."""
+def residual_thetas(
+    fits: pd.DataFrame, column: str = "theta_residual"
+) -> dict[tuple[Point, str], dict[str, torch.Tensor]]:
+    """(point, solver) -> user -> residual theta_r, from the fit jobs' rows (`theta_cache`: the heads fitted
+    on the unigram cache, for the points of fit.on_cache)."""
     thetas: dict[tuple[Point, str], dict[str, torch.Tensor]] = {}
-    for row in fits[fits["head"] != UNIGRAM].itertuples():
+    if column not in fits:
+        return thetas
+    for row in fits[(fits["head"] != UNIGRAM) & fits[column].notna()].itertuples():
         key = (Point.of(row.head, row.alpha, row.d), row.solver)
-        thetas.setdefault(key, {})[row.user] = torch.tensor(row.theta_residual, dtype=torch.float64)
+        thetas.setdefault(key, {})[row.user] = torch.tensor(getattr(row, column), dtype=torch.float64)
     return thetas
 
 
@@ -441,7 +447,7 @@ def validate_user(
                     {**_choice_columns(point, solver, "residual", k), "user": user},
                 )
     if fit.on_cache:
-        cache = _cache_mixture(unigram, "counts_fit", fit_part)
+        cache = _cache_mixture(unigram, "counts_fit", targets_of(fit_part))
         fit_cache, held_cache = fit_part.mixed(cache), held.mixed(cache)
         for point, solver in fit.on_cache:
             path = fit_path(fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label)
@@ -526,12 +532,12 @@ def fit_dose_response(
     return rows
 
 
-def _cache_mixture(unigram: pd.DataFrame, counts: str, train: Tokens) -> Mixture:
+def _cache_mixture(unigram: pd.DataFrame, counts: str, targets: torch.Tensor) -> Mixture:
     """The unigram residual arm's mixture at its chosen lambdas: the pooled `counts` column of fit_global's
-    unigram row with the user's own counts of `train`."""
+    unigram row with the user's own counts of train token ids `targets`."""
     pooled = torch.tensor(unigram[counts].iloc[0], dtype=torch.float64)
     lam_global, lam_residual = float(unigram["lambda_global"].iloc[0]), float(unigram["lambda_residual"].iloc[0])
-    return cache_mixture(pooled, counts_of(train, len(pooled)), lam_global, lam_residual)
+    return cache_mixture(pooled, count(targets, len(pooled)), lam_global, lam_residual)
 
 
 def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
@@ -554,11 +560,16 @@ def fit_on_cache(
     train: Tokens, test: Tokens, head: Head, radius: float, solver: str, fit: FitConfig, user: str, label: str
 ) -> dict:
     """A head fitted on the unigram cache (`train` and `test` on the residual arm's mixture, Tokens.mixed)
-    at its chosen radius, scored on test against the mixture alone: the columns cache_nll, cache_head_nll
-    and the fit's."""
+    at its chosen radius, scored on test against the mixture alone: the columns cache_nll, cache_head_nll,
+    the fit's and theta_cache."""
     theta, result = fit_theta(train, head, solver, fit.solver, radius, user=user, label=label)
     held_out = HeldOut(test, head)
-    return {"cache_nll": held_out.base_nll, "cache_head_nll": held_out(theta)["nll"], **_fit_columns("cache", result)}
+    return {
+        "cache_nll": held_out.base_nll,
+        "cache_head_nll": held_out(theta)["nll"],
+        **_fit_columns("cache", result),
+        "theta_cache": theta.double().tolist(),
+    }
 
 
 def fit_user(
@@ -575,7 +586,7 @@ def fit_user(
     The heads of fit.on_cache are also fitted on the unigram residual arm's mixture (fit_on_cache)."""
     dose_points, on_cache = dict(fit.dose_response.points), set(fit.on_cache)
     if on_cache:  # every head on the cache shares the user's mixed tokens
-        mixture = _cache_mixture(unigram, "counts", train)
+        mixture = _cache_mixture(unigram, "counts", targets_of(train))
         on_mixture = (train.mixed(mixture), test.mixed(mixture))
     fits, dose = [], []
     user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
@@ -655,23 +666,46 @@ def cross_user(job: FitJob, point: Point, theta_g: torch.Tensor, residuals: dict
     return pd.DataFrame(rows)
 
 
-def others(job: FitJob, thetas_g: dict, residuals: dict[tuple[Point, str], dict[str, torch.Tensor]]) -> pd.DataFrame:
+def _others_mean(thetas: dict[str, torch.Tensor], total: torch.Tensor, user: str) -> torch.Tensor:
+    """The leave-one-out mean of the other users' thetas: (Σ_v theta(v) - theta(user)) / (N - 1)."""
+    return (total - thetas[user]) / (len(thetas) - 1)
+
+
+def others(
+    job: FitJob,
+    thetas_g: dict,
+    residuals: dict[tuple[Point, str], dict[str, torch.Tensor]],
+    caches: dict[tuple[Point, str], dict[str, torch.Tensor]] | None = None,
+    unigram: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """The control with a residual's capacity that is not the user's own: per (point, solver, user u) the
     global theta plus the mean of the other users' residual thetas, scored on u's held-out text,
 
-        theta_others(u) = theta_g + (Σ_v theta_r(v) - theta_r(u)) / (N - 1).
+        theta_others(u) = theta_g + (Σ_v theta_r(v) - theta_r(u)) / (N - 1)      (others_nll)
 
     A personal gain is the own residual beating it; a residual that only extends a direction every user
-    shares does as well in others' hands. One text's held-out p0 in memory at a time; no rows for N < 2."""
+    shares does as well in others' hands. The heads on the unigram cache (`caches`: their thetas, fit.on_cache)
+    have the same control: the mean of the other users' cache thetas on u's held-out text over u's own
+    mixture (`unigram`: fit_global's lambdas and counts), cache_others_nll. One text's held-out p0 in memory
+    at a time; no rows for N < 2."""
+    columns = ["head", "alpha", "d", "solver", "user", "others_nll", "cache_others_nll"]
     if len(job.users) < 2:
         log.info("the 'others' control needs 2 users or more; this study has %d", len(job.users))
-        return pd.DataFrame(columns=["head", "alpha", "d", "solver", "user", "others_nll"])
+        return pd.DataFrame(columns=columns)
+    caches = caches or {}
     totals = {key: sum(thetas.values()) for key, thetas in residuals.items()}
+    cache_totals = {key: sum(thetas.values()) for key, thetas in caches.items()}
     rows = []
     for user, states in tqdm(job.users.items(), desc="others", unit="text", mininterval=5):
         test = prepare(states.test_hidden, states.test_targets, job.layer, device=job.device)
         held_out = {point: HeldOut(test, head) for point, head in job.heads.items()}
+        if caches:
+            on_mixture = test.mixed(_cache_mixture(unigram, "counts", states.train_targets))
         for (point, solver), thetas in residuals.items():
-            theta = thetas_g[(point, solver)] + (totals[point, solver] - thetas[user]) / (len(thetas) - 1)
-            rows.append({**point.columns, "solver": solver, "user": user, "others_nll": held_out[point](theta)["nll"]})
-    return pd.DataFrame(rows)
+            theta = thetas_g[(point, solver)] + _others_mean(thetas, totals[point, solver], user)
+            row = {**point.columns, "solver": solver, "user": user, "others_nll": held_out[point](theta)["nll"]}
+            if (point, solver) in caches:
+                theta = _others_mean(caches[point, solver], cache_totals[point, solver], user)
+                row["cache_others_nll"] = HeldOut(on_mixture, job.heads[point])(theta)["nll"]
+            rows.append(row)
+    return pd.DataFrame(rows, columns=columns)

@@ -12,6 +12,8 @@ interval, users improved, sign test), each at its capacity chosen on validation 
                       residual against the same capacity fitted on everyone else)
     cache+head        the head fitted on the unigram residual arm's mixture, against that mixture alone
                       (fit.on_cache: does a rank-d head add anything to a cache?)
+    cache others      the mean of the other users' cache thetas on the user's mixture, against the mixture
+    cache own vs others  the own cache theta against the others' (is what a head adds to a cache personal?)
 
 The unigram mixtures' arms are the pooled, the personal and the personal-on-pooled unigram (uph.lm.
 baselines). Each arm's row has its chosen `capacity` (radius, or lambda), `at_edge` and the share of
@@ -40,6 +42,10 @@ ARMS = (  # control, its arm (uph.lm.capacity), held-out NLL, the reference it i
 OTHERS = (  # control, its held-out NLL, the reference: the comparisons that read the others control
     ("others", "others_nll", "global_nll"),
     ("own vs others", "residual_nll", "others_nll"),
+)
+CACHE_OTHERS = (  # the same for the heads on the unigram cache (fit.on_cache)
+    ("cache others", "cache_others_nll", "cache_nll"),
+    ("cache own vs others", "cache_head_nll", "cache_others_nll"),
 )
 CROSS_USER_COLUMNS = ["model", *KEYS, "theta_user", "text_user", "base_nll", "global_nll", "nll", "delta_nll"]
 
@@ -120,6 +126,11 @@ def personalization_table(
                     **_fitted(users, None, "cache", choice["capacity"]),
                 }
             )
+            if "cache_others_nll" in users and users["cache_others_nll"].notna().all():
+                rows += [
+                    {**_comparison(model, shown, users, *control, n_boot), "params_per_user": params}
+                    for control in CACHE_OTHERS
+                ]
     return pd.DataFrame(rows)
 
 

@@ -201,12 +201,20 @@ def head_on_cache(study: Study) -> Answer:
     answer = _by_interval(best["delta_nll_ci_low"], best["delta_nll_ci_high"])
     if answer == "yes" and bonferroni(best, points) >= SIGNIFICANCE:
         answer = "not shown"
+    own = table[(table["control"] == "cache own vs others") & (table["head"] == best["head"])]
+    personal = (
+        f"; personal? own cache θ against the other users' mean cache θ {delta_with_ci(own.iloc[0])}, "
+        f"{_by_interval(own.iloc[0]['delta_nll_ci_low'], own.iloc[0]['delta_nll_ci_high'])}"
+        if not own.empty
+        else "; no others control (one user), so personal and shared are not told apart"
+    )
     return Answer(
         question,
         answer,
         f"{delta_with_ci(best)} × 10⁻³ nats/token against the cache alone at the best of {points} points "
         f"({point_label(best)}, radius {best['capacity']:g}); {int(best['n_users_improved'])} users improved, "
-        f"sign test p = {best['sign_test_p']:.2g} ({bonferroni(best, points):.2g} after Bonferroni over {points})",
+        f"sign test p = {best['sign_test_p']:.2g} ({bonferroni(best, points):.2g} after Bonferroni over {points})"
+        f"{personal}",
         f"{int(best['n_users'])} users",
         "personalization",
     )

@@ -92,30 +92,37 @@ def _seeds(curves: pd.DataFrame) -> str:
 
 COMPARISONS = {  # personalization.csv control -> what its delta_nll compares, drawn left to right
     "global": "base → global θ\n(domain adaptation)",
-    "personal": "base → personal θ\n(lines: baselines)",
+    "personal": "base → personal θ\n(grey: baselines)",
     "global+personal": "global → + residual θ\n(beyond global)",
     "own vs others": "others' residual → own\n(the personal gain)",
 }
-BASELINE_STYLES = {"unigram": "--", "full_bias": ":"}  # reference lines in the base → personal panel
 
 
 def _errorbar(ax, rows: pd.DataFrame, x, color, label=None, **style) -> None:
     """delta_nll of `rows` with its 95 % interval, in millinats."""
     y = rows["delta_nll"] * MILLI
     yerr = [y - rows["delta_nll_ci_low"] * MILLI, rows["delta_nll_ci_high"] * MILLI - y]
-    ax.errorbar(x, y, yerr=yerr, color=color, marker="o", capsize=2, label=label, **style)
+    ax.errorbar(x, y, yerr=yerr, color=color, capsize=2, label=label, **{"marker": "o", **style})
+
+
+BASELINE_MARKERS = {"unigram": "D", "full_bias": "s"}  # the baselines beside the heads, at their parameters
 
 
 def personalization(fig: Figure, study: Study) -> None:
-    """Four comparisons side by side (columns), one row per alpha, each head against d with its 95 %
-    paired bootstrap interval over users: base -> global theta, base -> personal theta (with the
-    unigram and full_bias baselines as lines with bands), global -> global + residual theta, and the
-    others' mean residual -> the own residual (both on top of the global theta)."""
+    """Four comparisons side by side (columns), one row per alpha: held-out NLL change against the
+    parameters per user, each method at its chosen capacity with its 95 % paired bootstrap interval over
+    users: base -> global theta, base -> personal theta, global -> global + residual theta, and the others'
+    mean residual -> the own residual (both on top of the global theta). The heads are lines over d; the
+    baselines (the full bias, V parameters, and the unigram, V + 1) are grey points in the arms they have."""
     solver = headline_solver(study.personalization)
     heads, _ = split_baselines(study.personalization)
     table = heads[heads["solver"] == solver]
-    baselines = baselines_at(study.personalization, solver)
-    alphas, ds = sorted(table["alpha"].unique()), sorted(table["d"].astype(int).unique())
+    baselines = {control: baselines_at(study.personalization, solver, control) for control in COMPARISONS}
+    alphas = sorted(table["alpha"].unique())
+    baseline_params = [int(p) for rows in baselines.values() for p in rows["params_per_user"]]
+    ticks = sorted(
+        {int(d) for d in table["d"]} | ({min(baseline_params)} if baseline_params else set())
+    )  # V + 1 beside V
     colors = palette(table["head"], HEADS)
     axes = fig.subplots(len(alphas), len(COMPARISONS), sharex=True, sharey=True, squeeze=False)
     for row, alpha in enumerate(alphas):
@@ -124,34 +131,25 @@ def personalization(fig: Figure, study: Study) -> None:
             for i, head in enumerate(colors):
                 rows = at_alpha[(at_alpha["head"] == head) & (at_alpha["control"] == control)].sort_values("d")
                 _errorbar(ax, rows, rows["d"] * _dodge(i, len(colors), spread=0.1), colors[head])
-            if control == "personal":
-                for _, baseline in baselines.iterrows():
-                    ax.axhline(
-                        baseline["delta_nll"] * MILLI, color="0.2", linestyle=BASELINE_STYLES.get(baseline["head"])
-                    )
-                    ax.axhspan(
-                        baseline["delta_nll_ci_low"] * MILLI,
-                        baseline["delta_nll_ci_high"] * MILLI,
-                        color="0.5",
-                        alpha=0.15,
-                        linewidth=0,
-                    )
+            for head, rows in baselines[control].groupby("head"):
+                _errorbar(ax, rows, rows["params_per_user"], "0.35", marker=BASELINE_MARKERS.get(head, "o"))
             ax.axhline(0, color="0.4", linewidth=0.8)
-            _log2_axis(ax, ds)
+            _log2_axis(ax, ticks)
+            ax.tick_params(axis="x", labelrotation=90)
             if row == 0:
                 ax.set_title(title)
         axes[row, 0].set_ylabel(f"Δ NLL, α = {alpha:g}\n(10⁻³ nats/token)")
-    fig.supxlabel("d (parameters per user)")
+    fig.supxlabel("parameters per user (d; V for the full bias, V + 1 for the unigram)")
     handles = [Line2D([], [], color=color, marker="o", label=head) for head, color in colors.items()]
     handles += [
-        Line2D([], [], color="0.2", linestyle=BASELINE_STYLES.get(head), label=f"{head} baseline")
-        for head in baselines["head"]
+        Line2D([], [], color="0.35", marker=BASELINE_MARKERS.get(head, "o"), linestyle="", label=f"{head} baseline")
+        for head in sorted({head for rows in baselines.values() for head in rows["head"]})
     ]
     fig.legend(handles=handles, loc="outside right center")
     users = int(table["n_users"].max())
     fig.suptitle(
-        f"{table['model'].iloc[0]}, {solver} solver, {users} users:\n"
-        "mean over users with 95 % paired bootstrap interval (lower is better)"
+        f"{table['model'].iloc[0]}, {solver} solver, {users} users, each method at its capacity chosen on "
+        "validation:\nmean over users with 95 % paired bootstrap interval (lower is better)"
     )
 
 

@@ -96,11 +96,18 @@ def personalization_finding(study: Study) -> list[str]:
             f"baseline {row['head']} ({row['solver']}), {what}: {delta_with_ci(row)}{_capacity_of_baseline(row)}"
             for _, row in baselines_at(study.personalization, solver, arm).iterrows()
         ]
-    facts += [
-        f"head on the unigram cache, {point_label(row)}: {delta_with_ci(row)} against the cache alone "
-        f"(radius {_capacity(row)}, {int(row['n_users_improved'])} of {int(row['n_users'])} users improved)"
-        for _, row in table[table["control"] == "cache+head"].iterrows()
-    ]
+    for _, row in table[table["control"] == "cache+head"].iterrows():
+        own = table[(table["control"] == "cache own vs others") & (table["head"] == row["head"])]
+        facts.append(
+            f"head on the unigram cache, {point_label(row)}: {delta_with_ci(row)} against the cache alone "
+            f"(radius {_capacity(row)}, {int(row['n_users_improved'])} of {int(row['n_users'])} users improved)"
+            + (
+                f"; own cache θ against the other users' mean cache θ {delta_with_ci(own.iloc[0])}, "
+                f"sign test p = {own.iloc[0]['sign_test_p']:.2g}"
+                if not own.empty
+                else "; no others control (one user)"
+            )
+        )
     cross = cross_user_at_headline(study)
     facts.append(
         f"cross-user residual θs at {point_label(cross.iloc[0])}: {_dominance(cross)}"
