@@ -1,18 +1,18 @@
 """Rule fit_others: the 'others' control of every sweep point and solver: each user's held-out text
 of every method (the full bias too) scored with the global theta plus the mean of the other users' residual thetas (uph.lm.sweep.others)."""
 
-import pandas as pd
 import torch
 
-from uph.io import write_parquet
+from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.sweep import FitConfig, global_thetas, load_methods, others, residual_thetas
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
+    record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    residuals = residual_thetas(FIT_FILE.read_tables(snakemake.input.fits, record))
+    thetas_g = global_thetas(FIT_FILE.read_table(snakemake.input.global_fit, record))
     fit = FitConfig.from_config(snakemake.params.fit)
     job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device)
-    residuals = residual_thetas(pd.concat(map(pd.read_parquet, snakemake.input.fits)))
     log.info("%d users x %d points x solvers %s: the others control", len(job.users), len(job.heads), fit.solvers)
-    thetas_g = global_thetas(pd.read_parquet(snakemake.input.global_fit))
-    write_parquet(others(job, thetas_g, residuals), snakemake.output[0])
+    write_recorded(others(job, thetas_g, residuals), snakemake.output[0], record)
