@@ -71,11 +71,15 @@ rule capacity:
     input:
         global_validation=rules.fit_global.output.validation,
         validation=fit_shard_paths("validation.parquet"),
+        model=rules.model.output.identity,
     output:
         results("fit", "capacity.parquet"),
     log:
         results("logs", "fit", "capacity.log"),
     priority: LM_PRIORITY
+    params:
+        fit=FIT_SWEEP,
+        cache=CACHE_IDENTITY,
     script:
         "../workflow_scripts/fit_capacity.py"
 
@@ -195,5 +199,7 @@ rule personalization_table:
     priority: LM_PRIORITY
     params:
         bootstrap=FIT["bootstrap"],
+        fit=FIT_SWEEP,
+        cache=CACHE_IDENTITY,
     script:
         "../workflow_scripts/fit_tables.py"

@@ -14,4 +14,4 @@ def test_top_singular_triplets_match_torch_svd(tmp_path):
     torch.testing.assert_close(U.double(), U_ref[:, :10] * signs.T, rtol=0, atol=1e-5)
     assert torch.all(Vh.gather(1, Vh.abs().argmax(dim=1, keepdim=True)) > 0)  # our sign convention
     save_basis(tmp_path / "b.safetensors", U, S, Vh, weights_sha256="abc")
-    assert all(torch.equal(a, b) for a, b in zip(load_basis(tmp_path / "b.safetensors"), (U, S, Vh)))
+    assert all(torch.equal(a, b) for a, b in zip(load_basis(tmp_path / "b.safetensors", "abc"), (U, S, Vh)))

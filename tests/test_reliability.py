@@ -273,7 +273,7 @@ def _write_shard(path, identity, hidden):
     "identity, problem",
     [
         (_identity(schema_version=1), "was built for something else: schema_version=1 (expected 2)"),
-        (None, "has no readable uph metadata: not a hidden-state cache of this suite"),
+        (None, "has no readable uph metadata: not a cache file of this suite"),
     ],
     ids=["older-schema", "hand-rewritten"],
 )

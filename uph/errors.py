@@ -18,7 +18,12 @@ class ModelError(UphError):
     """The model source cannot be loaded; the message names it."""
 
 
-class CacheError(UphError):
+class ArtifactError(UphError):
+    """A file a job wrote for later jobs is missing, damaged or was built for something else; the
+    message names it and the command that rebuilds it (uph.artifacts)."""
+
+
+class CacheError(ArtifactError):
     """A hidden-state cache file is missing, damaged or was built for something else."""
 
 

@@ -1,15 +1,14 @@
 """Rule capacity: every arm's capacity (radius, or the unigram's lambda) chosen from the validation rows of
 fit_global and every validate job (uph.lm.capacity)."""
 
-import pandas as pd
-
-from uph.io import write_parquet
+from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.capacity import EDGES
 from uph.lm.sweep import capacity_choices
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
-    validation = pd.concat(map(pd.read_parquet, [snakemake.input.global_validation, *snakemake.input.validation]))
+    record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    validation = FIT_FILE.read_tables([snakemake.input.global_validation, *snakemake.input.validation], record)
     choices = capacity_choices(validation)
     for _, row in choices[choices["at_edge"].isin(EDGES)].iterrows():
         log.warning(
@@ -17,4 +16,4 @@ with rule_logging(snakemake) as log:
             row.drop(["validation_nll", "n_users", "grid_size"]).to_dict(),
             row["at_edge"],
         )
-    write_parquet(choices, snakemake.output[0])
+    write_recorded(choices, snakemake.output[0], record)

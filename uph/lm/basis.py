@@ -4,6 +4,8 @@ With V >> H, the right singular vectors are the eigenvectors of the H×H Gram ma
 (computed in float64, so squaring the condition number costs nothing at these sizes):
 W^T W = V S^2 V^T, then U = W V S^-1. That is one V×H×H product instead of a full SVD of W.
 Signs are fixed so that each right singular vector's largest-magnitude entry is positive.
+The file records the weights hash of the model it was computed from (uph.artifacts): a reader
+refuses a basis of another model, or a damaged one, in one line naming it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from uph.artifacts import READ_ERRORS, Artifact, first_line
 from uph.io import atomic_path
+
+BASIS = Artifact("SVD basis", "svd_basis")
 
 
 def top_singular_triplets(W: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -38,6 +43,11 @@ def save_basis(path: str | Path, U, S, Vh, weights_sha256: str) -> None:
         )
 
 
-def load_basis(path: str | Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    tensors = load_file(path)
-    return tensors["U"], tensors["S"], tensors["Vh"]
+def load_basis(path: str | Path, weights_sha256: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U, S, Vh) of the basis file `path`, refused unless computed from the weights `weights_sha256`."""
+    BASIS.check(path, {"weights_sha256": weights_sha256})
+    try:
+        tensors = load_file(path)
+        return tensors["U"], tensors["S"], tensors["Vh"]
+    except READ_ERRORS as error:
+        raise BASIS.unusable(path, f"is damaged ({first_line(error)})") from None

@@ -32,12 +32,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from uph.artifacts import METADATA_KEY, READ_ERRORS, Artifact, differences, first_line
 from uph.errors import CacheError
 from uph.io import atomic_path
 from uph.model_identity import read_identity as read_model_identity
 
 SCHEMA_VERSION = 2
-METADATA_KEY = b"uph"
 IDENTITY_KEYS = ("schema_version", "weights_sha256", "tokenizer_sha256", "hidden_size", "dtype", "context")
 AUTO_DTYPES = ("bfloat16", "float16", "float32")  # what `extract.dtype: auto` resolves to (uph.device)
 COLUMNS = ("user_id", "split", "position", "target", "hidden")
@@ -176,47 +176,18 @@ class UserStates:
     test_targets: torch.Tensor
 
 
-def _unusable(path, why: str) -> CacheError:
-    return CacheError(f"cache file '{path}' {why}; delete it and run snakemake again (the extract job rebuilds it)")
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).splitlines() or [type(error).__name__])[0]
-
-
-# What pyarrow raises on a damaged file: its own errors (ArrowInvalid, ArrowIOError, ... and
-# OSError), and from a damaged footer sometimes plain Python errors of the thrift decoder.
-READ_ERRORS = (OSError, pa.ArrowException, ValueError, KeyError, IndexError, TypeError, OverflowError, MemoryError)
-
-
-def read_record(path: str | Path) -> dict:
-    """The record in a shard's footer (see the module docstring)."""
-    if not Path(path).is_file():
-        raise CacheError(f"cache file '{path}' does not exist; run snakemake again (the extract job builds it)")
-    try:
-        metadata = pq.read_metadata(path).metadata or {}
-    except READ_ERRORS as error:
-        raise _unusable(path, f"is damaged or truncated ({_first_line(error)})") from None
-    try:
-        record = json.loads(metadata[METADATA_KEY])
-    except (KeyError, ValueError):
-        record = None
-    if not isinstance(record, dict):
-        raise _unusable(path, "has no readable uph metadata: not a hidden-state cache of this suite")
-    return record
+CACHE_FILE = Artifact("cache file", "extract", CacheError)
+read_record = CACHE_FILE.read_record  # the record in a shard's footer (see the module docstring)
+_unusable = CACHE_FILE.unusable
 
 
 def _differences(found: dict, expect: dict) -> str | None:
     """Why a shard's record does not match what the reader expects, or None."""
-    wrong = [
-        key
-        for key in IDENTITY_KEYS
-        if found.get(key) != expect[key]
-        and not (key == "dtype" and expect[key] == "auto" and found[key] in AUTO_DTYPES)
-    ]
-    if wrong:
-        detail = ", ".join(f"{k}={found.get(k)!r} (expected {expect[k]!r})" for k in wrong)
-        return f"was built for something else: {detail}"
+    if expect["dtype"] == "auto" and found.get("dtype") in AUTO_DTYPES:
+        expect = {**expect, "dtype": found["dtype"]}
+    why = differences(found, expect, IDENTITY_KEYS)
+    if why:
+        return why
     if (found.get("shard"), found.get("shards")) != (expect["shard"], expect["shards"]):
         return (
             f"holds shard {found.get('shard')} of {found.get('shards')}, not shard {expect['shard']} of "
@@ -244,7 +215,7 @@ def read_shard(path: str | Path, expect: dict) -> dict[str, UserStates]:
     try:
         stored = pq.read_schema(path).remove_metadata()
     except READ_ERRORS as error:
-        raise _unusable(path, f"is damaged ({_first_line(error)})") from None
+        raise _unusable(path, f"is damaged ({first_line(error)})") from None
     if not stored.equals(schema):
         columns = ", ".join(f"{field.name}: {field.type}" for field in stored)
         raise _unusable(
@@ -255,7 +226,7 @@ def read_shard(path: str | Path, expect: dict) -> dict[str, UserStates]:
         digest = ContentDigest()
         digest.update(table)
     except READ_ERRORS as error:
-        raise _unusable(path, f"is damaged ({_first_line(error)})") from None
+        raise _unusable(path, f"is damaged ({first_line(error)})") from None
     if not table.schema.equals(schema) or digest.hexdigest() != found.get("digest"):
         raise _unusable(path, "does not match its recorded content digest (edited or damaged after it was written)")
     return _split_users(table, path, dtype)

@@ -61,6 +61,7 @@ from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
 from uph.lm.solvers import SolverSettings
 from uph.lm.tokens import Mixture, Tokens, pool, prepare, split_lengths, validation_split
+from uph.model_identity import read_identity as read_model_identity
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +163,9 @@ class FitConfig:
         return self
 
 
-def build_heads(
-    points, layer: OutputLayer, basis_path: str | Path, settings: HeadSettings, full_bias: bool = False
-) -> dict[Point, Head]:
-    """Each point's head on the model's output layer and SVD basis; with `full_bias`, the full bias too
-    (at Point(FULL_BIAS, 1, V))."""
-    svd = load_basis(basis_path)
+def build_heads(points, layer: OutputLayer, svd, settings: HeadSettings, full_bias: bool = False) -> dict[Point, Head]:
+    """Each point's head on the model's output layer and SVD basis `svd` (U, S, Vh); with `full_bias`,
+    the full bias too (at Point(FULL_BIAS, 1, V))."""
     heads = {
         point: make_head(point.head, layer.W, d=point.d, alpha=point.alpha, settings=settings, svd=svd, bias=layer.b)
         for point in points
@@ -195,8 +193,9 @@ def load_fit_job(inputs, points, heads: HeadSettings, cache: dict, device: str, 
     `cache`: the job's extract keys; `full_bias`: fit the full bias beside the points."""
     model_dir = Path(inputs.model).parent
     layer = read_output_layer(model_dir)
+    svd = load_basis(inputs.basis, read_model_identity(model_dir)["weights_sha256"])
     users = read_users(shards or inputs.shards, model_dir, inputs.users, cache)
-    heads = build_heads(points, layer, inputs.basis, heads, full_bias)
+    heads = build_heads(points, layer, svd, heads, full_bias)
     return FitJob(layer, users, heads, resolve_device(device), cache["context"])
 
 
