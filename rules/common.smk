@@ -17,6 +17,7 @@ from uph.config import (
     claim_results_folder,
     cross_user_solver,
     HEAD_KEYS,
+    SWEEP_KEYS,
     job_params,
     sweep_points,
     validate,
@@ -100,6 +101,7 @@ FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
 FIT_VALIDATE = job_params(FIT, FIT_VALIDATE_KEYS)
 FIT_USERS = job_params(FIT, FIT_SHARD_KEYS)
 FIT_HEADS = job_params(FIT, HEAD_KEYS)
+FIT_SWEEP = job_params(FIT, SWEEP_KEYS)
 FIT_OTHERS = job_params(FIT, FIT_OTHERS_KEYS)
 CACHE_IDENTITY = job_params(config["extract"], EXTRACT_KEYS)
 
