@@ -13,7 +13,7 @@ from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 
 import uph.lm.solvers
 from uph.errors import ConfigError, FitDivergedError
-from uph.lm.fit import Objective, fit_path, fit_theta
+from uph.lm.fit import HeadOnTokens, Objective, fit_path, fit_theta
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings, projected_gradient_norm
@@ -259,6 +259,27 @@ def test_residual_objective_is_j_on_top_of_a_fixed_theta(lm, name):
         (float(expected.detach()), float(ce.detach()), float(kl.detach())), rel=1e-10, abs=1e-12
     )
     torch.testing.assert_close(value.grad, theta.grad, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["svd_cvh", "uncond"])
+def test_arms_sharing_a_head_on_tokens_score_as_alone(lm, name):
+    """HeadOnTokens: a residual Objective after a personal one on the same head and tokens has the same
+    base NLL, values and curvature as one built alone; the shared work is refused for other tokens."""
+    h, y, W, b, svd = lm
+    head = make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b)
+    tokens = prepare(h, y, OutputLayer(W, b), chunk=64)
+    g = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    theta = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    shared = HeadOnTokens(tokens, head)
+    personal = Objective(tokens, head, beta=0.05, lam=1e-3, shared=shared)
+    personal.curvature()
+    residual = Objective(tokens, head, beta=0.1, lam=1e-2, offset=g, shared=shared)
+    alone = Objective(tokens, head, beta=0.1, lam=1e-2, offset=g)
+    assert residual.base_nll == alone.base_nll
+    assert residual(theta).objective == alone(theta).objective
+    torch.testing.assert_close(residual.curvature(), alone.curvature(), rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="same head on the same tokens"):
+        Objective(prepare(h[:50], y[:50], OutputLayer(W, b)), head, beta=0.0, lam=0.0, shared=shared)
 
 
 def test_full_vocabulary_bias_is_the_unconditional_head_at_d_equal_v(lm):

@@ -62,11 +62,35 @@ class Value:
     grad: torch.Tensor | None  # [d] float64
 
 
+class HeadOnTokens:
+    """What every Objective of one head on the same tokens shares, whatever its offset, beta and lam: the
+    log-partitions at theta = 0 and the curvature's variance part at p0, each computed by the first
+    Objective that needs it. The personal and residual arms of a head on a user's tokens pass one to
+    fit_path (`shared`), and compute them once for both."""
+
+    def __init__(self, tokens: Tokens, head: Head):
+        self.tokens, self.head = tokens, head
+        self.log_z0: list[torch.Tensor] | None = None  # per chunk log Σ_v p0_tv [c]
+        self.variance: torch.Tensor | None = None  # mean_t a_t² ⊙ Var_{p0_t}(P) [d]
+
+
 class Objective:
     """Seed 002's J(theta) for one head on some tokens, with its gradient (module docstring); with
-    `offset`, J of a residual theta on top of that fixed theta."""
+    `offset`, J of a residual theta on top of that fixed theta; with `shared`, the offset-free work of
+    other Objectives of this head on these tokens (HeadOnTokens)."""
 
-    def __init__(self, tokens: Tokens, head: Head, beta: float, lam: float, offset: torch.Tensor | None = None):
+    def __init__(
+        self,
+        tokens: Tokens,
+        head: Head,
+        beta: float,
+        lam: float,
+        offset: torch.Tensor | None = None,
+        shared: HeadOnTokens | None = None,
+    ):
+        self.shared = HeadOnTokens(tokens, head) if shared is None else shared
+        if self.shared.tokens is not tokens or self.shared.head is not head:
+            raise ValueError("an Objective shares work only with Objectives of the same head on the same tokens")
         self.tokens, self.beta, self.lam, self.d = tokens, beta, lam, head.d
         self.dtype, self.device = tokens.dtype, tokens.device
         self.P = None if head.P is None else head.P.to(self.device, self.dtype).contiguous()  # None: identity
@@ -95,9 +119,11 @@ class Objective:
         self.log_z_base, grad_base = self._log_partitions(self.offset, need_grad=True)
         self.mbar = grad_base / tokens.n
         self.base_nll = tokens.base_nll  # NLL at the offset: the base's, moved by the fixed theta
+        if self.shared.log_z0 is None:
+            offset_free = not self.offset.any()
+            self.shared.log_z0 = self.log_z_base if offset_free else self._log_partitions(torch.zeros(self.d), False)[0]
         if self.offset.any():
-            log_z0, _ = self._log_partitions(torch.zeros(self.d), need_grad=False)
-            self.base_nll += self._mean_change(self.log_z_base, log_z0) - float(self.offset @ self.ybar)
+            self.base_nll += self._mean_change(self.log_z_base, self.shared.log_z0) - float(self.offset @ self.ybar)
 
     def _block(self, rows: int, columns: int) -> torch.Tensor:
         """The reused work block [rows <= VOCAB_BLOCK, columns]: small enough to stay in cache, and
@@ -201,7 +227,14 @@ class Objective:
 
     def curvature(self) -> torch.Tensor:
         """diag ∇²J at the base p0 [d]: (1 + beta) mean_t a_t² ⊙ Var_{p0_t}(P) + 2 lam (the exact
-        solver's first quasi-Newton model; one more [c, V]×[V, 2d] product per chunk)."""
+        solver's first quasi-Newton model; one more [c, V]×[V, 2d] product per chunk, once per
+        HeadOnTokens)."""
+        if self.shared.variance is None:
+            self.shared.variance = self._variance()
+        return ((1 + self.beta) * self.shared.variance + 2 * self.lam).cpu()
+
+    def _variance(self) -> torch.Tensor:
+        """mean_t a_t² ⊙ Var_{p0_t}(P) [d]."""
         P_and_squares = None if self.P is None else torch.cat([self.PT, self.PT.square()])
         total = torch.zeros(self.d, dtype=torch.float64, device=self.device)
         for i, (_, p0) in enumerate(self.tokens.probabilities()):
@@ -212,7 +245,7 @@ class Objective:
                 moments = (P_and_squares @ p0).T / p0.sum(dim=0)[:, None]
                 variance = moments[:, self.d :] - moments[:, : self.d].square()
             total += (self._a(i).square() * variance).sum(0, dtype=torch.float64)
-        return ((1 + self.beta) * total / self.tokens.n + 2 * self.lam).cpu()
+        return total / self.tokens.n
 
     def ce_kl(self, theta: torch.Tensor, mean_l) -> tuple:
         """CE and KL terms of J at `theta` from mean_t L_t, its mean log-partition change (module docstring)."""
@@ -259,12 +292,14 @@ def fit_theta(
     offset: torch.Tensor | None = None,
     user: str = "?",
     label: str = "?",
+    shared: HeadOnTokens | None = None,
 ) -> tuple[torch.Tensor, FitResult]:
     """Fit theta [d] over the ball of `radius` for `head` on `tokens` (one user's train split, or
-    `pool(...)` of all); with `offset`, the residual theta on top of that fixed one (module docstring).
+    `pool(...)` of all); with `offset`, the residual theta on top of that fixed one (module docstring);
+    `shared`: the work of the other arms of `head` on `tokens` (HeadOnTokens).
 
     A NaN or inf raises FitDivergedError naming `user` and `label` (the sweep point)."""
-    return fit_path(tokens, head, solver, settings, [radius], offset, user, label)[0]
+    return fit_path(tokens, head, solver, settings, [radius], offset, user, label, shared)[0]
 
 
 def fit_path(
@@ -276,6 +311,7 @@ def fit_path(
     offset: torch.Tensor | None = None,
     user: str = "?",
     label: str = "?",
+    shared: HeadOnTokens | None = None,
 ) -> list[tuple[torch.Tensor, FitResult]]:
     """fit_theta at every radius of `radii` (ascending), on one Objective (p0's passes for a, ybar, mbar
     and the curvature once for the whole path). exact walks the path warm: each ball starts from the
@@ -287,7 +323,7 @@ def fit_path(
     if list(radii) != sorted(radii):
         raise ValueError(f"a path of radii goes up: {list(radii)}")
     start = time.perf_counter()
-    objective = Objective(tokens, head, settings.beta, settings.lam, offset)
+    objective = Objective(tokens, head, settings.beta, settings.lam, offset, shared)
     evaluations = 0
 
     def evaluate(theta: torch.Tensor, iteration: int) -> Value:

@@ -56,7 +56,7 @@ from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
 from uph.lm.capacity import choose, chosen, chosen_row
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import FitResult, fit_path, fit_theta
+from uph.lm.fit import FitResult, HeadOnTokens, fit_path, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
 from uph.lm.solvers import SolverSettings
@@ -427,9 +427,9 @@ def validate_user(
     for point, head in heads.items():
         held_out = HeldOut(held, head)
         for solver in fit.solvers:
-            theta_g = thetas_g_fit[(point, solver)]
-            personal = fit_path(fit_part, head, solver, fit.solver, capacity.radii, user=user, label=point.label)
-            residual = fit_path(fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label)
+            theta_g, shared = thetas_g_fit[(point, solver)], HeadOnTokens(fit_part, head)
+            personal = fit_path(fit_part, head, solver, fit.solver, capacity.radii, None, user, point.label, shared)
+            residual = fit_path(fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label, shared)
             rows += _scored_path(held_out, personal, None, {**_choice_columns(point, solver, "personal"), "user": user})
             rows += _scored_path(
                 held_out, residual, theta_g, {**_choice_columns(point, solver, "residual"), "user": user}
@@ -479,8 +479,9 @@ def fit_arms(
     """One user's three arms at one point and solver, scored on the held-out text: the global theta_g,
     the personal theta from zero and the residual theta_r on top of theta_g, each at its chosen radius
     (`radii`: personal, residual). Returns the row's columns and theta_r."""
-    theta_p, personal = fit_theta(train, head, solver, fit.solver, radii[0], user=user, label=label)
-    theta_r, residual = fit_theta(train, head, solver, fit.solver, radii[1], offset=theta_g, user=user, label=label)
+    shared = HeadOnTokens(train, head)
+    theta_p, personal = fit_theta(train, head, solver, fit.solver, radii[0], None, user, label, shared)
+    theta_r, residual = fit_theta(train, head, solver, fit.solver, radii[1], theta_g, user, label, shared)
     global_, personal_, residual_ = held_out.many(torch.stack([theta_g, theta_p.double(), theta_g + theta_r.double()]))
     columns = {
         "base_nll": held_out.base_nll,
