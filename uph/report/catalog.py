@@ -35,7 +35,7 @@ class FigureSpec:
 
 FIGURES = {
     "personalization": FigureSpec(
-        "Held-out NLL change by head against d: global, personal, personal beyond global",
+        "Held-out NLL change against parameters per user: global, personal, beyond global, own vs others",
         (FULL_WIDTH, 4.2),
         "User prior heads",
     ),
