@@ -388,6 +388,24 @@ def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
+def test_shards_the_hash_leaves_empty_and_no_baselines_build_every_table(tiny_study, tmp_path):
+    """extract.shards 8 for 4 users (several shards hold nobody) with fit.baselines [] (the schema allows
+    it): every per-shard job writes its empty file, and the tables build from all of them, every user once."""
+    workdir = copy_study(tiny_study, tmp_path)
+
+    def edit(config):
+        config["extract"]["shards"] = 8
+        config["fit"].update(baselines=[], on_cache=[])
+
+    run = snakemake(workdir, *LM_TABLES, config=config_file(tmp_path, edit))
+    assert run.returncode == 0, run.stderr[-3000:]
+    sizes = [len(pd.read_parquet(workdir / f"results/fit/shard-{i}/fits.parquet")) for i in range(8)]
+    assert 0 in sizes and sum(sizes) > 0
+    table = pd.read_csv(workdir / "results/tables/personalization.csv")
+    assert set(table["n_users"]) == {len(pd.read_parquet(workdir / "results/corpus/users.parquet"))}
+    assert not {"full_bias", "unigram"} & set(table["head"])
+
+
 def test_a_user_in_two_fit_files_is_refused():
     fits = pd.DataFrame({"head": ["cvh"], "alpha": [1.0], "d": [8], "solver": ["exact"], "user": ["hamlet/Hamlet"]})
     check_unique_users({"shard-0.parquet": fits, "shard-1.parquet": fits.assign(d=16)})

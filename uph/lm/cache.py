@@ -281,6 +281,8 @@ def check_unique_users(tables: dict, keys=("head", "alpha", "d", "solver"), user
     twice means a cache shard was copied over another, and its fits would count the user twice."""
     seen: dict[tuple, str] = {}
     for path, rows in tables.items():
+        if rows.empty:  # a shard the hash left without users
+            continue
         for row in rows[[*keys, user]].drop_duplicates().itertuples(index=False):
             first = seen.setdefault(row, path)
             if first != path:
