@@ -4,8 +4,9 @@ import pandas as pd
 import pytest
 
 from uph.errors import CorpusError
-from uph.lm.corpus import load_shakespeare_roles, parse_play, read_corpus_file, temporal_split, tokenize_users
+from uph.lm.corpus import load_shakespeare_roles, parse_play, read_corpus_file, tokenize_users
 from uph.lm.models import byte_tokenizer
+from uph.lm.splits import temporal_split
 
 PLAY = """HAMLET, PRINCE OF DENMARK
 
@@ -151,3 +152,23 @@ def test_order_and_timestamps_written_as_text_sort_as_numbers_and_dates(tmp_path
         '{"user_id": "a", "text": "early", "timestamp": "2024-01-05T10:00:00+00:00"}',
     )
     assert read_corpus_file(path)["text"].tolist() == ["early\nlate"]
+
+
+def test_lone_surrogates_are_replaced_with_a_warning_naming_the_line(tmp_path, caplog):
+    """JSON's \\ud800 with no partner is valid JSON but no Unicode text (UTF-8, parquet and the tokenizer
+    refuse it): it becomes U+FFFD, with a warning naming the file, line and field; a pair is one character."""
+    path = _jsonl(
+        tmp_path,
+        '{"user_id": "a", "text": "pair \\ud83d\\ude00 ok"}',
+        '{"user_id": "b\\udfff", "text": "lone \\ud800 here"}',
+    )
+    with caplog.at_level("WARNING"):
+        corpus = read_corpus_file(path)
+    assert corpus["text"].tolist() == ["pair \U0001f600 ok", "lone \ufffd here"]
+    assert corpus["user_id"].tolist() == ["a", "b\ufffd"]
+    assert [record.getMessage() for record in caplog.records] == [
+        f"corpus file '{path}' line 2: {key} holds a lone UTF-16 surrogate (\\ud800 to \\udfff), not text; "
+        "replaced with U+FFFD"
+        for key in ("user_id", "text")
+    ]
+    corpus.to_parquet(tmp_path / "users.parquet")  # now UTF-8 text

@@ -5,9 +5,9 @@ import torch
 
 from uph.errors import CacheError, ModelError
 from uph.lm.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
-from uph.lm.corpus import temporal_split
 from uph.lm.extract import extract_users, user_windows
 from uph.lm.models import load_model, materialize, read_output_layer
+from uph.lm.splits import temporal_split
 from uph.model_identity import read_identity
 
 

@@ -479,6 +479,12 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
         "config key 'corpus.max_tokens': 300 leaves 60 held-out tokens, fewer than the train/test gap of "
         "extract.context=64 plus 2; raise it to at least 331",
     ),
+    "train-fraction-leaving-no-fit-part": (  # a test window, but train too short to hold out validation
+        lambda c, tmp: c["corpus"].update(train_fraction=0.02),
+        "config key 'corpus.min_tokens': a user of 3000 tokens trains on 60, and 60 train tokens leave no fit "
+        "part before a gap of 64 and 12 validation tokens (fit.validation_fraction, extract.context); raise it "
+        "or corpus.train_fraction, or lower fit.validation_fraction or extract.context",
+    ),
     "context-beyond-the-model-positions": (
         lambda c, tmp: (c["extract"].update(context=2048), c["corpus"].update(min_tokens=20000, max_tokens=None)),
         "config key 'extract.context': 2048 is more than the model's 1024 positions "
@@ -622,19 +628,20 @@ def test_a_read_only_or_full_folder_ends_the_write_in_one_line_naming_the_file(t
     assert not list((tmp_path / "full").iterdir())  # no partial table, no temporary file
 
 
-def test_user_ids_with_pipes_and_dollars_keep_the_markdown_table_and_the_figure_intact(tmp_path):
-    users = ["a|b", "$x^$", "c\\|d"]
-    write_table(pd.DataFrame({"user": users, "delta_nll": [0.5, 1.0, 1.5]}), tmp_path / "t.csv")
+def test_user_ids_with_pipes_dollars_and_line_breaks_keep_the_markdown_table_and_the_figure_intact(tmp_path):
+    users = ["a|b", "$x^$", "c\\|d", "e\nf\r"]
+    write_table(pd.DataFrame({"user": users, "delta_nll": [0.5, 1.0, 1.5, 2.0]}), tmp_path / "t.csv")
     rows = (tmp_path / "t.md").read_text().splitlines()
-    assert [len(re.findall(r"(?<!\\)\|", row.replace("\\\\", ""))) for row in rows] == [3] * 5  # unescaped |
+    assert [len(re.findall(r"(?<!\\)\|", row.replace("\\\\", ""))) for row in rows] == [3] * 6  # unescaped |
     assert [row.split(" | ")[0].removeprefix("| ").strip() for row in rows[2:]] == [
         r"a\|b",
         r"\$x^\$",
         r"c\\\|d",
+        r"e\nf\r",
     ]
     with matplotlib.rc_context(STYLE):  # as mathtext, "$x^$" cannot be drawn (a superscript of nothing)
         figure = matplotlib.figure.Figure()
-        figure.subplots().set_xticks(range(3), users)
+        figure.subplots().set_xticks(range(4), users)
         figure.savefig(tmp_path / "f.png")
 
 

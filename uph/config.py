@@ -25,6 +25,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from uph.errors import ConfigError
+from uph.lm.splits import split_lengths, temporal_split
 from uph.model_identity import check_model_folder
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
@@ -330,13 +331,22 @@ def _check_across_keys(config: dict) -> None:
     cut = corpus["max_tokens"] is not None and corpus["max_tokens"] < corpus["min_tokens"]
     key = "max_tokens" if cut else "min_tokens"
     n_tokens = corpus[key]  # the fewest tokens a kept user has: each has min_tokens or more, cut to max_tokens
-    held_out = n_tokens - int(n_tokens * corpus["train_fraction"])  # as uph.lm.corpus.temporal_split cuts
+    split = temporal_split(n_tokens, corpus["train_fraction"], context)
+    held_out = n_tokens - split.train_end
     if held_out < context + 2:
         raise ConfigError(
             f"config key 'corpus.{key}': {n_tokens} leaves {held_out} held-out tokens, "
             f"fewer than the train/test gap of extract.context={context} plus 2; raise it to at least "
             f"{int((context + 2) / (1 - corpus['train_fraction'])) + 1}"
         )
+    try:  # the fit part and the validation part inside train (uph.lm.capacity), with the same gap
+        split_lengths(split.train_end, config["fit"]["validation_fraction"], context)
+    except ValueError as error:
+        raise ConfigError(
+            f"config key 'corpus.{key}': a user of {n_tokens} tokens trains on {split.train_end}, and {error} "
+            f"(fit.validation_fraction, extract.context); raise it or corpus.train_fraction, or lower "
+            "fit.validation_fraction or extract.context"
+        ) from None
 
 
 def _check_attention(study: dict) -> None:

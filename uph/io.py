@@ -93,10 +93,13 @@ def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
 
 
 def markdown_text(value):
-    """A cell as Markdown shows it literally: `|` would split the row, `$` start math, `\\` escape."""
+    """A cell as Markdown shows it literally: `|` would split the row, `$` start math, `\\` escape, and a
+    line break end the row (written as the two characters \\n or \\r, unambiguous once backslashes are
+    escaped)."""
     if not isinstance(value, str):
         return value
-    return value.replace("\\", "\\\\").replace("|", "\\|").replace("$", "\\$")
+    value = value.replace("\\", "\\\\").replace("|", "\\|").replace("$", "\\$")
+    return value.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6g") -> None:

@@ -2,21 +2,23 @@
 
 A speech is the lines after a speaker tag up to the next tag; bracketed stage directions are
 dropped; the persons-represented list and headers before the first act are not speech. A user's
-token stream is split in time: the first `train_fraction` of tokens train, then a gap of `gap`
-tokens is skipped, the rest is held out, so no training window ever holds a held-out target.
+token stream is split in time (uph.lm.splits.temporal_split).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import pandas as pd
 
 from uph.errors import CorpusError
+from uph.lm.splits import temporal_split
+
+log = logging.getLogger(__name__)
 
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 .'-]{0,28}\.$")
 HEADER = re.compile(r"^(ACT|SCENE|EPILOGUE|PROLOGUE|INDUCTION|THE END)\b", re.I)
@@ -127,6 +129,24 @@ def load_shakespeare_roles(plays: list[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["user_id", "play", "role", "text"])
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's \\ud800 escapes that pair with nothing: not text
+
+
+def _without_lone_surrogates(value, path: Path, number: int, key: str):
+    """A string with its lone UTF-16 surrogates (valid JSON, but no Unicode text: UTF-8 cannot hold them)
+    replaced by U+FFFD, with a warning naming the line; anything else as it is."""
+    if not isinstance(value, str) or not LONE_SURROGATE.search(value):
+        return value
+    log.warning(
+        "corpus file '%s' line %d: %s holds a lone UTF-16 surrogate (\\ud800 to \\udfff), not text; "
+        "replaced with U+FFFD",
+        path,
+        number,
+        key,
+    )
+    return LONE_SURROGATE.sub("\ufffd", value)
+
+
 def _read_jsonl(path: Path) -> pd.DataFrame:
     rows = []
     with open(path, "rb") as f:
@@ -141,6 +161,8 @@ def _read_jsonl(path: Path) -> pd.DataFrame:
                 ) from None
             except ValueError as error:
                 raise CorpusError(f"corpus file '{path}' cannot be read: line {number} is not JSON ({error})") from None
+            if isinstance(row, dict):
+                row = {key: _without_lone_surrogates(value, path, number, key) for key, value in row.items()}
             if not isinstance(row, dict):
                 raise CorpusError(
                     f"corpus file '{path}' line {number} is a JSON {type(row).__name__}, not an object; "
@@ -231,20 +253,6 @@ def read_corpus_file(path: str | Path) -> pd.DataFrame:
     df = df.sort_values(["user_id", order, "_row"] if order else ["user_id", "_row"], kind="stable")
     texts = df.groupby("user_id", sort=True)["text"].apply("\n".join)
     return pd.DataFrame({"user_id": texts.index, "text": texts.values})
-
-
-@dataclass(frozen=True)
-class Split:
-    """Token index ranges of a user's temporal split: train [0, train_end), test [test_start, n)."""
-
-    train_end: int
-    test_start: int
-    n_tokens: int
-
-
-def temporal_split(n_tokens: int, train_fraction: float, gap: int) -> Split:
-    train_end = int(n_tokens * train_fraction)
-    return Split(train_end, min(train_end + gap, n_tokens), n_tokens)
 
 
 def tokenize_users(

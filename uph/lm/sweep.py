@@ -60,7 +60,8 @@ from uph.lm.fit import FitResult, HeadOnTokens, fit_path, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
 from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import Mixture, Tokens, pool, prepare, split_lengths, validation_split
+from uph.lm.splits import split_lengths
+from uph.lm.tokens import Mixture, Tokens, pool, prepare, validation_split
 from uph.model_identity import read_identity as read_model_identity
 
 log = logging.getLogger(__name__)

@@ -3,12 +3,12 @@ and cached within a memory budget; the fit objective (uph.lm.fit) and the evalua
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from uph.lm.models import OutputLayer
+from uph.lm.splits import split_lengths
 
 CHUNK = 256  # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 
@@ -122,14 +122,6 @@ def validation_split(train: Tokens, fraction: float, gap: int) -> tuple[Tokens, 
     worth) belong to neither, so no validation token's context window holds the fit part's last targets."""
     fit_end, start = split_lengths(train.n, fraction, gap)
     return train.prefix(fit_end), train.slice(start, train.n)
-
-
-def split_lengths(n: int, fraction: float, gap: int) -> tuple[int, int]:
-    """(end of the fit part, start of the validation part) of n train tokens (validation_split)."""
-    start = n - math.ceil(fraction * n)
-    if start - gap < 1:
-        raise ValueError(f"{n} train tokens leave no fit part before a gap of {gap} and {n - start} validation tokens")
-    return start - gap, start
 
 
 def base_logits(hidden: torch.Tensor, layer: OutputLayer) -> torch.Tensor:
