@@ -19,6 +19,7 @@ from uph.config import (
     HEAD_KEYS,
     SWEEP_KEYS,
     job_params,
+    local_model_folder,
     sweep_points,
     validate,
 )
@@ -126,10 +127,10 @@ def corpus_file():
 
 def model_folder_files():
     """The files of a local model folder (replacing its weights or tokenizer reruns the model job)."""
-    source = config["model"]["source"]
-    if not source.startswith((os.sep, ".", "~")):
+    folder = local_model_folder(config["model"]["source"])
+    if folder is None:
         return []
-    return sorted(str(path) for path in Path(source).expanduser().iterdir() if path.is_file())
+    return sorted(str(path) for path in folder.iterdir() if path.is_file())
 
 
 def lm_targets():

@@ -179,7 +179,9 @@ def test_refusals_at_load_are_one_line_naming_model_source(tmp_path):
     torch.manual_seed(0)
     tf.T5ForConditionalGeneration(t5).save_pretrained(t5_folder)
     byte_tokenizer().save_pretrained(t5_folder)
-    with pytest.raises(ModelError, match=r"^config key 'model.source': '.*t5' is a 't5' model .*not a causal LM"):
+    with pytest.raises(
+        ModelError, match=r"^config key 'model.source': '.*t5' is a 't5' encoder-decoder model, not a causal LM"
+    ):
         materialize("t5", str(t5_folder), tmp_path / "out")
     remote = {
         "model_type": "my_lm",
@@ -213,3 +215,37 @@ def test_a_folder_materialized_before_the_parity_check_is_refused(tmp_path):
     (tmp_path / "model" / IDENTITY).write_text(json.dumps(identity))
     with pytest.raises(ModelError, match="materialized before the logit parity check; delete it and run snakemake"):
         read_output_layer(tmp_path / "model")
+
+
+def test_models_that_only_seem_causal_lms_are_refused_naming_the_folder_and_the_reason(tmp_path):
+    """Admission: a checkpoint missing a tensor (transformers would fill it at random), a BERT folder
+    (it loads as BertLMHeadModel, bidirectional: the causal probe sees a later token move an earlier
+    position), an encoder-decoder config (BART loads as BartForCausalLM otherwise), and a tokenizer with
+    more ids than the model's vocabulary: each one line naming model.source, no identity written."""
+    from safetensors.torch import load_file
+
+    cut = _save(tmp_path / "cut", FAMILIES["gpt_neox"][0])
+    weights = load_file(cut / "model.safetensors")
+    dropped = next(key for key in sorted(weights) if key.endswith("mlp.dense_h_to_4h.weight"))
+    save_file({k: v for k, v in weights.items() if k != dropped}, cut / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"^config key 'model.source': '.*cut' \(GPTNeoXForCausalLM\) has 1 missing "):
+        materialize("cut", str(cut), tmp_path / "out-cut")
+    bert = tf.BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    with pytest.raises(ModelError, match=r"'.*bert' \(BertLMHeadModel\) is not causal: changing later tokens moves"):
+        materialize("bert", str(_save(tmp_path / "bert", bert)), tmp_path / "out-bert")
+    bart = tf.BartConfig(
+        vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+    )  # fmt: skip
+    folder = tmp_path / "bart"
+    torch.manual_seed(0)
+    tf.BartForConditionalGeneration(bart).save_pretrained(folder)
+    byte_tokenizer().save_pretrained(folder)
+    with pytest.raises(ModelError, match=r"'.*bart' is a 'bart' encoder-decoder model, not a causal LM"):
+        materialize("bart", str(folder), tmp_path / "out-bart")
+    small = tf.GPT2Config(vocab_size=200, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    with pytest.raises(ModelError, match=r"its tokenizer has 257 tokens but the model's vocabulary only 200 rows"):
+        materialize("small", str(_save(tmp_path / "small", small)), tmp_path / "out-small")
+    assert not any((tmp_path / f"out-{name}" / IDENTITY).exists() for name in ("cut", "bert", "bart", "small"))

@@ -825,17 +825,21 @@ def test_a_config_change_reruns_exactly_the_jobs_that_depend_on_it(dry_runs, cha
     assert planned_jobs(run) == CONFIG_CHANGES[change][1]
 
 
-def test_a_new_tokenizer_in_a_model_folder_reruns_the_model(tiny_study, tmp_path):
-    folder = tmp_path / "model-folder"  # a transformers folder: config, tokenizer, weights
+@pytest.mark.parametrize("spelling", ["absolute", "relative"])
+def test_a_new_tokenizer_in_a_model_folder_reruns_the_model(tiny_study, tmp_path, spelling):
+    """A local folder is a folder however model.source spells it (`models/x` without ./ too, once taken
+    for a hub id whose files no rerun watched): a changed file in it reruns the model job."""
+    folder = tmp_path / "models" / "tiny"  # a transformers folder: config, tokenizer, weights
     shutil.copytree(tiny_study.workdir / "results/model", folder)
-    config = config_file(tmp_path, lambda c: c["model"].update(source=str(folder), gguf_file=None))
+    source = str(folder) if spelling == "absolute" else "models/tiny"  # relative to the working directory
+    config = config_file(tmp_path, lambda c: c["model"].update(source=source, gguf_file=None))
     target = "results/model/identity.json"
     assert snakemake(tmp_path, target, config=config).returncode == 0
     tokenizer = folder / "tokenizer_config.json"
     tokenizer.write_text(tokenizer.read_text().replace('"model_max_length"', '"model_max_length_"'))
     dry_run = snakemake(tmp_path, "-n", target, config=config)
     assert planned_jobs(dry_run) == {"model": 1}
-    assert f"reason: Updated input files: {tokenizer}" in dry_run.stdout
+    assert f"reason: Updated input files: {source}/tokenizer_config.json" in dry_run.stdout
 
 
 def test_job_params_ignore_key_order():

@@ -281,6 +281,15 @@ def check_context(context: int, model_dir: str | Path) -> None:
         )
 
 
+def local_model_folder(source: str) -> Path | None:
+    """model.source as a folder on disk, whatever its spelling (`models/x` as well as `./models/x`): a
+    source that exists locally is never taken for a hub id; None for a hub id, tiny: or package:."""
+    if source.startswith(("tiny:", "package:")):
+        return None
+    folder = Path(source).expanduser()
+    return folder if folder.exists() else None
+
+
 def _check_across_keys(config: dict) -> None:
     """What one key's schema cannot see: relations between keys, and named files that are missing."""
     source = config["corpus"]["source"]
@@ -292,10 +301,10 @@ def _check_across_keys(config: dict) -> None:
         if not Path(source).is_file():
             raise ConfigError(f"config key 'corpus.source': corpus file '{source}' does not exist")
     model = config["model"]["source"]
-    if model.startswith(("/", ".", "~")):
-        if not Path(model).expanduser().exists():
-            raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
-        check_model_folder(Path(model).expanduser(), config["model"]["gguf_file"])
+    if (folder := local_model_folder(model)) is not None:
+        check_model_folder(folder, config["model"]["gguf_file"])
+    elif model.startswith(("/", ".", "~")):
+        raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
     elif model.startswith("tiny:") and model.removeprefix("tiny:") not in TINY_ARCHITECTURES:
         known = ", ".join(f"tiny:{arch}" for arch in TINY_ARCHITECTURES)
         raise ConfigError(f"config key 'model.source': unknown tiny architecture '{model}' (known: {known})")

@@ -115,6 +115,11 @@ def _check_causal_lm(source: str, trust_remote_code: bool, kwargs: dict) -> None
             f"config key 'model.source': '{source}' is a '{model_type}' model, an architecture the installed "
             f"transformers {transformers.__version__} does not know; upgrade transformers"
         )
+    if config.get("is_encoder_decoder"):
+        raise ModelError(
+            f"config key 'model.source': '{source}' is a '{model_type}' encoder-decoder model, not a causal LM; "
+            "the suite needs a decoder whose next-token logits see only earlier tokens"
+        )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ModelError(
             f"config key 'model.source': '{source}' is a '{model_type}' model "
@@ -153,12 +158,28 @@ def _load_source(source: str, gguf_file: str | None, revision: str | None, trust
             f"config key 'model.source': cannot load the tokenizer of '{source}': {str(error).splitlines()[0]}"
         ) from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch.float32, trust_remote_code=trust_remote_code, **kwargs
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True, **kwargs
         )
     except (OSError, ValueError) as error:
         raise ModelError(f"config key 'model.source': cannot load '{source}': {str(error).splitlines()[0]}") from None
+    _check_complete(source, type(model).__name__, loading)
     return model, tokenizer, gguf_file
+
+
+def _check_complete(source: str, family: str, loading: dict) -> None:
+    """Every weight of the architecture came from the checkpoint, and the checkpoint held nothing else:
+    transformers fills a missing tensor at random (a checkpoint cut short, or the encoder of another
+    model type), and drops an unexpected one."""
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        keys = sorted(map(str, loading.get(kind) or ()))
+        if keys:
+            what = kind.removesuffix("_keys")
+            raise ModelError(
+                f"config key 'model.source': '{source}' ({family}) has {len(keys)} {what} weight(s) "
+                f"({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}): its checkpoint is not this "
+                "architecture's; use a complete checkpoint of a causal LM"
+            )
 
 
 def _unique_state_dict(model) -> dict[str, torch.Tensor]:
@@ -236,6 +257,38 @@ def logprob_gap(model, layer: OutputLayer, windows: list[torch.Tensor]) -> float
     return torch.stack(gaps).max().item()  # torch's max keeps a nan
 
 
+def check_tokenizer_fits(tokenizer, vocab_size: int, source: str) -> None:
+    """Every id the tokenizer can emit indexes a row of the lm_head (fewer rows would index past the
+    embedding; more rows, padding, are fine)."""
+    if len(tokenizer) > vocab_size:
+        raise ModelError(
+            f"config key 'model.source': '{source}': its tokenizer has {len(tokenizer)} tokens but the model's "
+            f"vocabulary only {vocab_size} rows; use the tokenizer the model was trained with"
+        )
+
+
+CAUSAL_TOLERANCE = 1e-4  # float32 logits of an earlier position may move by rounding only
+
+
+@torch.inference_mode()
+def check_causal(model, ids: torch.Tensor, vocab_size: int, source: str) -> None:
+    """A probe of the attention: changing the second half of a window [1, T] must leave the first half's
+    logits as they were. A bidirectional model (an encoder loaded with an LM head) would let the cache see
+    the token each position is meant to predict."""
+    half = ids.shape[1] // 2
+    changed = ids.clone()
+    changed[0, half:] = (ids[0, half:] + 1) % vocab_size
+    before = model(input_ids=ids, use_cache=False).logits[0, :half].float()
+    after = model(input_ids=changed, use_cache=False).logits[0, :half].float()
+    moved = (before - after).abs().max().item()
+    if not moved <= CAUSAL_TOLERANCE:
+        raise ModelError(
+            f"config key 'model.source': '{source}' ({type(model).__name__}) is not causal: changing later "
+            f"tokens moves earlier positions' logits by up to {moved:.3g}; the suite needs a decoder whose "
+            "next-token logits see only earlier tokens"
+        )
+
+
 def check_parity(model, layer: OutputLayer, windows: list[torch.Tensor], source: str) -> dict:
     """The parity record of identity.json, or one ModelError line when the suite's base distribution
     (final_hidden, then the OutputLayer) is not the model's own."""
@@ -309,8 +362,10 @@ def materialize(
     }
     del model, config, tensors, saved_as, head  # one float32 copy in memory at a time
     reloaded = _load_folder(out_dir, torch.float32, "cpu", trust_remote_code)
+    check_tokenizer_fits(tokenizer, identity["vocab_size"], source)
     windows = parity_windows(tokenizer, identity["vocab_size"])
     identity["parity"] = check_parity(reloaded, _output_layer(out_dir, identity), windows, source)
+    check_causal(reloaded, windows[-1], identity["vocab_size"], source)
     write_json(identity, out_dir / IDENTITY)
     return identity
 
