@@ -92,14 +92,17 @@ def write_parquet(df: pd.DataFrame, path: str | Path) -> None:
         df.to_parquet(tmp, index=False)
 
 
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # where str.splitlines (and some editors) break
+
+
 def markdown_text(value):
     """A cell as Markdown shows it literally: `|` would split the row, `$` start math, `\\` escape, and a
-    line break end the row (written as the two characters \\n or \\r, unambiguous once backslashes are
+    line break end the row (written as its escape, \\n or \\u2028, unambiguous once backslashes are
     escaped)."""
     if not isinstance(value, str):
         return value
     value = value.replace("\\", "\\\\").replace("|", "\\|").replace("$", "\\$")
-    return value.replace("\r", "\\r").replace("\n", "\\n")
+    return "".join(c.encode("unicode_escape").decode() if c in LINE_BREAKS else c for c in value)
 
 
 def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6g") -> None:

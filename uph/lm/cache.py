@@ -199,7 +199,7 @@ def _differences(found: dict, expect: dict) -> str | None:
         users = found.get("users") if isinstance(found.get("users"), dict) else {}
         user = min(set(users) ^ set(expect["users"]) or {u for u in users if users[u] != expect["users"][u]})
         return (
-            f"does not hold the users of shard {expect['shard']}: user '{user}' has "
+            f"does not hold the users of shard {expect['shard']}: user {user!r} has "
             f"{users.get(user, 'no')} tokens there, {expect['users'].get(user, 'none')} in the users table"
         )
     return None
@@ -246,7 +246,7 @@ def _split_users(table: pa.Table, path: Path, dtype: str) -> dict[str, UserState
             if dtype == "float32"
             else f"{dtype} overflowed: set config key 'extract.dtype' to float32"
         )
-        raise CacheError(f"cache file '{path}' holds NaN or inf hidden states of user '{user}'; {fix}")
+        raise CacheError(f"cache file '{path}' holds NaN or inf hidden states of user {user!r}; {fix}")
     out = {}
     for user in np.unique(user_ids):
         mine = user_ids == user
@@ -288,6 +288,6 @@ def check_unique_users(tables: dict, keys=("head", "alpha", "d", "solver"), user
             if first != path:
                 where = " ".join(f"{k}={v}" for k, v in zip(keys, row))
                 raise CacheError(
-                    f"user '{row[-1]}' is in both '{first}' and '{path}' ({where}): results of one shard "
+                    f"user {row[-1]!r} is in both '{first}' and '{path}' ({where}): results of one shard "
                     "were copied over another; delete both and run snakemake again"
                 )

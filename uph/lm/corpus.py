@@ -247,7 +247,7 @@ def read_corpus_file(path: str | Path) -> pd.DataFrame:
     df = df[df["text"].map(lambda text: isinstance(text, str) and text.strip() != "")]
     if empty := sorted(set(users) - set(df["user_id"])):
         raise CorpusError(
-            f"corpus file '{path}': user '{empty[0]}' has no text (every row is empty or blank); "
+            f"corpus file '{path}': user {empty[0]!r} has no text (every row is empty or blank); "
             "remove the user or fill in its text"
         )
     df = df.sort_values(["user_id", order, "_row"] if order else ["user_id", "_row"], kind="stable")

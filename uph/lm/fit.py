@@ -336,7 +336,7 @@ def fit_path(
             and torch.isfinite(torch.tensor(value.objective))
         ):
             raise FitDivergedError(
-                f"fit of user '{user}' ({label}, solver {solver}) diverged at iteration "
+                f"fit of user {user!r} ({label}, solver {solver}) diverged at iteration "
                 f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "
                 "lower config key 'fit.alphas' or 'fit.radii'"
             )
