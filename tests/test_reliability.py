@@ -845,3 +845,21 @@ def test_a_new_tokenizer_in_a_model_folder_reruns_the_model(tiny_study, tmp_path
 def test_job_params_ignore_key_order():
     assert repr(job_params({"b": 1, "a": {"y": 2, "x": 1}}, ["a"])) == "{'a': {'x': 1, 'y': 2}}"
     assert job_params({"b": 1, "a": 2}) == {"a": 2, "b": 1}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-an-identity"])
+def test_a_damaged_model_identity_is_one_line_naming_it_and_the_fix(tiny_study, tmp_path, damage):
+    """results/model/identity.json cut short (a kill mid-copy) or replaced by other JSON: the DAG build,
+    and so --unlock, ends in one line naming the file and how to rebuild it, not a JSONDecodeError."""
+    workdir = copy_study(tiny_study, tmp_path)
+    identity = workdir / "results/model/identity.json"
+    identity.write_text(identity.read_text()[:40] if damage == "truncated" else "[1, 2]")
+    for args in (["-n"], ["--unlock"]):
+        run = snakemake(workdir, *args)
+        output = run.stdout + run.stderr
+        assert run.returncode != 0
+        assert (
+            "model identity 'results/model/identity.json' is damaged (" in output
+            and "); delete it and run snakemake again (the model job rebuilds it)" in output
+            and "Traceback" not in output
+        ), output[-2000:]

@@ -33,7 +33,7 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     unigram = baselines[(baselines["head"] == "unigram") & (baselines["control"] == "global+personal")]
     assert on_cache["base_nll"].iloc[0] == pytest.approx(unigram["nll"].iloc[0], rel=1e-5)  # the cache's own NLL
     cache = heads[heads["control"].str.startswith("cache")]
-    assert sorted(cache["control"]) == ["cache own vs others", "cache+head", "cache others"]  # with its others
+    assert set(cache["control"]) == {"cache+head", "cache others", "cache own vs others"}  # with its others
     assert set(cache["reference"]) == {"cache", "cache_others"} and (cache["head"] == "svd_uncond").all()
     heads = heads[~heads["control"].str.startswith("cache")]
     assert len(heads) == 5 * 1 * 1 * 2 * 5  # heads x alphas x ds x solvers x controls of config/test.yaml

@@ -61,7 +61,21 @@ def file_sha256(paths) -> str:
 
 
 def read_identity(model_dir: str | Path) -> dict:
+    """The materialized model's identity.json; a missing, truncated or hand-broken one is one ModelError
+    line naming it and the fix (every stage, and the DAG build, reads it)."""
     path = Path(model_dir) / IDENTITY
     if not path.is_file():
         raise ModelError(f"model folder '{model_dir}' has no {IDENTITY}; run the model stage first")
-    return json.loads(path.read_text())
+
+    def damaged(why: str) -> ModelError:
+        return ModelError(
+            f"model identity '{path}' is damaged ({why}); delete it and run snakemake again (the model job rebuilds it)"
+        )
+
+    try:
+        identity = json.loads(path.read_text())
+    except (UnicodeDecodeError, ValueError) as error:
+        raise damaged(str(error).splitlines()[0]) from None
+    if not isinstance(identity, dict) or not {"weights_sha256", "hidden_size"} <= identity.keys():
+        raise damaged("not a model identity")
+    return identity
