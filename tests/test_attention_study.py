@@ -73,8 +73,19 @@ def test_loud_copy_distractors_are_configured_in_number_and_loudness_and_never_m
         items = tokens[~spots & (tokens != 0)].tolist()
         assert len(set(items)) == n and all(items.count(t) <= 2 for t in items)  # the items and their copy
         assert not set(tokens[spots].tolist()) & set(items) and (tokens[spots] != 0).all()
-    # a distractor may sit in the last slot, which the model never reads
-    assert max(counts) == distractors and sum(counts) / len(counts) > distractors - 0.5
+    assert counts == [distractors] * len(counts)  # before the second copy: none falls off the end
+
+
+def test_every_scored_query_in_loud_copy_sees_every_distractor():
+    """A query at input position t attends to positions <= t: every distractor sits before the first
+    scored position, so none is hidden from a scored query (they used to land after the scored span)."""
+    n, distractors = 5, 4
+    batch = copy_batch(200, 30, 16, generator(4), n, distractors, torch.full((200,), 16.0))
+    for targets, loud in zip(batch.targets, batch.loud):
+        spots = (loud == 16).nonzero().squeeze(1)
+        scored = (targets != IGNORE).nonzero().squeeze(1)
+        assert len(spots) == distractors and len(scored) == n - 1
+        assert spots.max() < scored.min()
 
 
 def test_mqar_keys_are_unique_per_sequence_and_each_query_is_scored_on_its_value():

@@ -10,10 +10,12 @@ offset_copy    n items, then the same items again, in a sequence of T + 1 tokens
                sequence, so only content (an induction mechanism) finds it. The model reads tokens
                0..T-1; scored are the next tokens inside the second copy after its first item
                (its first item cannot be known: the gap is random). level = 1.
-loud_copy      offset_copy in which `distractors` filler positions hold distractors: content tokens
-               that are none of the items (never a true match), each with loudness m (its key
-               vectors scaled by m, see CausalSelfAttention), the sequence's level: drawn from
-               `train_ms` in training and validation, one of `ms` for each test set.
+loud_copy      offset_copy in which `distractors` filler positions before the second copy (in the
+               prefix or the gap, so every scored query sees every distractor) hold distractors:
+               content tokens that are none of the items (never a true match), each with loudness m
+               (its key vectors scaled by m, see CausalSelfAttention), the sequence's level: drawn
+               from `train_ms` in training and validation, one of `ms` for each test set. The gap is
+               drawn as offset_copy's, then widened by the distractors' count (the suffix shrinks).
 mqar           multi-query associative recall (as in the Zoology benchmark): N key-value pairs
                k_1 v_1 .. k_N v_N (keys distinct, from the lower half of the content tokens, values
                uniform from the upper half), then T - 2N positions of filler holding the N keys
@@ -81,15 +83,16 @@ def copy_batch(
         )
     content = _content(batch_size, n + n_distractors, vocab, generator)
     items, distractors = content[:, :n], content[:, n:]
-    cuts = torch.randint(0, fillers + 1, (batch_size, 2), generator=generator).sort(-1).values
-    first, second = cuts[:, :1], cuts[:, 1:] + n  # where each copy starts
+    cuts = torch.randint(0, fillers - n_distractors + 1, (batch_size, 2), generator=generator).sort(-1).values
+    first, second = cuts[:, :1], cuts[:, 1:] + n + n_distractors  # where each copy starts
     pos = torch.arange(S)
     in_first, in_second = (pos >= first) & (pos < first + n), (pos >= second) & (pos < second + n)
     index = torch.where(in_first, pos - first, pos - second).clamp(0, n - 1)
     tokens = torch.where(in_first | in_second, items.gather(1, index), 0)
     loud = torch.ones(batch_size, S)
     if n_distractors:
-        priority = torch.rand(batch_size, S, generator=generator).masked_fill_(in_first | in_second, -1)
+        before = pos < second  # fillers a scored query sees: at least n_distractors of them
+        priority = torch.rand(batch_size, S, generator=generator).masked_fill_(in_first | ~before, -1)
         spots = priority.topk(n_distractors, dim=1).indices
         tokens.scatter_(1, spots, distractors)
         loud.scatter_(1, spots, loudness[:, None].expand(-1, n_distractors).float())
