@@ -18,7 +18,7 @@ from uph.attention.model import ResidualModel, attention_stats, build_model
 from uph.attention.self_attention import ATTENTIONS, AttentionKind
 from uph.attention.study_config import AttentionStudyConfig, eval_lengths
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
-from uph.attention.training import best_lr, run_cell, train_run
+from uph.attention.training import best_lr, extension, lr_edge, run_cell, train_run
 from uph.config import schema_defaults, validate
 from uph.errors import ConfigError
 
@@ -207,8 +207,13 @@ CELL = study(
 
 def test_a_cell_sweeps_lrs_on_the_sweep_seeds_then_tests_every_seed_at_the_chosen_lr():
     curves, sweep, evaluation = run_cell(CELL, "mqar", "residual", "standard", torch.device("cpu"))
-    assert sorted(zip(sweep["lr"], sweep["seed"]))[:2] == [(0.003, 0), (0.03, 0)]
+    tried = sorted(set(sweep.loc[sweep["seed"] == 0, "lr"]))
     chosen = best_lr(sweep[sweep["seed"] == 0])
+    # two lrs: the best is an end of them, so one more lr_step beyond it trained (lr_extensions 1)
+    extra = sweep.loc[sweep["extended"], "lr"].unique().tolist()
+    assert len(tried) == 3 and {0.003, 0.03} <= set(tried) and extra == [t for t in tried if t not in (0.003, 0.03)]
+    assert extra[0] == pytest.approx(0.003 / CELL.lr_step) or extra[0] == pytest.approx(0.03 * CELL.lr_step)
+    assert set(evaluation["lr_at_edge"]) == set(sweep["lr_at_edge"]) == {lr_edge(chosen, tried)}
     assert set(sweep.loc[sweep["seed"] > 0, "lr"]) == {chosen} and sweep["chosen"].eq(sweep["lr"] == chosen).all()
     assert set(evaluation["lr"]) == {chosen} and len(evaluation) == 3 * len(eval_lengths(CELL)) * 2
     assert set(evaluation["eval_len"]) == {6, 12} and set(evaluation["level"]) == {1.0, 2.0}
@@ -219,6 +224,16 @@ def test_a_cell_sweeps_lrs_on_the_sweep_seeds_then_tests_every_seed_at_the_chose
     # the test sets are fixed: a second run gives the same table
     again = run_cell(CELL, "mqar", "residual", "standard", torch.device("cpu"))[2]
     pd.testing.assert_frame_equal(evaluation, again)
+
+
+def test_the_lr_sweep_extends_past_the_end_its_best_lr_sits_at():
+    """lr_edge and extension: a best lr at the low (high) end of the lrs tried gets one lr_step lower
+    (higher), never above 1; inside, or the only lr tried (no direction), none."""
+    tried = [0.001, 0.003, 0.01]
+    assert [lr_edge(lr, tried) for lr in tried] == ["low", "", "high"] and lr_edge(0.01, [0.01]) == "both"
+    assert extension(0.001, tried, 10.0) == pytest.approx(1e-4) and extension(0.01, tried, 10.0) == pytest.approx(0.1)
+    assert extension(0.003, tried, 10.0) is None and extension(0.01, [0.01], 10.0) is None
+    assert extension(0.5, [0.1, 0.5], 3.0) is None  # 1.5 is no learning rate
 
 
 def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():

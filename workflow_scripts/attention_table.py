@@ -1,7 +1,9 @@
 """Rule attention_table: the attention study's tests, lr sweeps and curves as tables.
 
-attention.csv: one row per (task, model, attention, seed, eval_len, level) at the cell's chosen lr.
-attention_sweep.csv: validation metrics of every (lr, seed) run, `chosen` marking the cell's lr.
+attention.csv: one row per (task, model, attention, seed, eval_len, level) at the cell's chosen lr,
+`lr_at_edge` flagging a choice at an end of the lrs tried (low, high, both).
+attention_sweep.csv: validation metrics of every (lr, seed) run, `chosen` marking the cell's lr and
+`extended` an lr tried past an end of attention.lrs.
 attention_curves.csv: the chosen lr's curves (validation accuracy, score magnitude, attention
 gradient norm) per seed and logged step.
 """
@@ -15,6 +17,7 @@ KEYS = ["task", "model", "attention"]
 COLUMNS = [
     *KEYS,
     "lr",
+    "lr_at_edge",
     "seed",
     "train_len",
     "eval_len",
@@ -30,7 +33,7 @@ with rule_logging(snakemake) as log:
     table = pd.concat(map(pd.read_parquet, snakemake.input.evaluations), ignore_index=True)
     table = table[COLUMNS].sort_values([*KEYS, "seed", "eval_len", "level"], kind="stable")
     sweep = pd.concat(map(pd.read_parquet, snakemake.input.sweeps), ignore_index=True)
-    sweep = sweep[[*KEYS, "lr", "seed", "val_loss", "val_token_acc", "diverged", "chosen"]]
+    sweep = sweep[[*KEYS, "lr", "seed", "val_loss", "val_token_acc", "diverged", "chosen", "extended", "lr_at_edge"]]
     sweep = sweep.sort_values([*KEYS, "lr", "seed"], kind="stable")
     chosen = sweep[sweep["chosen"]][[*KEYS, "lr", "seed"]]
     curves = pd.concat(map(pd.read_parquet, snakemake.input.curves), ignore_index=True).merge(chosen)

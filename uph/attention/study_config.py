@@ -19,6 +19,8 @@ class AttentionStudyConfig:
     seeds: tuple[int, ...]
     sweep_seeds: int
     lrs: tuple[float, ...]
+    lr_extensions: int
+    lr_step: float
     schedule: str
     warmup: float
     weight_decay: float

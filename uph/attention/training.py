@@ -2,7 +2,10 @@
 
 Each kind gets its own learning-rate sweep: every lr of `lrs` trains on the first `sweep_seeds`
 seeds, the lr with the best mean validation token accuracy (ties: lower validation loss; an lr
-with a diverged run never wins) is the cell's lr, and the remaining seeds train at it only. The
+with a diverged run never wins) is the cell's lr, and the remaining seeds train at it only. While
+the best lr is an end of the lrs tried, the sweep tries one more `lr_step` beyond it, up to
+`lr_extensions` times (never above 1); a choice still at an end is flagged `lr_at_edge` (low, high,
+or both when only one lr was tried), so a budget-bound "best" lr is never taken for an optimum. The
 runs at the chosen lr are then tested at train_len and every eval factor times it, on each level
 of the task (uph.attention.tasks.levels). Validation and test sets are disjoint streams of fresh
 sequences: training batches come from a generator seeded with the seed, validation from
@@ -108,6 +111,24 @@ def best_lr(sweep: pd.DataFrame) -> float | None:
     return float(means.sort_values(["val_token_acc", "val_loss"], ascending=[False, True], kind="stable").index[0])
 
 
+def lr_edge(lr: float, tried) -> str:
+    """Where `lr` sits among the lrs `tried`: "low" or "high" at an end, "both" if it is the only one,
+    "" inside."""
+    low, high = lr == min(tried), lr == max(tried)
+    return "both" if low and high else "low" if low else "high" if high else ""
+
+
+def extension(lr: float, tried, step: float) -> float | None:
+    """The lr one `step` past the end of `tried` that `lr` sits at, or None: inside, only one lr tried
+    (no direction), or above 1."""
+    edge = lr_edge(lr, tried)
+    if edge == "low":
+        return lr / step
+    if edge == "high" and lr * step <= 1:
+        return lr * step
+    return None
+
+
 def test_sets(task: str, cfg: AttentionStudyConfig, seed: int, device: torch.device) -> dict[tuple[int, float], Batch]:
     """(eval length, level) -> the fixed test batch of `eval_size` sequences."""
     return {
@@ -158,7 +179,17 @@ def run_cell(
             time.perf_counter() - start,
         )
 
-    for lr in cfg.lrs:
+    tried = list(cfg.lrs)
+    for lr in tried:
+        for seed in cfg.seeds[: cfg.sweep_seeds]:
+            run(lr, seed)
+    for _ in range(cfg.lr_extensions):
+        chosen = best_lr(pd.DataFrame(sweep))
+        lr = None if chosen is None else extension(chosen, tried, cfg.lr_step)
+        if lr is None:
+            break
+        log.info("%s %s %s: the best lr %g is an end of %s; trying %g", task, model_name, attention, chosen, tried, lr)
+        tried.append(lr)
         for seed in cfg.seeds[: cfg.sweep_seeds]:
             run(lr, seed)
     chosen = best_lr(pd.DataFrame(sweep))
@@ -167,6 +198,7 @@ def run_cell(
             f"{task} with the {model_name} model and {attention} attention: every lr has a diverged run; "
             f"lower config key 'attention.lrs' ({list(cfg.lrs)})"
         )
+    edge = lr_edge(chosen, tried)
     for seed in cfg.seeds[cfg.sweep_seeds :]:
         run(chosen, seed)
     final = pd.DataFrame(sweep).set_index(["lr", "seed"])
@@ -185,6 +217,7 @@ def run_cell(
                 {
                     **cell,
                     "lr": chosen,
+                    "lr_at_edge": edge,
                     "seed": seed,
                     "train_len": cfg.train_len,
                     "eval_len": length,
@@ -196,6 +229,8 @@ def run_cell(
             )
     return (
         pd.DataFrame(curves).assign(**cell),
-        pd.DataFrame(sweep).assign(**cell, chosen=lambda d: d["lr"] == chosen),
+        pd.DataFrame(sweep).assign(
+            **cell, chosen=lambda d: d["lr"] == chosen, extended=lambda d: ~d["lr"].isin(cfg.lrs), lr_at_edge=edge
+        ),
         pd.DataFrame(rows),
     )

@@ -279,12 +279,21 @@ def _attention_cells(table: pd.DataFrame, metric: str = "token_acc") -> str:
 def _lengths(table: pd.DataFrame) -> list[str]:
     """Test token accuracy at the training length, the chosen lrs, and at every longer length."""
     train_len = table["train_len"].iloc[0]
-    lrs = table.groupby(["model", "attention"])["lr"].first()
+    lrs = table.groupby(["model", "attention"])[["lr", "lr_at_edge"]].first()
     levels = " (mean over its levels)" if table["level"].nunique() > 1 else ""
     facts = [
         f"at the training length ({train_len} tokens) test token accuracy{levels}, mean [95 % t CI] over "
         f"{seeds(table['seed'].nunique())}: " + _attention_cells(table[table["eval_len"] == train_len]),
-        "best validation lrs: " + ", ".join(f"{attention} {lr:g}" for (_, attention), lr in lrs.items()),
+        "best validation lrs: "
+        + ", ".join(
+            f"{attention} {row.lr:g}"
+            + (
+                f" (at the {row.lr_at_edge} end of the lrs tried)"
+                if isinstance(row.lr_at_edge, str) and row.lr_at_edge
+                else ""
+            )
+            for (_, attention), row in zip(lrs.index, lrs.itertuples())
+        ),
     ]
     facts += [
         f"at {length} tokens: " + _attention_cells(table[table["eval_len"] == length])
