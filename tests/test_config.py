@@ -53,6 +53,17 @@ def test_shipped_configs_are_valid_and_get_defaults(config):
             lambda c: c["fit"].update(cross_user=[{"head": "cvh", "alpha": 7.0, "d": 8}]),
             "config key 'fit.cross_user[0]': cvh alpha=7.0 d=8 is not a point",
         ),
+        (
+            lambda c: c["fit"].update(on_cache=[{"head": "svd_uncond", "alpha": 7.0, "d": 8}]),
+            "config key 'fit.on_cache[0]': svd_uncond alpha=7.0 d=8 is not a point",
+        ),
+        (
+            lambda c: c["fit"].update(
+                on_cache=[{"head": c["fit"]["heads"][0], "alpha": c["fit"]["alphas"][0], "d": c["fit"]["ds"][0]}],
+                baselines=["full_bias"],
+            ),
+            "config key 'fit.on_cache': the heads fit on the unigram cache; add unigram to fit.baselines",
+        ),
     ],
 )
 def test_bad_values_name_the_key(config, edit, message):

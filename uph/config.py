@@ -319,6 +319,7 @@ def _check_across_keys(config: dict) -> None:
     listed = {
         "cross_user": config["fit"]["cross_user"],
         "dose_response.points": config["fit"]["dose_response"]["points"],
+        "on_cache": config["fit"]["on_cache"],
     }
     for key, listed_points in listed.items():
         for i, point in enumerate(listed_points):
@@ -329,6 +330,8 @@ def _check_across_keys(config: dict) -> None:
                 )
             if point["solver"] not in config["fit"]["solvers"]:
                 raise ConfigError(f"config key 'fit.{key}[{i}]': solver '{point['solver']}' is not in fit.solvers")
+    if config["fit"]["on_cache"] and "unigram" not in config["fit"]["baselines"]:
+        raise ConfigError("config key 'fit.on_cache': the heads fit on the unigram cache; add unigram to fit.baselines")
     copy_task = config["copy_task"]
     if copy_task["d_model"] % copy_task["n_head"] or (copy_task["d_model"] // copy_task["n_head"]) % 2:
         raise ConfigError(

@@ -150,18 +150,7 @@ class FitConfig:
             None
             if on_cache is None
             else tuple((Point.of(p["head"], p["alpha"], p["d"]), p["solver"]) for p in on_cache),
-        ).checked()
-
-    def checked(self) -> FitConfig:
-        """Raises ConfigError where fit.on_cache names a point outside the sweep, or has no unigram cache."""
-        for point, solver in self.on_cache or ():
-            if point not in self.points or solver not in self.solvers:
-                raise ConfigError(f"config key 'fit.on_cache': {point.label} {solver} is not a sweep point and solver")
-            if UNIGRAM not in self.baselines:
-                raise ConfigError(
-                    "config key 'fit.on_cache': the heads fit on the unigram cache; add unigram to fit.baselines"
-                )
-        return self
+        )
 
 
 def build_heads(points, layer: OutputLayer, svd, settings: HeadSettings, full_bias: bool = False) -> dict[Point, Head]:
