@@ -388,22 +388,29 @@ def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
-def test_shards_the_hash_leaves_empty_and_no_baselines_build_every_table(tiny_study, tmp_path):
-    """extract.shards 8 for 4 users (several shards hold nobody) with fit.baselines [] (the schema allows
-    it): every per-shard job writes its empty file, and the tables build from all of them, every user once."""
+def test_shards_the_hash_leaves_empty_and_no_baselines_run_to_the_summary(tiny_study, tmp_path):
+    """extract.shards 8 for 4 users (several shards hold nobody) with fit.baselines [], fit.on_cache [] and
+    no dose-response points (the schema allows each): every per-shard job writes its empty file, every
+    table builds from them, every user once, empty tables keep their columns, and the summary renders."""
     workdir = copy_study(tiny_study, tmp_path)
 
     def edit(config):
         config["extract"]["shards"] = 8
         config["fit"].update(baselines=[], on_cache=[])
+        config["fit"]["dose_response"]["points"] = []
 
-    run = snakemake(workdir, *LM_TABLES, config=config_file(tmp_path, edit))
+    run = snakemake(workdir, "results/summary.md", config=config_file(tmp_path, edit))
     assert run.returncode == 0, run.stderr[-3000:]
     sizes = [len(pd.read_parquet(workdir / f"results/fit/shard-{i}/fits.parquet")) for i in range(8)]
     assert 0 in sizes and sum(sizes) > 0
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
     assert set(table["n_users"]) == {len(pd.read_parquet(workdir / "results/corpus/users.parquet"))}
     assert not {"full_bias", "unigram"} & set(table["head"])
+    dose = pd.read_csv(workdir / "results/tables/dose_response.csv")
+    assert dose.empty and list(dose.columns) == list(
+        pd.read_csv(tiny_study.workdir / "results/tables/dose_response.csv").columns
+    )
+    assert "untested" in (workdir / "results/summary.md").read_text()
 
 
 def test_a_user_in_two_fit_files_is_refused():

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from uph.stats import (
+    COMPARISON_COLUMNS,
     bootstrap_ci,
     compare,
     diagonal_dominance,
@@ -81,6 +82,7 @@ def test_compare_is_the_paired_comparison_by_hand():
     assert row["base_nll"] == pytest.approx(3.0) and row["nll"] == pytest.approx(arm.mean())
     assert (row["n_users"], row["n_users_improved"], row["frac_users_improved"]) == (5, 4, 0.8)
     assert row["sign_test_p"] == pytest.approx(2 * (1 + 5) / 32)
+    assert list(row) == COMPARISON_COLUMNS  # an empty table of comparisons has the same columns
     # paired: the users' spread in base NLL (1 to 5) does not widen the interval of the differences
     assert row["delta_nll_ci_high"] - row["delta_nll_ci_low"] < 0.5
     with pytest.raises(ValueError, match="one length"):

@@ -58,6 +58,19 @@ def sign_test(differences) -> float:
     return min(1.0, 2 * tail)
 
 
+COMPARISON_COLUMNS = [  # compare's keys, in its order: the columns of a table of comparisons, rows or none
+    "n_users",
+    "base_nll",
+    "nll",
+    "delta_nll",
+    "delta_nll_ci_low",
+    "delta_nll_ci_high",
+    "frac_users_improved",
+    "n_users_improved",
+    "sign_test_p",
+]
+
+
 def compare(arm, reference, n_boot: int, seed: int = 0) -> dict:
     """One table row's comparison of two fits on the same users: `arm` and `reference` hold each
     user's held-out NLL, in the same user order. With per-user differences delta_u = arm_u - reference_u

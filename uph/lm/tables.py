@@ -30,7 +30,7 @@ import pandas as pd
 
 from uph.lm.capacity import chosen_row
 from uph.lm.solvers import on_ball
-from uph.stats import compare
+from uph.stats import COMPARISON_COLUMNS, compare
 
 KEYS = ["head", "alpha", "d", "solver"]
 BASELINES = ("full_bias", "unigram")  # rows with no alpha, d: the baselines, not prior heads
@@ -47,6 +47,15 @@ CACHE_OTHERS = (  # the same for the heads on the unigram cache (fit.on_cache)
     ("cache others", "cache_others_nll", "cache_nll"),
     ("cache own vs others", "cache_head_nll", "cache_others_nll"),
 )
+DOSE_RESPONSE_COLUMNS = [
+    "model",
+    *KEYS,
+    "train_tokens",
+    "all_train_tokens",
+    "radius",
+    "at_edge",
+    *COMPARISON_COLUMNS,
+]
 CROSS_USER_COLUMNS = ["model", *KEYS, "theta_user", "text_user", "base_nll", "global_nll", "nll", "delta_nll"]
 
 
@@ -158,7 +167,9 @@ def capacity_table(model: str, validation: pd.DataFrame, choices: pd.DataFrame) 
 def dose_response_table(model: str, dose: pd.DataFrame, choices: pd.DataFrame, n_boot: int) -> pd.DataFrame:
     """Per (point, solver, train size): the residual against the global theta over the users, at the
     radius chosen for that size (`at_edge` from `choices`). The rows that use all of each user's train
-    tokens stand at their mean count."""
+    tokens stand at their mean count. No dose-response point: no rows, every column."""
+    if dose.empty:
+        return pd.DataFrame(columns=DOSE_RESPONSE_COLUMNS)
     mean_count = dose.groupby([*KEYS, "all_train_tokens"])["train_tokens"].transform("mean")
     sizes = dose["train_tokens"].where(~dose["all_train_tokens"])  # NaN: all train tokens, as choices key it
     dose = dose.assign(train_tokens=mean_count.where(dose["all_train_tokens"], dose["train_tokens"]), size=sizes)
@@ -177,7 +188,7 @@ def dose_response_table(model: str, dose: pd.DataFrame, choices: pd.DataFrame, n
                 **compare(users["residual_nll"], users["global_nll"], n_boot=n_boot),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows)[DOSE_RESPONSE_COLUMNS]
 
 
 def cross_user_table(model: str, points: list[pd.DataFrame]) -> pd.DataFrame:
