@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, snakemake, without_modules
 
+from uph.io import read_table, write_table
 from uph.report.answers import (
     Answer,
     answers_html,
@@ -592,3 +593,18 @@ def test_provenance_helpers_tolerate_no_git_and_find_every_seed(tmp_path):
     assert git_state(REPO)["commit"] is not None
     config = {"fit": {"basis_seed": 1, "solvers": ["adam"]}, "copy_task": {"seeds": [0, 1]}, "seed": 3}
     assert config_seeds(config) == {"fit.basis_seed": 1, "copy_task.seeds": [0, 1], "seed": 3}
+
+
+def test_user_ids_are_read_back_as_written(tmp_path):
+    """ids that read_csv would parse ("007" -> 7, "1e3" and "1000" -> 1000.0, "NA" -> NaN) come back as
+    the strings the table holds, so the cross-user matrix keeps its diagonal and its users apart."""
+    ids = ["007", "1e3", "1000", "NA", "-0"]
+    matrix = pd.DataFrame(
+        [(theta, text, 0.5 if theta == text else 1.0) for theta in ids for text in ids],
+        columns=["theta_user", "text_user", "delta_nll"],
+    )
+    write_table(matrix, tmp_path / "cross_user.csv")
+    back = read_table(tmp_path / "cross_user.csv")
+    assert back[["theta_user", "text_user"]].values.tolist() == matrix[["theta_user", "text_user"]].values.tolist()
+    assert (back["theta_user"] == back["text_user"]).sum() == len(ids)
+    assert back["delta_nll"].dtype == float

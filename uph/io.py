@@ -116,3 +116,16 @@ def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6
     with atomic_path(csv_path.with_suffix(".tex")) as tmp:
         tmp.write_text(df.to_latex(index=False, float_format=lambda x: f"{x:.4g}", escape=True))
     write_json(code_version(), csv_path.with_suffix(".code.json"))
+
+
+ID_COLUMNS = ("user", "theta_user", "text_user")  # user ids: text as written, never a number or NaN
+
+
+def read_table(csv_path: str | Path) -> pd.DataFrame:
+    """A table written by write_table, its user ids as written: "007", "1e3" and "NA" stay strings (a
+    plain read_csv makes them 7, 1000.0 and NaN, so "1e3" and "1000" would be one user)."""
+    table = pd.read_csv(csv_path)
+    ids = [column for column in ID_COLUMNS if column in table.columns]
+    if ids:
+        table[ids] = pd.read_csv(csv_path, usecols=ids, dtype=str, keep_default_na=False)[ids]
+    return table

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from uph.io import read_table
 from uph.stats import t_interval
 
 MILLI = 1e3  # nats -> 10^-3 nats, the unit the figures and the summary quote NLL changes in
@@ -35,7 +36,7 @@ class Study:
 
 def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy_task_vocab: int) -> Study:
     """`tables`: name -> CSV path for each of uph.report.catalog.TABLES; the curves: lists of parquet paths."""
-    frames = {name: pd.read_csv(path) for name, path in tables.items()}
+    frames = {name: read_table(path) for name, path in tables.items()}
     return Study(
         **frames,
         copy_task_vocab=copy_task_vocab,
