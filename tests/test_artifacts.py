@@ -3,15 +3,19 @@ stage's tables record the model and the config keys they were built from, and a 
 damaged or foreign one in one line naming the file and how to rebuild it."""
 
 import os
+import shutil
 
 import pandas as pd
 import pytest
-from conftest import snakemake
+import yaml
+from conftest import REPO, snakemake
 from test_reliability import LM_TABLES, assert_tables_equal_the_reference, copy_study, truncate
 
-from uph.artifacts import FIT_FILE, job_record, write_recorded
+from uph.artifacts import ATTENTION_RUN, COPY_TASK_RUN, FEEDBACK_RUN, FIT_FILE, ROLES_FILE, job_record, write_recorded
+from uph.config import EXTRACT_KEYS, job_params, validate
 from uph.errors import ArtifactError
 from uph.lm.basis import load_basis, save_basis, top_singular_triplets
+from uph.lm.cache import read_users
 from uph.lm.models import read_output_layer
 from uph.model_identity import IDENTITY, read_identity
 
@@ -110,3 +114,35 @@ def test_a_foreign_basis_or_a_truncated_fits_file_stops_the_job_that_reads_it(ti
     assert line.startswith("fit file 'results/fit/shard-1/fits.parquet' is damaged or truncated (")
     assert line.endswith(FIX)
     assert_tables_equal_the_reference(workdir, tiny_study)
+
+
+def test_a_truncated_corpus_or_training_file_is_one_line_naming_its_job(tiny_study, tmp_path):
+    """The files with no record (the corpus's tables, the training jobs' runs) were read by pandas, so a
+    truncated one was a pyarrow traceback; now each reader names the file and the job that rebuilds it."""
+    results, config = tiny_study.workdir / "results", yaml.safe_load((REPO / "config/test.yaml").read_text())
+    validate(config)
+    users = tmp_path / "users.parquet"
+    shutil.copy(results / "corpus/users.parquet", users)
+    truncate(users)
+    with pytest.raises(ArtifactError) as error:  # the fit jobs' reader, before any shard
+        read_users(
+            sorted((results / "cache").glob("shard-*.parquet")),
+            results / "model",
+            users,
+            job_params(config["extract"], EXTRACT_KEYS),
+        )
+    assert str(error.value).startswith(f"users table '{users}' is damaged or truncated (")
+    assert str(error.value).endswith(f"{FIX} (the corpus job rebuilds it)") and "\n" not in str(error.value)
+    runs = {
+        ROLES_FILE: (results / "corpus/roles.parquet", "corpus_roles"),
+        ATTENTION_RUN: (next(results.glob("attention/**/eval.parquet")), "attention_train"),
+        COPY_TASK_RUN: (next(results.glob("copy_task/**/curves.parquet")), "copy_task_train"),
+        FEEDBACK_RUN: (next(results.glob("feedback/**/curves.parquet")), "feedback_train"),
+    }
+    for artifact, (source, job) in runs.items():
+        path = tmp_path / source.name
+        shutil.copy(source, path)
+        assert len(artifact.read_parquet(path)) > 0
+        truncate(path)
+        with pytest.raises(ArtifactError, match=rf"is damaged or truncated \(.*\){FIX} \(the {job} job rebuilds it\)$"):
+            artifact.read_parquet(path)

@@ -88,11 +88,14 @@ class Artifact:
         rebuilds = f" (the {self.job} job rebuilds it)" if self.job else ""
         return self.error(f"{self.noun} '{path}' {why}; delete it and run snakemake again{rebuilds}")
 
-    def read_record(self, path: str | Path) -> dict:
-        """The record in `path`'s metadata (see the module docstring)."""
+    def _exists(self, path: str | Path) -> None:
         if not Path(path).is_file():
             builds = f" (the {self.job} job builds it)" if self.job else ""
             raise self.error(f"{self.noun} '{path}' does not exist; run snakemake again{builds}")
+
+    def read_record(self, path: str | Path) -> dict:
+        """The record in `path`'s metadata (see the module docstring)."""
+        self._exists(path)
         try:
             text = _metadata(Path(path))
         except READ_ERRORS as error:
@@ -117,10 +120,16 @@ class Artifact:
     def read_table(self, path: str | Path, expect: dict) -> pd.DataFrame:
         """A parquet file written by `write_recorded`, checked against `expect` (`job_record`)."""
         self.check(path, expect)
+        return self.read_parquet(path)
+
+    def read_parquet(self, path: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
+        """A parquet file (`columns` of it), page checksums verified where it has them; a file with no
+        record to check (the corpus's, the training jobs') is read with this alone."""
+        self._exists(path)
         try:
-            return pq.read_table(path, page_checksum_verification=True).to_pandas()
+            return pq.read_table(path, columns=columns, page_checksum_verification=True).to_pandas()
         except READ_ERRORS as error:
-            raise self.unusable(path, f"is damaged ({first_line(error)})") from None
+            raise self.unusable(path, f"is damaged or truncated ({first_line(error)})") from None
 
     def read_tables(self, paths, expect: dict) -> pd.DataFrame:
         """`read_table` of every file of `paths`, concatenated."""
@@ -136,3 +145,8 @@ def write_recorded(df: pd.DataFrame, path: str | Path, record: dict) -> None:
 
 
 FIT_FILE = Artifact("fit file")  # the fit stage's parquet files, results/fit/**
+ROLES_FILE = Artifact("roles table", "corpus_roles")  # results/corpus/roles.parquet: the users' text
+USERS_FILE = Artifact("users table", "corpus")  # results/corpus/users.parquet: tokens and splits
+ATTENTION_RUN = Artifact("attention run file", "attention_train")  # results/attention/**.parquet
+COPY_TASK_RUN = Artifact("copy-task run file", "copy_task_train")  # results/copy_task/**.parquet
+FEEDBACK_RUN = Artifact("feedback run file", "feedback_train")  # results/feedback/**.parquet

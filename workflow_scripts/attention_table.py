@@ -10,6 +10,7 @@ gradient norm) per seed and logged step.
 
 import pandas as pd
 
+from uph.artifacts import ATTENTION_RUN
 from uph.io import write_table
 from uph.logs import rule_logging
 
@@ -30,13 +31,13 @@ COLUMNS = [
 ]
 
 with rule_logging(snakemake) as log:
-    table = pd.concat(map(pd.read_parquet, snakemake.input.evaluations), ignore_index=True)
+    table = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.evaluations), ignore_index=True)
     table = table[COLUMNS].sort_values([*KEYS, "seed", "eval_len", "level"], kind="stable")
-    sweep = pd.concat(map(pd.read_parquet, snakemake.input.sweeps), ignore_index=True)
+    sweep = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.sweeps), ignore_index=True)
     sweep = sweep[[*KEYS, "lr", "seed", "val_loss", "val_token_acc", "diverged", "chosen", "extended", "lr_at_edge"]]
     sweep = sweep.sort_values([*KEYS, "lr", "seed"], kind="stable")
     chosen = sweep[sweep["chosen"]][[*KEYS, "lr", "seed"]]
-    curves = pd.concat(map(pd.read_parquet, snakemake.input.curves), ignore_index=True).merge(chosen)
+    curves = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.curves), ignore_index=True).merge(chosen)
     curves = curves[
         [*KEYS, "lr", "seed", "step", "train_loss", "val_loss", "val_token_acc", "score_abs", "attention_grad_norm"]
     ]

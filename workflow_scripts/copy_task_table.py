@@ -2,17 +2,18 @@
 
 import pandas as pd
 
+from uph.artifacts import COPY_TASK_RUN
 from uph.io import write_table
 from uph.logs import rule_logging
 
 COLUMNS = ["attention", "seed", "train_len", "eval_len", "final_loss", "token_acc", "seq_acc"]
 
 with rule_logging(snakemake) as log:
-    table = pd.concat(map(pd.read_parquet, snakemake.input.evaluations), ignore_index=True)
+    table = pd.concat(map(COPY_TASK_RUN.read_parquet, snakemake.input.evaluations), ignore_index=True)
     table = table[COLUMNS].sort_values(["attention", "seed", "eval_len"], kind="stable")
     summary = table.groupby(["attention", "eval_len"])[["token_acc", "seq_acc"]].agg(["min", "mean"])
     log.info("token and sequence accuracy on the copied half over seeds:\n%s", summary.to_string())
-    curves = pd.concat(map(pd.read_parquet, snakemake.input.curves), ignore_index=True)
+    curves = pd.concat(map(COPY_TASK_RUN.read_parquet, snakemake.input.curves), ignore_index=True)
     trend = curves.groupby(["attention", "seed"])["loss"].agg(best="min", final="last")
     log.info(
         "copy loss at train_len along training, best and final (a final far above the best means "

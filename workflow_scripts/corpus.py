@@ -2,8 +2,7 @@
 
 from pathlib import Path
 
-import pandas as pd
-
+from uph.artifacts import ROLES_FILE
 from uph.config import check_context
 from uph.io import write_parquet
 from uph.lm.corpus import tokenize_users
@@ -12,7 +11,7 @@ from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.corpus
-    roles = pd.read_parquet(snakemake.input.roles)
+    roles = ROLES_FILE.read_parquet(snakemake.input.roles)
     check_context(snakemake.params.gap, Path(snakemake.input.model).parent)  # the model is known only now
     tokenizer = load_tokenizer(Path(snakemake.input.model).parent)
     users = tokenize_users(

@@ -3,9 +3,9 @@ resolved here, on the machine that extracts, and recorded in the shard)."""
 
 from pathlib import Path
 
-import pandas as pd
 import torch
 
+from uph.artifacts import USERS_FILE
 from uph.device import resolve_device, resolve_dtype
 from uph.lm.cache import cache_identity, shard_manifest, shard_users, shard_writer
 from uph.lm.extract import extract_users
@@ -20,7 +20,7 @@ with rule_logging(snakemake) as log:
     device = resolve_device(snakemake.params.device)
     dtype = resolve_dtype(cfg["dtype"], device)
     model_dir = Path(snakemake.input.model).parent
-    users = pd.read_parquet(snakemake.input.users)
+    users = USERS_FILE.read_parquet(snakemake.input.users)
     manifest = shard_manifest(users, shard, cfg["shards"])
     mine = shard_users(users, shard, cfg["shards"])
     log.info("shard %d: %d users, %d tokens, %s on %s", shard, len(mine), mine["n_tokens"].sum(), dtype, device)

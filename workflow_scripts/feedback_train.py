@@ -1,8 +1,8 @@
 """Rule feedback_train: train the character MLP with one method and seed; write its curves."""
 
-import pandas as pd
 import torch
 
+from uph.artifacts import ROLES_FILE
 from uph.device import resolve_device
 from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import TrainConfig, train
@@ -13,7 +13,7 @@ with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     section = snakemake.params.feedback
     config = TrainConfig.from_config(section)
-    text = "\n".join(pd.read_parquet(snakemake.input.roles)["text"])
+    text = "\n".join(ROLES_FILE.read_parquet(snakemake.input.roles)["text"])
     corpus = char_corpus(text, section["test_fraction"], config.context)
     method, seed = snakemake.wildcards.method, int(snakemake.wildcards.seed)
     log.info(

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from uph.artifacts import METADATA_KEY, READ_ERRORS, Artifact, differences, first_line
+from uph.artifacts import METADATA_KEY, READ_ERRORS, USERS_FILE, Artifact, differences, first_line
 from uph.errors import CacheError
 from uph.io import atomic_path
 from uph.model_identity import read_identity as read_model_identity
@@ -267,7 +267,7 @@ def read_users(paths, model_dir: str | Path, users_path: str | Path, extract: di
     """Every user of the shard files `paths`, in user order, each file checked against the model in
     `model_dir`, the users table `users_path` (results/corpus/users.parquet) and the job's extract
     keys `extract` (context, dtype, shards; `job_params(config["extract"], EXTRACT_KEYS)`)."""
-    users = pd.read_parquet(users_path, columns=["user_id", "n_tokens", "train_end", "test_start", "tokens"])
+    users = USERS_FILE.read_parquet(users_path, ["user_id", "n_tokens", "train_end", "test_start", "tokens"])
     identity = cache_identity(read_model_identity(model_dir), extract["dtype"], extract["context"])
     states: dict[str, UserStates] = {}
     for path in paths:

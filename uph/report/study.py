@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from uph.artifacts import COPY_TASK_RUN, FEEDBACK_RUN
 from uph.io import read_table
 from uph.stats import t_interval
 
@@ -40,8 +41,8 @@ def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy
     return Study(
         **frames,
         copy_task_vocab=copy_task_vocab,
-        copy_task_curves=pd.concat(map(pd.read_parquet, copy_task_curves), ignore_index=True),
-        feedback_curves=pd.concat(map(pd.read_parquet, feedback_curves), ignore_index=True),
+        copy_task_curves=pd.concat(map(COPY_TASK_RUN.read_parquet, copy_task_curves), ignore_index=True),
+        feedback_curves=pd.concat(map(FEEDBACK_RUN.read_parquet, feedback_curves), ignore_index=True),
     )
 
 
