@@ -886,7 +886,9 @@ def test_a_refused_model_switch_keeps_the_last_good_model_and_switching_back_rer
     workdir = copy_study(tiny_study, tmp_path)
     bert = workdir / "models" / "bert"
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = BertConfig(
+        vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(bert)
     byte_tokenizer().save_pretrained(bert)
     model = {path.name: path.read_bytes() for path in (workdir / "results/model").iterdir()}

@@ -90,7 +90,7 @@ def folder_digest(folder: Path, cache: Path) -> str:
     for path in files:
         stat, key = path.stat(), str(path.resolve())
         seen = known.get(key)
-        if isinstance(seen, list) and seen[:2] == [stat.st_size, stat.st_mtime_ns]:
+        if isinstance(seen, list) and len(seen) == 3 and seen[:2] == [stat.st_size, stat.st_mtime_ns]:
             hashed[key] = seen
         else:
             hashed[key] = [stat.st_size, stat.st_mtime_ns, file_sha256([path])]
