@@ -31,9 +31,12 @@ try:
     validate(config)
     check_results_folder(config["results"])
     claim_results_folder(config["results"], workflow.basedir)
-    if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now
-        check_against_model(config, read_identity(Path(config["results"]) / "model"))
-        check_context(config["extract"]["context"], Path(config["results"]) / "model")
+    if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now,
+        installed = read_identity(Path(config["results"]) / "model")
+        # unless the config switches to another source: the model_candidate job checks that one's
+        if installed.get("source") == config["model"]["source"]:
+            check_against_model(config, installed)
+            check_context(config["extract"]["context"], Path(config["results"]) / "model")
 except UphError as error:
     raise WorkflowError(str(error)) from None
 

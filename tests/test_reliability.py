@@ -906,3 +906,30 @@ def test_a_refused_model_switch_keeps_the_last_good_model_and_switching_back_rer
     assert not list((workdir / "results").glob("model_candidate*"))  # Snakemake removes a failed job's output
     back = snakemake(workdir, "-n")
     assert back.returncode == 0 and "Nothing to be done" in back.stdout, back.stdout[-3000:]
+
+
+def test_a_switch_to_a_wider_model_is_checked_against_that_model_not_the_installed_one(tiny_study, tmp_path):
+    """fit.ds beyond the installed model's hidden size (64) but within the configured model's (128): the
+    DAG build checks the sizes of the installed model only while the config names it (it once refused
+    the switch naming the installed model); the new one is checked by its model_candidate job."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from uph.lm.models import byte_tokenizer
+
+    workdir = copy_study(tiny_study, tmp_path)
+    wide = workdir / "models" / "wide"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(GPT2Config(vocab_size=257, n_embd=128, n_layer=1, n_head=2)).save_pretrained(wide)
+    byte_tokenizer().save_pretrained(wide)
+    run = snakemake(
+        workdir,
+        "-n",
+        config=config_file(tmp_path, lambda c: (c["model"].update(source="models/wide"), c["fit"].update(ds=[8, 96]))),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert {"model_candidate": 1, "model": 1}.items() <= planned_jobs(run).items()
+    same_model = snakemake(workdir, "-n", config=config_file(tmp_path, lambda c: c["fit"].update(ds=[8, 96])))
+    assert same_model.returncode != 0
+    assert "config key 'fit.ds': d=96 is larger than the basis rank, the hidden size 64 of model 'tiny-llama'" in (
+        same_model.stdout + same_model.stderr
+    )
