@@ -23,9 +23,11 @@ include: "rules/feedback.smk"
 include: "rules/aggregate.smk"
 
 
-# Seconds-long jobs that read small tables: on a cluster they run beside Snakemake, not in the queue.
+# Seconds-long jobs (tables read small, the model install moves a folder): on a cluster they run beside
+# Snakemake, not in the queue.
 localrules:
     all,
+    model,
     capacity,
     personalization_table,
     copy_task_table,

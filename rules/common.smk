@@ -1,4 +1,5 @@
 # Helpers shared by every stage: config validation, paths, targets.
+import hashlib
 import os
 from pathlib import Path
 
@@ -24,15 +25,18 @@ from uph.config import (
     validate,
 )
 from uph.errors import UphError
-from uph.model_identity import IDENTITY, read_identity
+from uph.model_identity import IDENTITY, folder_digest, read_identity
 
 try:
     validate(config)
     check_results_folder(config["results"])
     claim_results_folder(config["results"], workflow.basedir)
-    if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now
-        check_against_model(config, read_identity(Path(config["results"]) / "model"))
-        check_context(config["extract"]["context"], Path(config["results"]) / "model")
+    if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now,
+        installed = read_identity(Path(config["results"]) / "model")
+        # unless the config switches to another source: the model_candidate job checks that one's
+        if installed.get("source") == config["model"]["source"]:
+            check_against_model(config, installed)
+            check_context(config["extract"]["context"], Path(config["results"]) / "model")
 except UphError as error:
     raise WorkflowError(str(error)) from None
 
@@ -125,12 +129,20 @@ def corpus_file():
     return [] if source == "shakespeare" else [source]
 
 
-def model_folder_files():
-    """The files of a local model folder (replacing its weights or tokenizer reruns the model job)."""
+def model_settings():
+    """The model keys and `source_digest`, the content digest of a local model folder (None for a hub id,
+    tiny: or package: source): the model rules' params, so a changed byte in the folder reruns the model
+    stage and a touched file does not (files are hashed again only when their size or mtime moved:
+    `<results>/.model_source_hashes.json`)."""
     folder = local_model_folder(config["model"]["source"])
-    if folder is None:
-        return []
-    return sorted(str(path) for path in folder.iterdir() if path.is_file())
+    digest = None if folder is None else folder_digest(folder, Path(results(".model_source_hashes.json")))
+    return job_params({**config["model"], "source_digest": digest})
+
+
+MODEL = model_settings()
+# The candidate folder is named by the settings it is built from: a refused candidate (which Snakemake
+# still records) or one left by a kill is never taken for the candidate of other settings.
+MODEL_CANDIDATE = results("model_candidate-" + hashlib.sha256(repr(MODEL).encode()).hexdigest()[:12])
 
 
 def lm_targets():

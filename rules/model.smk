@@ -1,18 +1,33 @@
-# Model: materialize the configured source once as a transformers folder; later stages load it. The job
-# stops with one line unless the suite's logits (final hidden state -> OutputLayer) are the model's own.
+# Model: materialize the configured source as a transformers folder once; later stages load it.
+# model_candidate writes a candidate folder and stops with one line unless it passes every admission
+# check; only then does the local rule model move it into results/model, so a refused source leaves
+# the last good model, and everything built on it, as it was. Both rules rerun on a change of the
+# model keys or of a local folder's content (MODEL: params), never on a touched file.
+
+
+rule model_candidate:
+    output:
+        folder=temp(directory(MODEL_CANDIDATE)),
+    log:
+        results("logs", "model_candidate.log"),
+    benchmark:
+        results("benchmarks", "model_candidate.tsv")
+    priority: LM_PRIORITY
+    params:
+        model=MODEL,
+    script:
+        "../workflow_scripts/model_candidate.py"
 
 
 rule model:
     input:
-        model_folder_files(),
+        candidate=rules.model_candidate.output.folder,
     output:
         identity=results("model", "identity.json"),
     log:
         results("logs", "model.log"),
-    benchmark:
-        results("benchmarks", "model.tsv")
     priority: LM_PRIORITY
-    params:
-        model=job_params(config["model"]),
+    params:  # the job only moves the candidate: these rerun it (and so the candidate) on a change
+        model=MODEL,
     script:
         "../workflow_scripts/model.py"

@@ -3,6 +3,8 @@ through the suite's own path (materialize -> load_model -> final_hidden -> read_
 the model's own log-probs, or stop with one line naming model.source."""
 
 import json
+import os
+import shutil
 
 import pytest
 import torch
@@ -249,3 +251,55 @@ def test_models_that_only_seem_causal_lms_are_refused_naming_the_folder_and_the_
     with pytest.raises(ModelError, match=r"its tokenizer has 257 tokens but the model's vocabulary only 200 rows"):
         materialize("small", str(_save(tmp_path / "small", small)), tmp_path / "out-small")
     assert not any((tmp_path / f"out-{name}" / IDENTITY).exists() for name in ("cut", "bert", "bart", "small"))
+
+
+def test_a_folder_digest_is_its_content_read_once_per_change(tmp_path):
+    """The digest of a local model folder counts bytes and relative paths only: a touched or copied
+    folder keeps it, one flipped weight byte changes it; an unchanged file (same size and mtime) is
+    not read again, a download tool's hidden files are not read at all."""
+    from uph.model_identity import folder_digest
+
+    folder = _save(tmp_path / "models" / "mine", FAMILIES["gpt2"][0])
+    cache = tmp_path / "results" / ".hashes.json"
+    digest = folder_digest(folder, cache)
+    (folder / ".cache").mkdir()
+    (folder / ".cache" / "download.lock").write_text("12:00")
+    for path in folder.iterdir():
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert folder_digest(folder, cache) == digest
+    assert folder_digest(shutil.copytree(folder, tmp_path / "copy"), tmp_path / "other.json") == digest
+    weights = folder / "model.safetensors"
+    hashes = json.loads(cache.read_text())
+    assert sorted(map(os.path.basename, hashes)) == sorted(p.name for p in folder.iterdir() if p.is_file())
+    hashes[str(weights.resolve())][2] = "0" * 64  # what the cache says is what is used while size and mtime hold
+    cache.write_text(json.dumps(hashes))
+    assert folder_digest(folder, cache) != digest
+    cache.write_text("{truncated")  # a damaged cache only costs a re-read
+    assert folder_digest(folder, cache) == digest
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert folder_digest(folder, cache) != digest
+
+
+def test_only_a_candidate_that_passed_admission_replaces_the_model(tmp_path):
+    """install_model_folder swaps a checked candidate in (nothing of the old folder stays); a candidate
+    without identity.json (refused, or cut short) is refused and the last good model stays byte for byte."""
+    from uph.model_identity import install_model_folder
+
+    model_dir = tmp_path / "results" / "model"
+    materialize("a", str(_save(tmp_path / "a", FAMILIES["gpt2"][0])), model_dir)
+    (model_dir / "modeling_old.py").write_text("# a trusted model's own code")
+    before = {path.name: path.read_bytes() for path in model_dir.iterdir()}
+    refused = tmp_path / "results" / "model_candidate-refused"
+    shutil.copytree(model_dir, refused)
+    (refused / IDENTITY).unlink()
+    with pytest.raises(ModelError, match=r"model_candidate-refused' has no identity.json"):
+        install_model_folder(refused, model_dir)
+    assert {path.name: path.read_bytes() for path in model_dir.iterdir()} == before
+    candidate = tmp_path / "results" / "model_candidate-b"
+    identity = materialize("b", str(_save(tmp_path / "b", FAMILIES["gpt_neox"][0])), candidate)
+    install_model_folder(candidate, model_dir)
+    assert json.loads((model_dir / IDENTITY).read_text()) == identity and not candidate.exists()
+    assert not (model_dir / "modeling_old.py").exists()
+    assert sorted(p.name for p in model_dir.parent.iterdir()) == ["model", "model_candidate-refused"]

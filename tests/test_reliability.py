@@ -58,6 +58,7 @@ LM_TABLES = ["results/tables/personalization.csv", "results/tables/cross_user.cs
 STAGE_RULES = {
     "corpus_roles",
     "corpus",
+    "model_candidate",
     "model",
     "extract",
     "svd_basis",
@@ -788,7 +789,7 @@ LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}
 CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "model": (
         lambda c: c["model"].update(source="tiny:gpt2"),
-        {"model": 1, "corpus": 1, "svd_basis": 1, **LM_STAGES_AFTER_CORPUS},
+        {"model_candidate": 1, "model": 1, "corpus": 1, "svd_basis": 1, **LM_STAGES_AFTER_CORPUS},
     ),
     "corpus-min-tokens": (lambda c: c["corpus"].update(min_tokens=3100), {"corpus": 1, **LM_STAGES_AFTER_CORPUS}),
     "corpus-plays": (
@@ -833,20 +834,28 @@ def test_a_config_change_reruns_exactly_the_jobs_that_depend_on_it(dry_runs, cha
 
 
 @pytest.mark.parametrize("spelling", ["absolute", "relative"])
-def test_a_new_tokenizer_in_a_model_folder_reruns_the_model(tiny_study, tmp_path, spelling):
+def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touch(tiny_study, tmp_path, spelling):
     """A local folder is a folder however model.source spells it (`models/x` without ./ too, once taken
-    for a hub id whose files no rerun watched): a changed file in it reruns the model job."""
+    for a hub id whose files no rerun watched), and its content decides: touching every file reruns
+    nothing, one changed weight byte reruns the model stage (and, through identity.json, what follows)."""
     folder = tmp_path / "models" / "tiny"  # a transformers folder: config, tokenizer, weights
     shutil.copytree(tiny_study.workdir / "results/model", folder)
     source = str(folder) if spelling == "absolute" else "models/tiny"  # relative to the working directory
     config = config_file(tmp_path, lambda c: c["model"].update(source=source, gguf_file=None))
     target = "results/model/identity.json"
     assert snakemake(tmp_path, target, config=config).returncode == 0
-    tokenizer = folder / "tokenizer_config.json"
-    tokenizer.write_text(tokenizer.read_text().replace('"model_max_length"', '"model_max_length_"'))
-    dry_run = snakemake(tmp_path, "-n", target, config=config)
-    assert planned_jobs(dry_run) == {"model": 1}
-    assert f"reason: Updated input files: {source}/tokenizer_config.json" in dry_run.stdout
+    for path in folder.iterdir():
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    touched = snakemake(tmp_path, "-n", target, config=config)
+    assert "Nothing to be done" in touched.stdout, touched.stdout[-2000:]
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the last byte of the last tensor
+    weights.write_bytes(bytes(data))
+    changed = snakemake(tmp_path, "-n", target, config=config)
+    assert planned_jobs(changed) == {"model_candidate": 1, "model": 1}
+    assert "reason: Missing output files: results/model_candidate-" in changed.stdout
+    assert "Params have changed since last execution" in changed.stdout
 
 
 def test_job_params_ignore_key_order():
@@ -870,3 +879,64 @@ def test_a_damaged_model_identity_is_one_line_naming_it_and_the_fix(tiny_study, 
             and "); delete it and run snakemake again (the model job rebuilds it)" in output
             and "Traceback" not in output
         ), output[-2000:]
+
+
+def test_a_refused_model_switch_keeps_the_last_good_model_and_switching_back_reruns_nothing(tiny_study, tmp_path):
+    """A switch to a folder the admission refuses (BERT: bidirectional) ends in one line; the candidate
+    is never installed, so results/model stays byte for byte, every result stays as it was, and the
+    study's own config afterwards has nothing to do (a failed job once deleted identity.json, and the
+    whole study was computed again)."""
+    from transformers import AutoModelForCausalLM, BertConfig
+
+    from uph.lm.models import byte_tokenizer
+
+    workdir = copy_study(tiny_study, tmp_path)
+    bert = workdir / "models" / "bert"
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=257, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(bert)
+    byte_tokenizer().save_pretrained(bert)
+    model = {path.name: path.read_bytes() for path in (workdir / "results/model").iterdir()}
+    before = results_files(workdir)
+    run = snakemake(workdir, config=config_file(tmp_path, lambda c: c["model"].update(source="models/bert")))
+    assert run.returncode != 0
+    assert re.search(
+        r"^\S+ model_candidate ERROR config key 'model.source': 'models/bert' \(BertLMHeadModel\) is not causal: ",
+        run.stderr,
+        re.M,
+    ), run.stderr[-3000:]
+    assert started_rules(run) == {"model_candidate"}
+    assert {path.name: path.read_bytes() for path in (workdir / "results/model").iterdir()} == model
+    assert results_files(workdir) == before
+    assert not list((workdir / "results").glob("model_candidate*"))  # Snakemake removes a failed job's output
+    back = snakemake(workdir, "-n")
+    assert back.returncode == 0 and "Nothing to be done" in back.stdout, back.stdout[-3000:]
+
+
+def test_a_switch_to_a_wider_model_is_checked_against_that_model_not_the_installed_one(tiny_study, tmp_path):
+    """fit.ds beyond the installed model's hidden size (64) but within the configured model's (128): the
+    DAG build checks the sizes of the installed model only while the config names it (it once refused
+    the switch naming the installed model); the new one is checked by its model_candidate job."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from uph.lm.models import byte_tokenizer
+
+    workdir = copy_study(tiny_study, tmp_path)
+    wide = workdir / "models" / "wide"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(GPT2Config(vocab_size=257, n_embd=128, n_layer=1, n_head=2)).save_pretrained(wide)
+    byte_tokenizer().save_pretrained(wide)
+    run = snakemake(
+        workdir,
+        "-n",
+        config=config_file(tmp_path, lambda c: (c["model"].update(source="models/wide"), c["fit"].update(ds=[8, 96]))),
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert {"model_candidate": 1, "model": 1}.items() <= planned_jobs(run).items()
+    same_model = snakemake(workdir, "-n", config=config_file(tmp_path, lambda c: c["fit"].update(ds=[8, 96])))
+    assert same_model.returncode != 0
+    assert "config key 'fit.ds': d=96 is larger than the basis rank, the hidden size 64 of model 'tiny-llama'" in (
+        same_model.stdout + same_model.stderr
+    )

@@ -1,14 +1,18 @@
-"""A materialized model folder's identity and the file checks on model folders.
+"""A materialized model folder's identity, the file checks on model folders, and the two steps that
+keep the last good model: a source folder's content digest (what reruns the model stage) and the
+install of a checked candidate folder.
 
 Torch-free: the DAG build reads it (rules/common.smk), so `snakemake -n` never imports torch.
-`identity.json` is written last by `uph.lm.models.materialize`; its weight and tokenizer hashes name
-the model in every cache and table.
+`identity.json` is written last by `uph.lm.models.materialize`, into a candidate folder that
+`install_model_folder` then puts in place; its weight and tokenizer hashes name the model in every
+cache and table.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 from uph.errors import ModelError
@@ -58,6 +62,58 @@ def file_sha256(paths) -> str:
             while chunk := f.read(1 << 24):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def _cached_hashes(cache: Path) -> dict:
+    """absolute path -> [size, mtime_ns, sha256] of the files hashed before (a missing or damaged cache is empty)."""
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def folder_digest(folder: Path, cache: Path) -> str:
+    """The content digest of a local model folder: sha256 over every file's path relative to `folder`
+    and the sha256 of its bytes, in path order (hidden paths, such as a download tool's `.cache/`, are
+    not read by transformers and not hashed). Only bytes count: a touched or copied folder keeps its
+    digest, one changed weight byte changes it. A file is read again only when its (size, mtime_ns)
+    differ from `cache` (JSON: absolute path -> [size, mtime_ns, sha256]), so the DAG build over an
+    unchanged 270 MB model reads no weights."""
+    known = _cached_hashes(cache)
+    files = sorted(
+        path
+        for path in folder.rglob("*")
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+    digest, hashed = hashlib.sha256(), {}
+    for path in files:
+        stat, key = path.stat(), str(path.resolve())
+        seen = known.get(key)
+        if isinstance(seen, list) and len(seen) == 3 and seen[:2] == [stat.st_size, stat.st_mtime_ns]:
+            hashed[key] = seen
+        else:
+            hashed[key] = [stat.st_size, stat.st_mtime_ns, file_sha256([path])]
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{hashed[key][2]}\n".encode())
+    if any(known.get(key) != entry for key, entry in hashed.items()):
+        from uph.io import write_json  # pandas: imported only when the cache changes
+
+        write_json({**known, **hashed}, cache)
+    return digest.hexdigest()
+
+
+def install_model_folder(candidate: Path, model_dir: Path) -> None:
+    """Put `candidate`, a materialized folder that passed every admission check (its identity.json is
+    written last), in place of `model_dir`: rename the old folder aside, the candidate into place, then
+    delete the old one. A refused candidate never gets here, so the last good model stays as it was;
+    a kill between the two renames leaves no model folder (the model stage runs again), never a mix."""
+    read_identity(candidate)
+    old = model_dir.with_name(f".old-{model_dir.name}")
+    shutil.rmtree(old, ignore_errors=True)
+    if model_dir.exists():
+        model_dir.rename(old)
+    candidate.rename(model_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def read_identity(model_dir: str | Path) -> dict:

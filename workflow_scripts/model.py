@@ -1,35 +1,11 @@
-"""Rule model: materialize the configured model source; identity.json is written last, once the folder
-loaded back passes the logit parity check (the suite's base log-probs are the model's own)."""
+"""Rule model: install the candidate folder that passed every admission check as results/model."""
 
 from pathlib import Path
 
-from uph.config import check_against_model
-from uph.lm.models import materialize
 from uph.logs import rule_logging
+from uph.model_identity import install_model_folder, read_identity
 
 with rule_logging(snakemake) as log:
-    spec = snakemake.params.model
-    log.info("materializing %s from %s", spec["name"], spec["source"])
-    identity = materialize(
-        spec["name"],
-        spec["source"],
-        Path(snakemake.output.identity).parent,
-        gguf_file=spec["gguf_file"],
-        revision=spec["revision"],
-        trust_remote_code=spec["trust_remote_code"],
-    )
-    log.info(
-        "%s: %s, %d parameters, weights sha256 %s",
-        identity["name"],
-        identity["architecture"],
-        identity["n_parameters"],
-        identity["weights_sha256"][:12],
-    )
-    log.info(
-        "logits: scale %g, softcap %s; the suite's log-probs match the model's own to %.2g nats over %d positions",
-        identity["logit_transform"]["scale"],
-        identity["logit_transform"]["softcap"],
-        identity["parity"]["max_logprob_diff"],
-        identity["parity"]["positions"],
-    )
-    check_against_model(snakemake.config, identity)
+    model_dir = Path(snakemake.output.identity).parent
+    install_model_folder(Path(snakemake.input.candidate), model_dir)
+    log.info("installed %s as %s", read_identity(model_dir)["name"], model_dir)

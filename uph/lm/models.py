@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -313,7 +312,9 @@ def materialize(
 ) -> dict:
     """Write `out_dir` with config, tokenizer, one safetensors file and identity.json (written last,
     only once the materialized folder, loaded back the way every later stage loads it, passes the
-    logit parity check).
+    admission checks: complete weights, tokenizer ids within the vocabulary, logit parity, causal
+    attention). The model stage writes a candidate folder and installs it only then
+    (`uph.model_identity.install_model_folder`), so a refused source never touches the last good model.
 
     `save_pretrained` refuses a model de-quantized from GGUF, so the state dict and config are
     saved directly (tied weights once; the GGUF quantization note removed from the config; a
@@ -321,25 +322,19 @@ def materialize(
     """
     out_dir = Path(out_dir)
     model, tokenizer, gguf_file = _load_source(source, gguf_file, revision, trust_remote_code)
-    staging = out_dir.with_name(f".tmp-{out_dir.name}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / IDENTITY).unlink(missing_ok=True)
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.save_pretrained(staging)
+    config.save_pretrained(out_dir)
     if getattr(model, "_auto_class", None) is not None:
         from transformers.dynamic_module_utils import custom_object_save
 
-        custom_object_save(model, staging, config=config)
-    tokenizer.save_pretrained(staging)
+        custom_object_save(model, out_dir, config=config)
+    tokenizer.save_pretrained(out_dir)
     tensors = _unique_state_dict(model)
-    save_file(tensors, staging / WEIGHTS, metadata={"format": "pt"})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / IDENTITY).unlink(missing_ok=True)
-    for path in sorted(staging.iterdir()):
-        path.replace(out_dir / path.name)
-    shutil.rmtree(staging)
+    save_file(tensors, out_dir / WEIGHTS, metadata={"format": "pt"})
     saved_as = {t.data_ptr(): key for key, t in tensors.items()}
     head = model.get_output_embeddings()
     identity = {
