@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, snakemake, without_modules
 
+from uph.attention.self_attention import KINDS
 from uph.io import read_table, write_table
 from uph.report.answers import (
     Answer,
@@ -28,7 +29,7 @@ from uph.report.answers import (
     head_against_baselines,
     head_on_cache,
     little_text,
-    loud_copy_loudest,
+    loud_copy_resilience,
     own_theta_on_own_text,
     personal_beyond_global,
 )
@@ -514,6 +515,9 @@ def attention_rows(accuracies: dict, task="offset_copy", level=1.0) -> pd.DataFr
                 "eval_len": 12,
                 "level": level,
                 "token_acc": acc,
+                "family": KINDS[kind].family,
+                "loudness_invariant": KINDS[kind].loudness_invariant,
+                "steps_run": 1000,
             }
             for kind, values in accuracies.items()
             for seed, acc in enumerate(values)
@@ -533,15 +537,28 @@ def test_attention_answers_compare_each_kind_with_standard_paired_over_seeds():
     assert ask(study(attention=attention_rows(worse))).answer == "no"
     assert ask(study(attention=attention_rows({"standard": standard}))).answer == "untested"
     assert ask(study()).answer == "untested"
-    # loud copy: at its loudest level only
-    loud = pd.concat(
-        [
-            attention_rows({"standard": standard, "triple": standard}, "loud_copy", 1.0),
-            attention_rows({"standard": standard, "triple": [a + 0.2 for a in standard]}, "loud_copy", 16.0),
-        ]
-    )
-    answer = loud_copy_loudest(study(attention=loud))
-    assert answer.answer == "yes" and "at loudness m = 16 at the training length (residual model)?" in answer.question
+
+
+def test_the_resilience_answer_counts_only_triple_kinds_that_learned_and_keep_m():
+    """Drop from m = 1 to m = 64 per seed, against standard's, paired: a triple kind that keeps m and
+    learned the task answers; one that divides m out (triple_normed) or did not learn (triple) does not."""
+    flat = [0.99, 0.98, 0.99, 0.97, 0.98]
+    kinds_at_1 = {"standard": flat, "triple": [0.2] * 5, "triple_normed": flat, "triple_qknorm": flat}
+    kinds_at_64 = {
+        "standard": [0.2, 0.3, 0.25, 0.15, 0.2],
+        "triple": [0.2] * 5,
+        "triple_normed": flat,
+        "triple_qknorm": [a - 0.01 for a in flat],
+    }
+    loud = pd.concat([attention_rows(kinds_at_1, "loud_copy", 1.0), attention_rows(kinds_at_64, "loud_copy", 64.0)])
+    answer = loud_copy_resilience(study(attention=loud))
+    assert (answer.answer, answer.n) == ("yes", "5 seeds") and "(m = 64 against m = 1" in answer.question
+    assert answer.rests_on.startswith("triple_qknorm's accuracy drop minus standard's: -0.752 (95 % t CI -0.819 to -0.685)")
+    no_keeper = loud[loud["attention"] != "triple_qknorm"]
+    answer = loud_copy_resilience(study(attention=no_keeper))
+    assert answer.answer == "not shown"
+    assert answer.rests_on == "no triple-product kind that keeps m reached 0.9 at m = 1 (most steps run: triple 1000)"
+    assert loud_copy_resilience(study(attention=loud[loud["level"] == 1.0])).answer == "untested"
 
 
 def test_copy_task_answers_and_the_gram_table():

@@ -11,12 +11,14 @@ import uph.attention.self_attention as self_attention
 from uph.attention.model import OneLayerModel
 from uph.attention.self_attention import (
     ATTENTIONS,
+    KINDS,
     CausalSelfAttention,
     _SimplicialProbs,
     _TripleProductProbs,
     rope,
     score_magnitude,
     simplicial_attention,
+    soft_capped,
     standard_attention,
     triple_product_attention,
     triple_scores,
@@ -210,10 +212,43 @@ def test_loudness_scales_the_key_vectors_by_m_and_nothing_else(attention):
     for name, a, b in zip(names, plain, scaled):
         if a is None:
             continue
-        factor = loud[:, None, :, None] if name in key_side and attention != "triple_normed" else 1.0
+        factor = loud[:, None, :, None] if name in key_side and not KINDS[attention].loudness_invariant else 1.0
         torch.testing.assert_close(b, a * factor, rtol=1e-6, atol=1e-6)
-    if attention != "triple_normed":
+    if not KINDS[attention].loudness_invariant:
         norms = scaled[1].norm(dim=-1) / plain[1].norm(dim=-1)
         assert norms[0, :, 3].tolist() == pytest.approx([4.0, 4.0]) and norms[1, :, 5].tolist() == pytest.approx(
             [16.0] * 2
         )
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_a_kind_is_flagged_loudness_invariant_exactly_when_m_leaves_its_output_unchanged(attention):
+    """The table and figure mark a kind whose normalization divides m out; the flag must be the fact."""
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(16, 2, attention)
+    x = torch.randn(2, 9, 16)
+    loud = torch.ones(2, 9)
+    loud[:, 2] = 16.0  # a loud key every later query sees
+    moved = (layer(x, loud) - layer(x)).abs().max().item()
+    assert (moved < 1e-5) == KINDS[attention].loudness_invariant, moved
+
+
+def test_soft_cap_is_the_capped_tempered_score_and_trains_its_temperature():
+    """triple_capped: cap tanh(τ s / cap) of the seed's score, -inf kept above the diagonal, never beyond
+    the cap, and the per-head log-temperature gets a gradient."""
+    torch.manual_seed(0)
+    layer = CausalSelfAttention(16, 2, "triple_capped")
+    with torch.no_grad():
+        layer.log_temperature.copy_(torch.tensor([0.0, 1.0]))
+    x = torch.randn(1, 6, 16) * 20  # scores far beyond the cap
+    q, k, r, v = layer.heads(x)
+    raw = triple_scores(q, k, r)
+    capped = soft_capped(raw, layer.log_temperature.exp(), 50.0)
+    tau = torch.tensor([1.0, math.e])[:, None, None]
+    causal = raw.isfinite()
+    torch.testing.assert_close(capped[causal], (50.0 * torch.tanh(raw * tau / 50.0))[causal])
+    assert capped[~causal].eq(-math.inf).all() and capped[causal].abs().max() <= 50.0 and raw.abs().max() > 50.0
+    expected = torch.softmax(capped, -1) @ v
+    torch.testing.assert_close(layer(x), layer.out(expected.transpose(1, 2).reshape(x.shape)))
+    layer(x / 20).square().sum().backward()  # inside the cap, where tanh has slope
+    assert layer.log_temperature.grad.abs().min() > 0

@@ -18,7 +18,16 @@ from uph.attention.model import ResidualModel, attention_stats, build_model
 from uph.attention.self_attention import ATTENTIONS, AttentionKind
 from uph.attention.study_config import AttentionStudyConfig, eval_lengths
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
-from uph.attention.training import best_lr, extension, lr_edge, run_cell, train_run
+from uph.attention.training import (
+    PROGRESS,
+    best_lr,
+    evaluate,
+    extension,
+    first_step,
+    lr_edge,
+    run_cell,
+    train_run,
+)
 from uph.config import schema_defaults, validate
 from uph.errors import ConfigError
 
@@ -139,11 +148,13 @@ def test_a_new_kind_is_one_registry_entry_and_trains(monkeypatch):
         scores = -torch.cdist(q, k).square() / q.shape[-1] ** 0.5
         return [scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))]
 
-    kind = AttentionKind(vectors=2, turned=2, loud=(1,), scores=distance_scores)
+    kind = AttentionKind(family="distance", vectors=2, turned=2, loud=(1,), scores=distance_scores)
     monkeypatch.setitem(self_attention.KINDS, "distance", kind)
-    cfg = study(vocab=8, items=3, distractors=2, train_len=12, d_model=8, n_head=2, n_layer=1, steps=1)
+    cfg = study(vocab=8, items=3, distractors=2, train_len=12, d_model=8, n_head=2, n_layer=1, max_steps=1)
     cfg = dataclasses.replace(cfg, log_every=1, batch_size=8, eval_size=8, probe_size=4)
-    model, rows, final, diverged = train_run(cfg, "offset_copy", "residual", "distance", 0.01, 0, torch.device("cpu"))
+    model, rows, final, diverged, _ = train_run(
+        cfg, "offset_copy", "residual", "distance", 0.01, 0, torch.device("cpu")
+    )
     torch.manual_seed(0)  # train_run's initialization
     initial = build_model("residual", "distance", cfg)
     assert not diverged and math.isfinite(rows[0]["train_loss"]) and math.isfinite(final["val_loss"])
@@ -197,7 +208,9 @@ CELL = study(
     d_model=8,
     n_head=2,
     n_layer=1,
-    steps=40,
+    max_steps=40,
+    patience=100,  # every run takes its 40 steps
+    lr_extensions=1,
     batch_size=16,
     log_every=20,
     eval_size=16,
@@ -221,6 +234,8 @@ def test_a_cell_sweeps_lrs_on_the_sweep_seeds_then_tests_every_seed_at_the_chose
         evaluation["token_acc"].between(0, 1).all() and (evaluation["seq_acc"] <= evaluation["token_acc"] + 1e-9).all()
     )
     assert curves["step"].max() == 40 and curves[["score_abs", "attention_grad_norm"]].notna().all().all()
+    assert (evaluation["steps_run"] == 40).all() and evaluation["at_step_limit"].all()
+    assert set(evaluation["family"]) == {"standard"} and not evaluation["loudness_invariant"].any()
     # the test sets are fixed: a second run gives the same table
     again = run_cell(CELL, "mqar", "residual", "standard", torch.device("cpu"))[2]
     pd.testing.assert_frame_equal(evaluation, again)
@@ -246,7 +261,7 @@ def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
     [
         ({"items": 12, "distractors": 4}, "config key 'attention.items': loud_copy needs items + distractors = 16"),
         ({"pairs": [2, 9]}, "config key 'attention.pairs': mqar with 9 pairs needs attention.train_len >= 27"),
-        ({"sweep_seeds": 4}, "config key 'attention.sweep_seeds': 4 is more than the 3 attention.seeds"),
+        ({"sweep_seeds": 6}, "config key 'attention.sweep_seeds': 6 is more than the 5 attention.seeds"),
         ({"d_model": 12, "n_head": 4}, "config key 'attention.d_model': 12 must split"),
         ({"ms": []}, "config key 'attention.ms'"),
     ],
@@ -285,3 +300,36 @@ def test_an_attention_setting_reruns_every_attention_job_and_no_other_branch(tin
     assert jobs["attention_train"] == len(config["attention"]["attentions"]) and jobs["attention_table"] == 1
     # the branches beside it (the LM branch's jobs rerun too whenever its code changed after the fixture ran)
     assert not {"copy_task_train", "copy_task_table", "gram_resilience", "feedback_train", "corpus_roles"} & set(jobs)
+
+
+def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_its_best_weights():
+    """min_delta larger than any fall of the loss: nothing after the first evaluation improves, so the run
+    stops `patience` evaluations later and hands back the first evaluation's weights and metrics."""
+    cfg = dataclasses.replace(CELL, max_steps=40, log_every=5, patience=2, min_delta=100.0)
+    device = torch.device("cpu")
+    model, rows, final, diverged, progress = train_run(cfg, "mqar", "residual", "standard", 0.01, 0, device)
+    assert [row["step"] for row in rows] == [5, 10, 15] and not diverged
+    assert progress == {
+        "steps_run": 15,
+        "best_step": 5,
+        "steps_to_90": first_step(rows, 0.9),
+        "steps_to_99": first_step(rows, 0.99),
+        "at_step_limit": False,
+    }
+    assert final["val_loss"] == rows[0]["val_loss"] != rows[-1]["val_loss"]
+    val = make_batch("mqar", cfg, cfg.eval_size, cfg.train_len, generator(0 * 1_000_003 + 1))
+    assert evaluate(model, val, cfg.batch_size)["loss"] == pytest.approx(final["val_loss"], rel=1e-6)
+    _, rows, _, _, progress = train_run(
+        dataclasses.replace(cfg, patience=100), "mqar", "residual", "standard", 0.01, 0, device
+    )
+    assert progress["steps_run"] == 40 and progress["at_step_limit"] and len(rows) == 8
+    assert list(progress) == PROGRESS
+
+
+def test_sample_efficiency_is_the_first_logged_step_at_the_accuracy():
+    rows = [
+        {"step": 50, "val_token_acc": 0.5},
+        {"step": 100, "val_token_acc": 0.95},
+        {"step": 150, "val_token_acc": 0.991},
+    ]
+    assert (first_step(rows, 0.9), first_step(rows, 0.99)) == (100, 150) and math.isnan(first_step(rows[:2], 0.99))

@@ -1,7 +1,9 @@
 """Rule attention_table: the attention study's tests, lr sweeps and curves as tables.
 
 attention.csv: one row per (task, model, attention, seed, eval_len, level) at the cell's chosen lr,
-`lr_at_edge` flagging a choice at an end of the lrs tried (low, high, both).
+`lr_at_edge` flagging a choice at an end of the lrs tried (low, high, both), the run's steps (steps_run,
+best_step, steps_to_90, steps_to_99, at_step_limit), the kind's family and `loudness_invariant` (its
+normalization divides the distractors' loudness m out by construction: flat in m proves nothing).
 attention_sweep.csv: validation metrics of every (lr, seed) run, `chosen` marking the cell's lr and
 `extended` an lr tried past an end of attention.lrs.
 attention_curves.csv: the chosen lr's curves (validation accuracy, score magnitude, attention
@@ -11,6 +13,7 @@ gradient norm) per seed and logged step.
 import pandas as pd
 
 from uph.artifacts import ATTENTION_RUN
+from uph.attention.training import PROGRESS
 from uph.io import write_table
 from uph.logs import rule_logging
 
@@ -28,13 +31,18 @@ COLUMNS = [
     "seq_acc",
     "val_token_acc",
     "diverged",
+    *PROGRESS,
+    "family",
+    "loudness_invariant",
 ]
 
 with rule_logging(snakemake) as log:
     table = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.evaluations), ignore_index=True)
     table = table[COLUMNS].sort_values([*KEYS, "seed", "eval_len", "level"], kind="stable")
     sweep = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.sweeps), ignore_index=True)
-    sweep = sweep[[*KEYS, "lr", "seed", "val_loss", "val_token_acc", "diverged", "chosen", "extended", "lr_at_edge"]]
+    sweep = sweep[
+        [*KEYS, "lr", "seed", "val_loss", "val_token_acc", "diverged", *PROGRESS, "chosen", "extended", "lr_at_edge"]
+    ]
     sweep = sweep.sort_values([*KEYS, "lr", "seed"], kind="stable")
     chosen = sweep[sweep["chosen"]][[*KEYS, "lr", "seed"]]
     curves = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.curves), ignore_index=True).merge(chosen)

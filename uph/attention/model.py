@@ -80,12 +80,17 @@ def attention_layers(model: nn.Module) -> list[CausalSelfAttention]:
     return [module for module in model.modules() if isinstance(module, CausalSelfAttention)]
 
 
+def attention_grad_norm(model: nn.Module) -> float:
+    """The L2 norm of the gradients the attention weights now hold (NaN if none)."""
+    grads = [p.grad for layer in attention_layers(model) for p in layer.parameters() if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item() if grads else math.nan
+
+
 def attention_stats(model: nn.Module, tokens: torch.Tensor, loud: torch.Tensor | None = None) -> dict[str, float]:
     """score_abs: the mean |score| over causal entries on `tokens`, mean over attention layers;
     attention_grad_norm: the L2 norm of the gradients the attention weights now hold (NaN if none)."""
     layers = attention_layers(model)
-    grads = [p.grad for layer in layers for p in layer.parameters() if p.grad is not None]
-    grad_norm = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item() if grads else math.nan
+    grad_norm = attention_grad_norm(model)
     for layer in layers:
         layer.measure_scores = True
     with torch.no_grad():

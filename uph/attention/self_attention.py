@@ -44,10 +44,13 @@ lse_i; the backward recomputes the block and, with G_ijl = A_ijl (dP_ij - Σ_j' 
 
     dL/dq_i = Σ_jl G_ijl k_j ∘ r_l,   dL/dk_j = Σ_il G_ijl q_i ∘ r_l,   dL/dr_l = Σ_ij G_ijl q_i ∘ k_j .
 
-`KINDS` is the table of kinds CausalSelfAttention reads: per kind an AttentionKind entry says how many
-head vectors it projects, which RoPE turns, which a loud token scales, how it scores them (blocks of
-causal scores, also what mean |score| reads), its fused kernel if any and any step between loudness
-and scoring. Adding a kind is one entry and its score function; with no kernel it attends by a
+`KINDS` is the table of kinds CausalSelfAttention reads: per kind an AttentionKind entry says its
+family, how many head vectors it projects, which RoPE turns, which a loud token scales, how it scores
+them (blocks of causal scores, also what mean |score| reads), its fused kernel if any, any step before
+loudness or between loudness and scoring, a soft cap, and whether loudness divides out by
+construction. Beside the seed's `triple`, three stabilized variants keep its score: `triple_normed`
+(normalized after loudness, so m divides out: it cannot test loudness), `triple_qknorm` (normalized
+before loudness: the loud key keeps its m) and `triple_capped` (a learned temperature and a tanh cap). Adding a kind is one entry and its score function; with no kernel it attends by a
 softmax over the keys of its one score block.
 """
 
@@ -245,36 +248,68 @@ def normalized(vectors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t * (t.shape[-1] ** 0.5 / t.norm(dim=-1, keepdim=True).clamp_min(1e-6)) for t in vectors]
 
 
+def soft_capped(scores: torch.Tensor, temperature: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap tanh(τ s / cap) per head (τ [n_head], s [B, n_head, T, T]), -inf kept off the causal entries:
+    Gemma 2's logit soft cap after a learned temperature. Near 0 it is τ s; it never leaves (-cap, cap)."""
+    masked = scores == -math.inf  # capped at 0 first: tanh's zero slope times -inf would be a NaN gradient
+    capped = cap * torch.tanh(scores.masked_fill(masked, 0) * temperature[:, None, None] / cap)
+    return capped.masked_fill(masked, -math.inf)
+
+
 @dataclass(frozen=True)
 class AttentionKind:
     """One attention kind: the head vectors it projects and how it scores them. A new kind or variant is
     one entry in KINDS and its score function (plus its name in the schemas' attention enums)."""
 
+    family: str  # what it scores with: "standard" (q·k), "triple" (a Gram determinant), "simplicial"
     vectors: int  # projected head vectors before v: 2 (q, k) or 3 (q, k, r)
     turned: int  # RoPE turns the first `turned` of them
     loud: tuple[int, ...]  # the key-side vectors a loud token's factor multiplies (1: k, 2: r)
     scores: Callable  # (q, k, r) -> blocks of scores, -inf off the causal entries (mean |score| reads them)
     kernel: Callable | None = None  # (q, k, r, v) -> y, a fused kernel; None: softmax over keys of the one block
+    before_loud: Callable | None = None  # [q, k(, r)] -> the same after RoPE, before loudness
     prepare: Callable | None = None  # [q, k(, r)] -> the same after loudness, before scoring
+    soft_cap: float | None = None  # scores pass soft_capped with a learned per-head temperature
+    loudness_invariant: bool = False  # a loud key's factor m divides out of its scores (by construction)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, r: torch.Tensor | None, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q, k, r, v, temperature: torch.Tensor | None = None) -> torch.Tensor:
         if self.kernel is not None:
             return self.kernel(q, k, r, v)
         (scores,) = self.scores(q, k, r)
+        if self.soft_cap is not None:
+            scores = soft_capped(scores, temperature, self.soft_cap)
         return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
 TRIPLE = AttentionKind(
-    vectors=3, turned=3, loud=(1,), scores=lambda q, k, r: [triple_scores(q, k, r)], kernel=triple_product_attention
+    family="triple",
+    vectors=3,
+    turned=3,
+    loud=(1,),
+    scores=lambda q, k, r: [triple_scores(q, k, r)],
+    kernel=triple_product_attention,
 )
 KINDS = {
     "standard": AttentionKind(
-        vectors=2, turned=2, loud=(1,), scores=standard_scores, kernel=lambda q, k, r, v: standard_attention(q, k, v)
+        family="standard",
+        vectors=2,
+        turned=2,
+        loud=(1,),
+        scores=standard_scores,
+        kernel=lambda q, k, r, v: standard_attention(q, k, v),
     ),
-    "triple": TRIPLE,
-    "triple_normed": replace(TRIPLE, prepare=normalized),
+    "triple": TRIPLE,  # seed 004's score as it is
+    # triple_normed: q, k, r rescaled to norm sqrt(D) after loudness; m divides out, so it cannot test loudness
+    "triple_normed": replace(TRIPLE, prepare=normalized, loudness_invariant=True),
+    # triple_capped: seed 004's score, then a learned per-head temperature and Gemma 2's soft cap at 50; the
+    # score's form, RoPE on q, k, r and the loud key's scaling are the seed's, only its range is bounded
+    "triple_capped": replace(TRIPLE, kernel=None, soft_cap=50.0),
+    # triple_qknorm: q, k, r rescaled to norm sqrt(D) before loudness (QK-norm), so a loud key has norm
+    # m sqrt(D) and its Gram determinant grows with m^2: the seed's score and its claim that a loud
+    # mismatched key scores lower stay; the activations' sixth power no longer sets the scores' scale
+    "triple_qknorm": replace(TRIPLE, before_loud=normalized),
     "simplicial": AttentionKind(
-        vectors=3, turned=2, loud=(1, 2), scores=simplicial_scores, kernel=simplicial_attention
+        family="simplicial", vectors=3, turned=2, loud=(1, 2), scores=simplicial_scores, kernel=simplicial_attention
     ),
 }
 ATTENTIONS = tuple(KINDS)
@@ -292,8 +327,8 @@ class CausalSelfAttention(nn.Module):
 
     One bias-free projection makes the kind's head vectors (q, k, v or q, k, r, v) for every head, RoPE
     turns the kind's `turned` first ones, the heads attend, one bias-free projection mixes them back.
-    `loud` [B, T] (optional) multiplies the key-side vectors of each position, after RoPE and before
-    the kind's `prepare` (triple_normed's normalization): a loud token's k (and r, the second key, for
+    `loud` [B, T] (optional) multiplies the key-side vectors of each position, after RoPE and the kind's
+    `before_loud` (triple_qknorm's normalization), before its `prepare` (triple_normed's): a loud token's k (and r, the second key, for
     simplicial) grow by its factor, as the loud mismatch of seed 004's resilience table (|k| = m); its
     query and value stay as they are. With `measure_scores` set, each forward stores the mean |score|
     over causal entries in `score_abs` (an extra score computation; for probes only).
@@ -307,6 +342,8 @@ class CausalSelfAttention(nn.Module):
         self.n_proj = KINDS[kind].vectors + 1
         self.proj = nn.Linear(d_model, self.n_proj * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
+        if KINDS[kind].soft_cap is not None:  # log of the learned per-head temperature τ, τ = 1 at the start
+            self.log_temperature = nn.Parameter(torch.zeros(n_head))
         self.measure_scores, self.score_abs = False, None
 
     def heads(self, x: torch.Tensor, loud: torch.Tensor | None = None):
@@ -315,6 +352,8 @@ class CausalSelfAttention(nn.Module):
         kind = KINDS[self.kind]
         heads = self.proj(x).view(B, T, self.n_proj, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
         vectors = [*rope(heads[: kind.turned]), *heads[kind.turned : -1]]
+        if kind.before_loud is not None:
+            vectors = kind.before_loud(vectors)
         if loud is not None:
             factor = loud[:, None, :, None].to(vectors[1].dtype)
             for i in kind.loud:
@@ -328,5 +367,6 @@ class CausalSelfAttention(nn.Module):
         q, k, r, v = self.heads(x, loud)
         if self.measure_scores:
             self.score_abs = score_magnitude(self.kind, q, k, r)
-        y = KINDS[self.kind].attend(q, k, r, v)
+        temperature = self.log_temperature.exp() if KINDS[self.kind].soft_cap is not None else None
+        y = KINDS[self.kind].attend(q, k, r, v, temperature)
         return self.out(y.transpose(1, 2).reshape(x.shape))

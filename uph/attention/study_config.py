@@ -35,7 +35,10 @@ class AttentionStudyConfig:
     d_model: int
     n_head: int
     n_layer: int
-    steps: int
+    max_steps: int
+    patience: int
+    min_delta: float
+    grad_clip: float
     batch_size: int
     log_every: int
     eval_size: int
@@ -59,7 +62,7 @@ SCHEDULES = {  # config key attention.schedule: lr multiplier after warmup, at f
 
 def schedule(cfg: AttentionStudyConfig):
     """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then SCHEDULES[schedule]."""
-    steps, warmup, decay = cfg.steps, max(1, round(cfg.warmup * cfg.steps)), SCHEDULES[cfg.schedule]
+    steps, warmup, decay = cfg.max_steps, max(1, round(cfg.warmup * cfg.max_steps)), SCHEDULES[cfg.schedule]
 
     def factor(step: int) -> float:
         return (step + 1) / warmup if step < warmup else decay((step - warmup) / max(1, steps - warmup))

@@ -11,12 +11,16 @@ of the task (uph.attention.tasks.levels). Validation and test sets are disjoint 
 sequences: training batches come from a generator seeded with the seed, validation from
 seed * STREAM + 1, the test set of (length, level index i) from seed * STREAM + 2 + 64 * length + i.
 
-AdamW, linear warmup over `warmup` of the steps, then constant or cosine decay to 0 (`schedule`);
-the loss is the mean cross-entropy over scored targets. Every `log_every` steps a curve row holds
+AdamW, linear warmup over `warmup` of `max_steps`, then constant or cosine decay to 0 at max_steps
+(`schedule`), every kind's gradient clipped to global norm `grad_clip`; the loss is the mean
+cross-entropy over scored targets. A run trains to convergence: it stops once its validation loss has
+not fallen by `min_delta` for `patience` evaluations, or at `max_steps` (`at_step_limit`), and keeps
+the weights of its best evaluation; its rows report the steps run, the best step and the first logged
+steps at 0.9 and 0.99 validation token accuracy (sample efficiency; NaN if never). Every `log_every` steps a curve row holds
 the mean training loss since the last row, the validation loss and token accuracy, the mean
 |score| over causal entries of every attention layer on `probe_size` validation sequences
 (score_abs, mean over layers) and the L2 norm of the gradient of all attention weights at that
-step (attention_grad_norm). A NaN or inf training loss ends the run as diverged.
+step before clipping (attention_grad_norm); the row of step s reads the model after s updates. A NaN or inf training loss ends the run as diverged.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from uph.attention.model import attention_stats, build_model
+from uph.attention.model import attention_grad_norm, attention_stats, build_model
+from uph.attention.self_attention import KINDS
 from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
 from uph.errors import TrainingDivergedError
@@ -59,10 +64,19 @@ def _on(batch: Batch, device: torch.device) -> Batch:
     return Batch(*(t.to(device) for t in batch))
 
 
+PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
+
+
+def first_step(rows: list[dict], accuracy: float) -> float:
+    """The first logged step whose validation token accuracy reaches `accuracy`, NaN if none did."""
+    return next((row["step"] for row in rows if row["val_token_acc"] >= accuracy), math.nan)
+
+
 def train_run(
     cfg: AttentionStudyConfig, task: str, model_name: str, attention: str, lr: float, seed: int, device: torch.device
 ):
-    """Train one run; returns (model, curve rows, final validation metrics, diverged)."""
+    """Train one run to convergence; returns (model at its best validation loss, curve rows, that
+    evaluation's validation metrics, diverged, progress: PROGRESS's values)."""
     torch.manual_seed(seed)
     model = build_model(model_name, attention, cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
@@ -72,33 +86,54 @@ def train_run(
     val = _on(make_batch(task, cfg, cfg.eval_size, L, torch.Generator().manual_seed(seed * STREAM + 1)), device)
     probe = Batch(*(t[: cfg.probe_size] for t in val))
     rows, running = [], []
-    for step in range(1, cfg.steps + 1):
+    best, best_state, waited = None, None, 0  # best: the row of the lowest validation loss so far
+    for step in range(1, cfg.max_steps + 1):
         batch = _on(make_batch(task, cfg, cfg.batch_size, L, batches), device)
         logits = model(batch.inputs, batch.loud)
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         running.append(loss.detach())
-        if step % cfg.log_every == 0 or step == cfg.steps:
-            train_loss = torch.stack(running).mean().item()
-            running = []
-            metrics = evaluate(model, val, cfg.batch_size) if math.isfinite(train_loss) else {}
-            rows.append(
-                {
-                    "lr": lr,
-                    "seed": seed,
-                    "step": step,
-                    "train_loss": train_loss,
-                    "val_loss": metrics.get("loss", math.nan),
-                    "val_token_acc": metrics.get("token_acc", math.nan),
-                    **attention_stats(model, probe.inputs, probe.loud),
-                }
-            )
-            if not math.isfinite(train_loss):
-                return model, rows, {"val_loss": math.nan, "val_token_acc": math.nan}, True
+        logging_step = step % cfg.log_every == 0 or step == cfg.max_steps
+        grad_norm = attention_grad_norm(model) if logging_step else math.nan  # before clipping
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         scheduler.step()
-    return model, rows, {"val_loss": rows[-1]["val_loss"], "val_token_acc": rows[-1]["val_token_acc"]}, False
+        if not logging_step:
+            continue
+        train_loss = torch.stack(running).mean().item()
+        running = []
+        metrics = evaluate(model, val, cfg.batch_size) if math.isfinite(train_loss) else {}
+        rows.append(
+            {
+                "lr": lr,
+                "seed": seed,
+                "step": step,
+                "train_loss": train_loss,
+                "val_loss": metrics.get("loss", math.nan),
+                "val_token_acc": metrics.get("token_acc", math.nan),
+                **attention_stats(model, probe.inputs, probe.loud),
+                "attention_grad_norm": grad_norm,
+            }
+        )
+        if not math.isfinite(train_loss):
+            progress = dict(zip(PROGRESS, (step, math.nan, math.nan, math.nan, False)))
+            return model, rows, {"val_loss": math.nan, "val_token_acc": math.nan}, True, progress
+        if best is None or rows[-1]["val_loss"] < best["val_loss"] - cfg.min_delta:
+            best, best_state, waited = rows[-1], copy.deepcopy(model.state_dict()), 0
+        else:
+            waited += 1
+        if waited >= cfg.patience:
+            break
+    model.load_state_dict(best_state)
+    progress = {
+        "steps_run": step,
+        "best_step": best["step"],
+        "steps_to_90": first_step(rows, 0.9),
+        "steps_to_99": first_step(rows, 0.99),
+        "at_step_limit": waited < cfg.patience,
+    }
+    return model, rows, {"val_loss": best["val_loss"], "val_token_acc": best["val_token_acc"]}, False, progress
 
 
 def best_lr(sweep: pd.DataFrame) -> float | None:
@@ -158,17 +193,19 @@ def run_cell(
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation)."""
     log = log or logging.getLogger(__name__)
+    kind = KINDS[attention]
     cell = {"task": task, "model": model_name, "attention": attention}
+    marks = {"family": kind.family, "loudness_invariant": kind.loudness_invariant}
     curves, sweep, models = [], [], {}
 
     def run(lr: float, seed: int) -> None:
         start = time.perf_counter()
-        model, rows, final, diverged = train_run(cfg, task, model_name, attention, lr, seed, device)
+        model, rows, final, diverged, progress = train_run(cfg, task, model_name, attention, lr, seed, device)
         curves.extend(rows)
-        sweep.append({"lr": lr, "seed": seed, **final, "diverged": diverged})
+        sweep.append({"lr": lr, "seed": seed, **final, "diverged": diverged, **progress})
         models[lr, seed] = copy.deepcopy(model.state_dict())
         log.info(
-            "%s %s %s lr %g seed %d: val token acc %.4f%s (%.1f s)",
+            "%s %s %s lr %g seed %d: val token acc %.4f%s after %d steps%s (%.1f s)",
             task,
             model_name,
             attention,
@@ -176,6 +213,8 @@ def run_cell(
             seed,
             final["val_token_acc"],
             ", diverged" if diverged else "",
+            progress["steps_run"],
+            ", at the step limit" if progress["at_step_limit"] else "",
             time.perf_counter() - start,
         )
 
@@ -225,6 +264,8 @@ def run_cell(
                     **metrics,
                     "val_token_acc": validation["val_token_acc"],
                     "diverged": bool(validation["diverged"]),
+                    **marks,
+                    **{key: validation[key] for key in PROGRESS},
                 }
             )
     return (

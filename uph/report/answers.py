@@ -345,17 +345,52 @@ def attention_task(task: str):
     return answer
 
 
-def loud_copy_loudest(study: Study) -> Answer:
-    """Seed 004's resilience claim under training: at the loudest distractors, does a kind beat standard?"""
+LEARNED = 0.9  # test token accuracy at m = 1 (training length) from which a kind counts as having learned
+
+
+def loud_copy_resilience(study: Study) -> Answer:
+    """Seed 004's resilience claim under training: trained at m = 1, is a triple-product kind hurt less
+    than standard attention when the distractors are m times louder? Per seed, a kind's drop is its
+    token accuracy at the lowest m minus at the highest (training length); the triple-family kind with
+    the smallest mean drop against standard's, paired over seeds. Only kinds that learned the task
+    (mean accuracy >= LEARNED at the lowest m) and whose scores keep m (not `loudness_invariant`) count."""
     table = _attention_at_train_length(study, "loud_copy")
-    table = table[table["level"] == table["level"].max()] if not table.empty else table
-    loudest = f" at loudness m = {table['level'].iloc[0]:g}" if not table.empty else ""
-    return _beats_standard(
-        f"Loud-distractor copy: does an attention kind beat standard attention{loudest} at the training length"
-        + (f" ({table['model'].iloc[0]} model)?" if not table.empty else "?"),
-        table,
+    figure, question = (
         "attention_loud_copy",
-        "needs standard and another kind (attention.tasks, attention.attentions)",
+        "Loud-distractor copy: is a triple-product kind hurt less by loud distractors",
+    )
+    if table.empty or "standard" not in set(table["attention"]) or table["level"].nunique() < 2:
+        return Answer(question + "?", "untested", "needs standard, a triple kind and two loudness levels", "", figure)
+    low, high = table["level"].min(), table["level"].max()
+    question += f" (m = {high:g} against m = {low:g}, trained at m = {low:g}) than standard attention?"
+    per_seed = table.groupby(["attention", "level", "seed"])["token_acc"].mean().unstack("level")
+    drop = (per_seed[low] - per_seed[high]).unstack("attention")
+    learned = per_seed[low].groupby("attention").mean() >= LEARNED
+    kinds = table.groupby("attention")[["family", "loudness_invariant", "steps_run"]].agg(
+        {"family": "first", "loudness_invariant": "first", "steps_run": "max"}
+    )
+    if not learned.get("standard", False):
+        return Answer(question, "not shown", f"standard attention did not reach {LEARNED} at m = {low:g}", "", figure)
+    triples = kinds[(kinds["family"] == "triple") & ~kinds["loudness_invariant"].astype(bool)]
+    candidates = [kind for kind in triples.index if learned.get(kind, False)]
+    if not candidates:
+        steps = ", ".join(f"{kind} {int(row.steps_run)}" for kind, row in triples.iterrows())
+        return Answer(
+            question,
+            "not shown",
+            f"no triple-product kind that keeps m reached {LEARNED} at m = {low:g} (most steps run: {steps})",
+            "",
+            figure,
+        )
+    differences = {kind: (drop[kind] - drop["standard"]).dropna() for kind in candidates}
+    kind = min(differences, key=lambda k: (differences[k].mean(), k))
+    difference = paired_over_seeds(differences[kind])
+    return Answer(
+        question,
+        _verdict(difference, higher_is_better=False),
+        f"{kind}'s accuracy drop minus standard's: {paired_text(difference, 'token accuracy')}",
+        seeds(difference.n),
+        figure,
     )
 
 
@@ -390,7 +425,7 @@ QUESTIONS = (  # in the order of the table
     copy_task_beyond_train_length,
     gram_resilience,
     attention_task("offset_copy"),
-    loud_copy_loudest,
+    loud_copy_resilience,
     attention_task("mqar"),
     feedback_beats("dfa"),
     feedback_beats("feedback_frozen"),
