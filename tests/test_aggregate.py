@@ -553,7 +553,9 @@ def test_the_resilience_answer_counts_only_triple_kinds_that_learned_and_keep_m(
     loud = pd.concat([attention_rows(kinds_at_1, "loud_copy", 1.0), attention_rows(kinds_at_64, "loud_copy", 64.0)])
     answer = loud_copy_resilience(study(attention=loud))
     assert (answer.answer, answer.n) == ("yes", "5 seeds") and "(m = 64 against m = 1" in answer.question
-    assert answer.rests_on.startswith("triple_qknorm's accuracy drop minus standard's: -0.752 (95 % t CI -0.819 to -0.685)")
+    assert answer.rests_on.startswith(
+        "triple_qknorm's accuracy drop minus standard's: -0.752 (95 % t CI -0.819 to -0.685)"
+    )
     no_keeper = loud[loud["attention"] != "triple_qknorm"]
     answer = loud_copy_resilience(study(attention=no_keeper))
     assert answer.answer == "not shown"

@@ -428,6 +428,8 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
         i, n = list(colors).index(attention), len(colors)
         style = {"color": colors[attention], "linestyle": MODEL_STYLES.get(model, "-")}
         label = attention if table["model"].nunique() == 1 else f"{attention} ({model})"
+        if task == "loud_copy" and rows.get("loudness_invariant", pd.Series([False])).any():
+            label += " (m divides out)"
         stats = over_seeds(rows, ["eval_len"], "token_acc")
         _interval(
             axes[0], stats.assign(eval_len=stats["eval_len"] * _dodge(i, n, 0.05)), "eval_len", label=label, **style
