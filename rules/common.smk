@@ -142,7 +142,7 @@ def model_settings():
 MODEL = model_settings()
 # The candidate folder is named by the settings it is built from: a refused candidate (which Snakemake
 # still records) or one left by a kill is never taken for the candidate of other settings.
-MODEL_CANDIDATE = results("model_candidate-" + hashlib.sha256(repr(MODEL).encode()).hexdigest()[:12])
+MODEL_CANDIDATE = results(f"model_candidate-{hashlib.sha256(repr(MODEL).encode()).hexdigest()[:12]}")
 
 
 def lm_targets():
