@@ -463,7 +463,7 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
     ),
     "unknown-attention": (
         lambda c, tmp: c["copy_task"].update(attentions=["standard", "linear"]),
-        "config key 'copy_task.attentions[1]': 'linear' is not one of ['standard', 'triple', 'triple_normed', 'simplicial']",
+        "config key 'copy_task.attentions[1]': 'linear' is not one of ['standard', 'triple', 'triple_normed', 'triple_capped', 'triple_qknorm', 'simplicial']",
     ),
     "missing-corpus-file": (
         lambda c, tmp: c["corpus"].update(source=f"{tmp}/users.jsonl"),
