@@ -45,6 +45,7 @@ from uph.report.summary import (
     personalization_finding,
     solver_gap_finding,
 )
+from uph.stats import t_interval
 
 OUTPUTS = ["results/tables", "results/figures", "results/summary.md"]
 
@@ -555,6 +556,15 @@ def test_the_resilience_answer_counts_only_triple_kinds_that_learned_and_keep_m(
     assert (answer.answer, answer.n) == ("yes", "5 seeds") and "(m = 64 against m = 1" in answer.question
     assert answer.rests_on.startswith(
         "triple_qknorm's accuracy drop minus standard's: -0.752 (95 % t CI -0.819 to -0.685)"
+    )
+    # two kinds that learned and keep m: the smaller drop is picked, its interval Bonferroni's over the two
+    capped = {**kinds_at_1, "triple_capped": flat}, {**kinds_at_64, "triple_capped": [a - 0.2 for a in flat]}
+    two = pd.concat([attention_rows(capped[0], "loud_copy", 1.0), attention_rows(capped[1], "loud_copy", 64.0)])
+    picked = loud_copy_resilience(study(attention=two))
+    drops = np.array(kinds_at_1["triple_qknorm"]) - kinds_at_64["triple_qknorm"]
+    low, high = t_interval(drops - (np.array(flat) - kinds_at_64["standard"]), 1 - 0.05 / 2)
+    assert picked.rests_on.startswith(
+        f"triple_qknorm's accuracy drop minus standard's: -0.752 (95 % t CI, Bonferroni over 2, {low:+.3f} to {high:+.3f})"
     )
     no_keeper = loud[loud["attention"] != "triple_qknorm"]
     answer = loud_copy_resilience(study(attention=no_keeper))

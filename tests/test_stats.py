@@ -72,6 +72,20 @@ def test_sign_test_is_quoted_only_where_it_can_reject():
     assert paired_over_seeds([0.1, -0.2, 0.15]).verdict() == "undecided"
 
 
+def test_a_difference_picked_as_the_best_of_several_gets_bonferronis_interval_and_p():
+    """Picked from K candidates on the same seeds: the t interval at 1 - 0.05 / K (wider), the sign test's
+    p times K, quoted only where n lets it reach 0.05 / K (6 seeds reach 0.05, not 0.025)."""
+    differences = [-0.2, -0.1, -0.3, -0.2, -0.25, -0.15]
+    alone, of_three = paired_over_seeds(differences), paired_over_seeds(differences, picked_of=3)
+    assert (of_three.ci_low, of_three.ci_high) == pytest.approx(t_interval(differences, 1 - 0.05 / 3))
+    assert of_three.ci_low < alone.ci_low and of_three.ci_high > alone.ci_high and of_three.mean == alone.mean
+    assert alone.sign_test_p == pytest.approx(2 / 2**6) and of_three.sign_test_p is None
+    assert paired_over_seeds([-0.2] * 10, picked_of=3).sign_test_p == pytest.approx(3 * 2 / 2**10)
+    # a wide enough spread decides at 95 % but not once the best of 20 was picked
+    assert paired_over_seeds([-0.1, -0.3, -0.02, -0.2, -0.15]).verdict() == "lower"
+    assert paired_over_seeds([-0.1, -0.3, -0.02, -0.2, -0.15], picked_of=20).verdict() == "undecided"
+
+
 def test_compare_is_the_paired_comparison_by_hand():
     reference = np.array([3.0, 2.0, 4.0, 5.0, 1.0])
     arm = reference + np.array([-0.3, -0.1, 0.2, -0.4, -0.2])

@@ -109,19 +109,23 @@ class PairedDifference:
     lower: int  # seeds on which the method's value is below the reference's
     n: int
     sign_test_p: float | None
+    picked_of: int = 1  # the method was picked as the best of this many: interval and p are Bonferroni's
 
     def verdict(self) -> str:
-        """'lower' when the whole 95 % interval is below 0, 'higher' when above, else 'undecided';
-        'one seed' when there is no interval to speak of."""
+        """'lower' when the whole interval (95 %, Bonferroni-widened where picked) is below 0, 'higher'
+        when above, else 'undecided'; 'one seed' when there is no interval to speak of."""
         if self.n < 2:
             return "one seed"
         return "lower" if self.ci_high < 0 else "higher" if self.ci_low > 0 else "undecided"
 
 
-def paired_over_seeds(differences) -> PairedDifference:
-    """The PairedDifference of per-seed differences (method minus reference, one per seed)."""
+def paired_over_seeds(differences, picked_of: int = 1) -> PairedDifference:
+    """The PairedDifference of per-seed differences (method minus reference, one per seed). A method
+    picked as the best of `picked_of` candidates on these same seeds gets Bonferroni's correction: its
+    t interval at level 1 - 0.05 / picked_of, its sign test's p times picked_of (quoted only where n
+    lets it reach 0.05 / picked_of)."""
     differences = np.asarray(differences, dtype=float)
-    low, high = t_interval(differences)
+    low, high = t_interval(differences, 1 - SIGNIFICANCE / picked_of)
     n = len(differences)
     return PairedDifference(
         float(differences.mean()),
@@ -129,7 +133,8 @@ def paired_over_seeds(differences) -> PairedDifference:
         high,
         int((differences < 0).sum()),
         n,
-        sign_test(differences) if sign_test_can_reject(n) else None,
+        min(1.0, picked_of * sign_test(differences)) if sign_test_can_reject(n, SIGNIFICANCE / picked_of) else None,
+        picked_of,
     )
 
 

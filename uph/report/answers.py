@@ -225,10 +225,11 @@ def seeds(n: int) -> str:
 
 
 def paired_text(difference: PairedDifference, unit: str, digits: int = 3) -> str:
-    """'mean (95 % t CI low to high) unit, lower on k of n seeds[, sign test p]'."""
+    """'mean (95 % t CI[, Bonferroni over K] low to high) unit, lower on k of n seeds[, sign test p]'."""
     f = f"{{:+.{digits}f}}"
+    picked = f", Bonferroni over {difference.picked_of}," if difference.picked_of > 1 else ""
     interval = (
-        f" (95 % t CI {f.format(difference.ci_low)} to {f.format(difference.ci_high)})"
+        f" (95 % t CI{picked} {f.format(difference.ci_low)} to {f.format(difference.ci_high)})"
         if difference.n > 1
         else " (one seed: no interval)"
     )
@@ -245,7 +246,8 @@ def _verdict(difference: PairedDifference, higher_is_better: bool) -> str:
 
 def versus_standard(table: pd.DataFrame, metric: str = "token_acc") -> tuple[str, PairedDifference] | None:
     """The non-standard attention kind whose mean `metric` beats standard attention's by the most, with
-    its paired difference over seeds (each seed's rows averaged first); None without both."""
+    its paired difference over seeds (each seed's rows averaged first; Bonferroni over the kinds it was
+    picked from); None without both."""
     per_seed = table.groupby(["attention", "seed"])[metric].mean().unstack("attention")
     if "standard" not in per_seed or len(per_seed.columns) < 2:
         return None
@@ -256,7 +258,7 @@ def versus_standard(table: pd.DataFrame, metric: str = "token_acc") -> tuple[str
     if not differences:
         return None
     kind = max(differences, key=lambda k: (differences[k].mean(), k))
-    return kind, paired_over_seeds(differences[kind])
+    return kind, paired_over_seeds(differences[kind], picked_of=len(differences))
 
 
 def _beats_standard(question: str, table: pd.DataFrame, figure: str, untested: str) -> Answer:
@@ -352,8 +354,9 @@ def loud_copy_resilience(study: Study) -> Answer:
     """Seed 004's resilience claim under training: trained at m = 1, is a triple-product kind hurt less
     than standard attention when the distractors are m times louder? Per seed, a kind's drop is its
     token accuracy at the lowest m minus at the highest (training length); the triple-family kind with
-    the smallest mean drop against standard's, paired over seeds. Only kinds that learned the task
-    (mean accuracy >= LEARNED at the lowest m) and whose scores keep m (not `loudness_invariant`) count."""
+    the smallest mean drop against standard's, paired over seeds (Bonferroni over the kinds it was
+    picked from). Only kinds that learned the task (mean accuracy >= LEARNED at the lowest m) and whose
+    scores keep m (not `loudness_invariant`) count."""
     table = _attention_at_train_length(study, "loud_copy")
     figure, question = (
         "attention_loud_copy",
@@ -384,7 +387,7 @@ def loud_copy_resilience(study: Study) -> Answer:
         )
     differences = {kind: (drop[kind] - drop["standard"]).dropna() for kind in candidates}
     kind = min(differences, key=lambda k: (differences[k].mean(), k))
-    difference = paired_over_seeds(differences[kind])
+    difference = paired_over_seeds(differences[kind], picked_of=len(differences))
     return Answer(
         question,
         _verdict(difference, higher_is_better=False),

@@ -449,7 +449,8 @@ def summary_markdown(study: Study, rows: list[Answer]) -> str:
         "",
         "*not shown*: the comparison ran and its 95 % interval (or, for a point picked as the best of several, "
         "its Bonferroni-corrected sign test) does not decide; *untested*: the config did not run it. "
-        "Intervals over users are paired bootstrap, over seeds paired Student-t.",
+        "Intervals over users are paired bootstrap, over seeds paired Student-t (for an attention kind picked as "
+        "the best of several, at Bonferroni's level over them).",
         "",
         *answers_markdown(rows),
         "",
