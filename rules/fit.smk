@@ -5,7 +5,8 @@
 # from all of them; one fit job per shard refits each arm at its choice on all train tokens and scores it
 # on test; fit_others scores each user's text with the mean of the other users' residual thetas (the
 # control a personal gain must beat); cross_user scores the residual thetas on every user's text at the
-# listed points; the tables follow.
+# listed points (fit.cross_user), cross_user_headline at the point the summary reports (the best own against
+# others, picked from the fits and that control); the tables follow.
 wildcard_constraints:
     head="|".join(sorted({head for head, _, _ in sweep_points(FIT)})),
     alpha=r"[0-9.e+-]+",
@@ -167,6 +168,36 @@ rule fit_others:
         "../workflow_scripts/fit_others.py"
 
 
+rule cross_user_headline:
+    input:
+        global_fit=rules.fit_global.output.thetas,
+        fits=fit_shard_paths("fits.parquet"),
+        others=rules.fit_others.output[0],
+        capacity=rules.capacity.output[0],
+        shards=shard_paths(),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        results("fit", "cross_user-headline.parquet"),
+    log:
+        results("logs", "fit", "cross_user-headline.log"),
+    benchmark:
+        results("benchmarks", "fit-cross_user-headline.tsv")
+    priority: LM_PRIORITY
+    threads: 1
+    resources:
+        gpu=gpus(),
+    params:
+        fit=FIT_SWEEP,
+        listed=FIT["cross_user"],
+        bootstrap=FIT["bootstrap"],
+        cache=CACHE_IDENTITY,
+        device=config["device"],
+    script:
+        "../workflow_scripts/fit_cross_user.py"
+
+
 rule personalization_table:
     input:
         global_fit=rules.fit_global.output.thetas,
@@ -175,7 +206,7 @@ rule personalization_table:
         dose=fit_shard_paths("dose.parquet"),
         validation=[rules.fit_global.output.validation, *fit_shard_paths("validation.parquet")],
         capacity=rules.capacity.output[0],
-        cross_user=cross_user_paths(),
+        cross_user=[*cross_user_paths(), rules.cross_user_headline.output[0]],
         model=rules.model.output.identity,
     output:
         personalization=report(

@@ -68,6 +68,7 @@ STAGE_RULES = {
     "capacity",
     "fit_others",
     "cross_user",
+    "cross_user_headline",
     "personalization_table",
     "copy_task_train",
     "copy_task_table",
@@ -199,6 +200,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
         "fit": 2 - finished["fit"],
         "fit_others": 1,
         "cross_user": 1,
+        "cross_user_headline": 1,
         "personalization_table": 1,
     }
     assert planned_jobs(rerun) == {rule: count for rule, count in unfinished.items() if count}
@@ -783,6 +785,7 @@ LM_FITS = {  # every method in every job
     "fit": 2,
     "fit_others": 1,
     "cross_user": 1,
+    "cross_user_headline": 1,
     "personalization_table": 1,
 }
 LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}

@@ -35,6 +35,7 @@ GPU_RULES = {
     "validate",
     "fit_others",
     "cross_user",
+    "cross_user_headline",
     "copy_task_train",
     "attention_train",
     "feedback_train",

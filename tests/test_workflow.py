@@ -9,6 +9,8 @@ import yaml
 from conftest import REPO, SNAKEMAKE, snakemake, without_modules
 
 from uph.config import schema_defaults
+from uph.report.answers import point_label
+from uph.report.study import best_beyond_global
 
 RADII = yaml.safe_load((REPO / "config/test.yaml").read_text())["fit"]["radii"]
 LAMBDAS = schema_defaults("fit")["lambdas"]
@@ -72,8 +74,13 @@ def test_fit_tables_cover_the_sweep(tiny_study):
         True,
     ]
     cross = pd.read_csv(workdir / "results/tables/cross_user.csv")
-    assert len(cross) == 16 and {"theta_user", "text_user", "global_nll", "delta_nll"} <= set(cross.columns)
-    own = cross[cross["theta_user"] == cross["text_user"]].set_index("text_user")
+    assert {"theta_user", "text_user", "global_nll", "delta_nll"} <= set(cross.columns)
+    matrices = cross.groupby(["head", "alpha", "d", "solver"]).size()
+    headline, _ = best_beyond_global(table)  # the point the summary reports gets its matrix too
+    assert (matrices == 16).all() and ("svd_cvh", 1.0, 8, "exact") in matrices.index
+    assert (headline["head"], headline["alpha"], headline["d"], headline["solver"]) in matrices.index
+    assert f"at {point_label(headline)}" in (workdir / "results/summary.md").read_text()
+    own = cross[(cross["head"] == "svd_cvh") & (cross["theta_user"] == cross["text_user"])].set_index("text_user")
     beyond = heads[
         (heads["control"] == "global+personal") & (heads["head"] == "svd_cvh") & (heads["solver"] == "exact")
     ]

@@ -192,7 +192,9 @@ def dose_response_table(model: str, dose: pd.DataFrame, choices: pd.DataFrame, n
 
 
 def cross_user_table(model: str, points: list[pd.DataFrame]) -> pd.DataFrame:
-    """The cross_user jobs' matrices (one frame per point) as one table; no point: no rows, every column."""
+    """The cross_user jobs' matrices (one frame per point; cross_user_headline's has no rows when a listed
+    point is the headline) as one table; no rows at all: every column."""
+    points = [matrix for matrix in points if not matrix.empty]
     if not points:
         return pd.DataFrame(columns=CROSS_USER_COLUMNS)
     return pd.concat([matrix.assign(model=model) for matrix in points])[CROSS_USER_COLUMNS]

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 import pandas as pd
 
 from uph.feedback.comparison import paired_difference
-from uph.report.study import MILLI, Study, baselines_at, headline_solver, split_baselines
+from uph.report.study import (
+    MILLI,
+    Study,
+    baselines_at,
+    best_beyond_global,
+    headline_solver,
+    heads_at_headline,
+)
 from uph.stats import SIGNIFICANCE, PairedDifference, diagonal_dominance, paired_over_seeds
 
 ANSWERS = ("yes", "no", "not shown", "untested")
@@ -59,23 +66,6 @@ def _by_interval(low: float, high: float) -> str:
     return "yes" if high < 0 else "no" if low > 0 else "not shown"
 
 
-def heads_at_headline(study: Study) -> tuple[str, pd.DataFrame]:
-    """(headline solver, the heads' personalization rows at it)."""
-    solver = headline_solver(study.personalization)
-    heads, _ = split_baselines(study.personalization)
-    return solver, heads[heads["solver"] == solver]
-
-
-def best_beyond_global(study: Study) -> tuple[pd.Series, int]:
-    """The headline point: the headline solver's best personal-gain row, and the K points it is the best
-    of. The personal gain is the own residual against the others control ('own vs others'); a study of
-    one user has no others, and its gain is the residual against the global theta ('global+personal')."""
-    _, table = heads_at_headline(study)
-    control = "own vs others" if (table["control"] == "own vs others").any() else "global+personal"
-    gains = table[table["control"] == control]
-    return gains.loc[gains["delta_nll"].idxmin()], len(gains)
-
-
 def bonferroni(row, points: int) -> float:
     return min(1.0, row["sign_test_p"] * points)
 
@@ -88,7 +78,7 @@ def personal_beyond_global(study: Study) -> Answer:
         "Does a personal head help beyond domain adaptation (the user's own residual θ against the other "
         "users' mean residual θ, both on top of the global θ)?"
     )
-    best, points = best_beyond_global(study)
+    best, points = best_beyond_global(study.personalization)
     corrected = bonferroni(best, points)
     answer = _by_interval(best["delta_nll_ci_low"], best["delta_nll_ci_high"])
     if answer == "yes" and corrected >= SIGNIFICANCE:
@@ -111,7 +101,7 @@ def cross_user_at_headline(study: Study) -> pd.DataFrame:
     cross = study.cross_user[study.cross_user["solver"] == solver]
     if cross.empty:
         return cross
-    best, _ = best_beyond_global(study)
+    best, _ = best_beyond_global(study.personalization)
     return cross[at_point(cross, best if at_point(cross, best).any() else cross.iloc[0])]
 
 
@@ -140,7 +130,7 @@ def dose_curve(study: Study) -> pd.DataFrame:
     table = study.dose_response[study.dose_response["solver"] == solver]
     if table.empty:
         return table
-    point, _ = best_beyond_global(study)
+    point, _ = best_beyond_global(study.personalization)
     if not at_point(table, point).any():
         all_tokens = table[table["all_train_tokens"]]
         point = all_tokens.loc[all_tokens["delta_nll"].idxmin()]
@@ -167,7 +157,7 @@ def head_against_baselines(study: Study) -> Answer:
     head's lies wholly below every baseline's, no when wholly above one's (intervals of two separate
     paired comparisons with the base model: separated intervals are a conservative test)."""
     question = "Does the best personal head beat the per-user baselines (unigram interpolation, full-vocabulary bias)?"
-    solver, table = heads_at_headline(study)
+    solver, table = heads_at_headline(study.personalization)
     baselines = baselines_at(study.personalization, solver)
     if baselines.empty:
         return Answer(question, "untested", "no baseline (fit.baselines)", "", "personalization")
@@ -193,7 +183,7 @@ def head_on_cache(study: Study) -> Answer:
     """The heads fitted on the unigram cache (fit.on_cache) against the cache alone: the best of K points,
     yes only if its interval lies below 0 and its sign test survives Bonferroni over the K."""
     question = "Does a rank-d head add anything to a per-user unigram cache (the head fitted on the cache's mixture)?"
-    _, table = heads_at_headline(study)
+    _, table = heads_at_headline(study.personalization)
     rows = table[table["control"] == "cache+head"]
     if rows.empty:
         return Answer(question, "untested", "no head on the cache (fit.on_cache)", "", "personalization")

@@ -57,6 +57,24 @@ def headline_solver(personalization: pd.DataFrame) -> str:
     return "exact" if "exact" in solvers else sorted(solvers)[0]
 
 
+def heads_at_headline(personalization: pd.DataFrame) -> tuple[str, pd.DataFrame]:
+    """(headline solver, the heads' personalization rows at it)."""
+    solver = headline_solver(personalization)
+    heads, _ = split_baselines(personalization)
+    return solver, heads[heads["solver"] == solver]
+
+
+def best_beyond_global(personalization: pd.DataFrame) -> tuple[pd.Series, int]:
+    """The headline point: the headline solver's best personal-gain row, and the K points it is the best
+    of. The personal gain is the own residual against the others control ('own vs others'); a study of
+    one user has no others, and its gain is the residual against the global theta ('global+personal').
+    The fit stage picks it too, to compute the cross-user matrix where the summary reports."""
+    _, table = heads_at_headline(personalization)
+    control = "own vs others" if (table["control"] == "own vs others").any() else "global+personal"
+    gains = table[table["control"] == control]
+    return gains.loc[gains["delta_nll"].idxmin()], len(gains)
+
+
 def baselines_at(personalization: pd.DataFrame, solver: str, control: str = "personal") -> pd.DataFrame:
     """One row per baseline to quote beside `solver`'s heads, in the arm `control`: its row at that
     solver, else its only one (the unigram fits no theta: it has one row per arm whatever fit.solvers says)."""

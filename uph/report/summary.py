@@ -21,19 +21,26 @@ from uph.report.answers import (
     answers_markdown,
     at_point,
     attention_rows,
-    best_beyond_global,
     bonferroni,
     cross_user_at_headline,
     delta_with_ci,
     dose_curve,
-    heads_at_headline,
     milli,
     paired_text,
     point_label,
     seeds,
 )
 from uph.report.catalog import FIGURES, TABLES
-from uph.report.study import MILLI, Study, baselines_at, headline_solver, over_seeds, split_baselines
+from uph.report.study import (
+    MILLI,
+    Study,
+    baselines_at,
+    best_beyond_global,
+    headline_solver,
+    heads_at_headline,
+    over_seeds,
+    split_baselines,
+)
 from uph.stats import diagonal_dominance
 
 
@@ -46,7 +53,7 @@ def _dominance(cross: pd.DataFrame) -> str:
     )
 
 
-GAINS = {  # the personal gain's control -> what it compares (uph.report.answers.best_beyond_global)
+GAINS = {  # the personal gain's control -> what it compares (uph.report.study.best_beyond_global)
     "own vs others": "own residual θ against the other users' mean residual θ",
     "global+personal": "residual θ against the global θ alone",
 }
@@ -57,8 +64,8 @@ def personalization_finding(study: Study) -> list[str]:
     mean residual): that gain, its users improved and sign test, how many points have an interval
     excluding 0, the other comparisons there, the best head base -> personal against the baselines, and
     the cross-user diagonal dominance."""
-    solver, table = heads_at_headline(study)
-    best, points = best_beyond_global(study)
+    solver, table = heads_at_headline(study.personalization)
+    best, points = best_beyond_global(study.personalization)
     gains = table[table["control"] == best["control"]]
     below, above = (gains["delta_nll_ci_high"] < 0).sum(), (gains["delta_nll_ci_low"] > 0).sum()
     control = table[at_point(table, best)].set_index("control")
