@@ -303,8 +303,10 @@ def test_a_head_on_the_unigram_cache_scores_against_the_mixture_written_out(plan
         theta = scale * F.normalize(
             torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7)), dim=0
         )
-        logits = log_mixture + uncond.correction(h, theta).double()
-        assert HeldOut(test, uncond)(theta)["nll"] == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
+        for tilted in (uncond, head):  # one tilt for every token, and one per token
+            logits = log_mixture + tilted.correction(h, theta).double()
+            assert HeldOut(test, tilted)(theta)["nll"] == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
+    assert all(mixed.p0 is model.p0 for mixed, model in zip(test.chunks, tests["romeo"].chunks))  # no second p0
     # the logits the exact path recomputes where a cached partition sum underflows: the mixture's log
     torch.testing.assert_close(test.base_logits(h).T.double(), log_mixture, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="already have a mixture base"):

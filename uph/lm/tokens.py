@@ -18,7 +18,7 @@ class Chunk:
     hidden: torch.Tensor  # [c, H] as given (float32 or bfloat16)
     targets: torch.Tensor  # [c] next-token ids
     nll0: torch.Tensor  # [c] base cross-entropy per token
-    p0: torch.Tensor | None  # [V, c] base probabilities up to a factor per token; None: recomputed
+    p0: torch.Tensor | None  # [V, c] the model's probabilities up to a factor per token; None: recomputed
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,10 @@ class Mixture:
     weight: float
     floor: torch.Tensor  # [V]
 
-    def probabilities(self, p0: torch.Tensor) -> torch.Tensor:
-        """The mixture [V, c] from the model's p0 [V, c] (up to a factor per token), normalized."""
-        return (p0 / p0.sum(dim=0, keepdim=True)).mul_(self.weight).add_(self.floor.to(p0)[:, None])
+    def probabilities(self, p0: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The mixture [V, c] from the model's p0 [V, c] (up to a factor per token), normalized (into `out`)."""
+        out = torch.div(p0, p0.sum(dim=0, keepdim=True), out=out)
+        return out.mul_(self.weight).add_(self.floor.to(p0)[:, None])
 
     def nll(self, nll0: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """-log p(y_t) [c] from the model's NLL of the targets, in log space (a model probability that
@@ -69,13 +70,17 @@ class Tokens:
         return float(sum(chunk.nll0.sum(dtype=torch.float64) for chunk in self.chunks) / self.n)
 
     def probabilities(self):
-        """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed."""
+        """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed. With a
+        mixture, the model's p0 is mixed as it is read, into one reused block: the mixed tokens hold no
+        second copy of p0, and each block is valid until the next chunk's."""
+        block = None
         for chunk in self.chunks:
-            if chunk.p0 is not None:
-                yield chunk, chunk.p0
-            else:
-                p0 = base_distribution(chunk, self.layer)[0]
-                yield chunk, p0 if self.mixture is None else self.mixture.probabilities(p0)
+            p0 = chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
+            if self.mixture is not None:
+                if block is None:
+                    block = p0.new_empty(p0.shape[0] * max(len(chunk.targets) for chunk in self.chunks))
+                p0 = self.mixture.probabilities(p0, out=block[: p0.numel()].view(p0.shape))
+            yield chunk, p0
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The base's logits [V, c] of hidden states [c, H]: the model's, or the log of the mixture."""
@@ -85,16 +90,12 @@ class Tokens:
         return self.mixture.probabilities(z.sub_(z.amax(dim=0, keepdim=True)).exp_()).log_()
 
     def mixed(self, mixture: Mixture) -> Tokens:
-        """The same tokens on the base `mixture` of the model with a unigram cache (new p0 caches)."""
+        """The same tokens on the base `mixture` of the model with a unigram cache: they share the model's p0
+        cache, mixed as it is read (`probabilities`)."""
         if self.mixture is not None:
             raise ValueError("these tokens already have a mixture base")
         chunks = [
-            Chunk(
-                chunk.hidden,
-                chunk.targets,
-                mixture.nll(chunk.nll0, chunk.targets),
-                None if chunk.p0 is None else mixture.probabilities(chunk.p0),
-            )
+            Chunk(chunk.hidden, chunk.targets, mixture.nll(chunk.nll0, chunk.targets), chunk.p0)
             for chunk in self.chunks
         ]
         return Tokens(chunks, self.layer, mixture)
