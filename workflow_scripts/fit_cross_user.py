@@ -33,7 +33,7 @@ with rule_logging(snakemake) as log:
         )
         best, points = best_beyond_global(table)
         point, solver = Point.of(best["head"], best["alpha"], best["d"]), best["solver"]
-        listed = {(Point.of(p["head"], p["alpha"], p["d"]), p.get("solver", "exact")) for p in snakemake.params.listed}
+        listed = {(Point.of(p["head"], p["alpha"], p["d"]), p["solver"]) for p in snakemake.params.listed}
         log.info(
             "the headline point: %s, solver %s (the best own-vs-others gain of %d points)", point.label, solver, points
         )

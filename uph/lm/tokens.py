@@ -78,7 +78,7 @@ class Tokens:
             p0 = chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
             if self.mixture is not None:
                 if block is None:
-                    block = p0.new_empty(p0.shape[0] * max(len(chunk.targets) for chunk in self.chunks))
+                    block = p0.new_empty(p0.shape[0] * max(len(each.targets) for each in self.chunks))
                 p0 = self.mixture.probabilities(p0, out=block[: p0.numel()].view(p0.shape))
             yield chunk, p0
 
