@@ -1,5 +1,5 @@
-# Attention study (issue 13): one training job per (model, attention) runs every task, its lr
-# sweep and seeds (uph.attention.training); one table rule gathers them. Independent of the LM branch.
+# Attention study (issue 13): one training job per (model, attention, task) runs the task's lr sweep
+# and seeds (uph.attention.training); one table rule gathers them. Independent of the LM branch.
 
 
 rule attention_train:
@@ -8,17 +8,19 @@ rule attention_train:
         sweep=f"{ATTENTION_JOB}/sweep.parquet",
         evaluation=f"{ATTENTION_JOB}/eval.parquet",
     log:
-        results("logs", "attention_train", "model~{model}-attention~{attention}.log"),
+        results("logs", "attention_train", "model~{model}-attention~{attention}-task~{task}.log"),
     benchmark:
-        results("benchmarks", "attention_train-model~{model}-attention~{attention}.tsv")
+        results("benchmarks", "attention_train-model~{model}-attention~{attention}-task~{task}.tsv")
     wildcard_constraints:
         model="|".join(ATTENTION["models"]),
         attention="|".join(ATTENTION["attentions"]),
+        task="|".join(ATTENTION["tasks"]),
     threads: 1
     resources:
         gpu=gpus(),
     params:
-        attention=job_settings(ATTENTION, "models", "attentions"),
+        # not the lists the wildcards pick: adding or dropping a task (model, kind) reruns no other job
+        attention=job_settings(ATTENTION, "models", "attentions", "tasks"),
         device=config["device"],
     script:
         "../workflow_scripts/attention_train.py"

@@ -252,7 +252,7 @@ def test_the_lr_sweep_extends_past_the_end_its_best_lr_sits_at():
 
 
 def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
-    listed = {"models", "attentions"}  # each job is one of them (rules/attention.smk)
+    listed = {"models", "attentions"}  # each job is one of them (rules/attention.smk); tasks: its one task
     assert set(AttentionStudyConfig.__dataclass_fields__) == set(schema_defaults("attention")) - listed
 
 
@@ -287,19 +287,34 @@ def test_tiny_study_tables_hold_every_configured_run_at_one_chosen_lr_per_cell(t
     assert curves[["score_abs", "attention_grad_norm"]].notna().all().all()
 
 
-def test_an_attention_setting_reruns_every_attention_job_and_no_other_branch(tiny_study, tmp_path):
+def planned_after(tiny_study, tmp_path, **attention) -> dict[str, int]:
+    """rule -> job count of a dry run on a copy of the tiny study with `attention` changed in its config."""
     workdir = tmp_path / "study"
     shutil.copytree(tiny_study.workdir, workdir, symlinks=True)
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
-    config["attention"]["ms"] = [1, 2]
+    config["attention"].update(attention)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     run = snakemake(workdir, "-n", config=tmp_path / "config.yaml")
     assert run.returncode == 0, run.stderr[-2000:]
     rows = run.stdout.split("Job stats:", 1)[1].split("total", 1)[0].splitlines()[3:]
-    jobs = dict((name, int(count)) for name, count in map(str.split, filter(str.strip, rows)))
-    assert jobs["attention_train"] == len(config["attention"]["attentions"]) and jobs["attention_table"] == 1
+    return dict((name, int(count)) for name, count in map(str.split, filter(str.strip, rows)))
+
+
+def test_an_attention_setting_reruns_every_attention_job_and_no_other_branch(tiny_study, tmp_path):
+    jobs = planned_after(tiny_study, tmp_path, ms=[1, 2])
+    cfg = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["attention"]
+    cells = len(cfg["models"]) * len(cfg["attentions"]) * len(cfg["tasks"])  # one job per (model, attention, task)
+    assert jobs["attention_train"] == cells and jobs["attention_table"] == 1
     # the branches beside it (the LM branch's jobs rerun too whenever its code changed after the fixture ran)
     assert not {"copy_task_train", "copy_task_table", "gram_resilience", "feedback_train", "corpus_roles"} & set(jobs)
+
+
+def test_dropping_a_task_reruns_no_training_job_only_the_table(tiny_study, tmp_path):
+    """A job's params leave out the lists its wildcards pick (rules/attention.smk): the other tasks' jobs
+    stay done."""
+    tasks = yaml.safe_load((REPO / "config" / "test.yaml").read_text())["attention"]["tasks"]
+    jobs = planned_after(tiny_study, tmp_path, tasks=tasks[:-1])
+    assert "attention_train" not in jobs and jobs["attention_table"] == 1
 
 
 def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_its_best_weights():

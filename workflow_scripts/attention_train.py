@@ -1,6 +1,5 @@
-"""Rule attention_train: every task of the attention study for one (model, attention): lr sweep, seeds, tests."""
+"""Rule attention_train: one task of the attention study for one (model, attention): lr sweep, seeds, tests."""
 
-import pandas as pd
 import torch
 
 from uph.attention.study_config import AttentionStudyConfig
@@ -11,9 +10,10 @@ from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
-    cfg = AttentionStudyConfig.from_config(snakemake.params.attention)
+    wildcards = snakemake.wildcards
+    # the params leave out the lists the wildcards pick (rules/attention.smk): the job's task is its wildcard
+    cfg = AttentionStudyConfig.from_config({**snakemake.params.attention, "tasks": [wildcards.task]})
     device = resolve_device(snakemake.params.device)
-    model, attention = snakemake.wildcards.model, snakemake.wildcards.attention
-    cells = [run_cell(cfg, task, model, attention, device, log) for task in cfg.tasks]
-    for i, name in enumerate(("curves", "sweep", "evaluation")):
-        write_parquet(pd.concat([cell[i] for cell in cells], ignore_index=True), snakemake.output[name])
+    cell = run_cell(cfg, wildcards.task, wildcards.model, wildcards.attention, device, log)
+    for frame, name in zip(cell, ("curves", "sweep", "evaluation"), strict=True):
+        write_parquet(frame.reset_index(drop=True), snakemake.output[name])
