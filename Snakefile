@@ -29,6 +29,7 @@ localrules:
     all,
     model,
     capacity,
+    headline_point,
     personalization_table,
     copy_task_table,
     attention_table,

@@ -65,17 +65,34 @@ def shard_paths():
 
 
 FIT = config["fit"]
-FIT_SHARD = results("fit", "shard-{shard}")
+# The fit stage's per-user work runs in fit.jobs jobs (users balanced by train tokens, uph.lm.partition),
+# whatever the shards and the cores; the global fit in one job per method.
+FIT_JOB = results("fit", "job~{job}")
 SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")  # one sweep point's folder
+CROSS_USER_BLOCK = os.path.join(SWEEP, "cross_user-job~{job}.parquet")  # one fit job's texts, every theta
+GLOBAL_FIT = results("fit", "global", "method~{method}")
+GLOBAL_UNIGRAM = results("fit", "global", "unigram")
 
 
-def fit_shard_paths(name):
-    """`name` (validation, fits or dose .parquet) of every shard's validate or fit job."""
-    return expand(f"{FIT_SHARD}/{name}", shard=range(config["extract"]["shards"]))
+def fit_job_paths(name):
+    """`name` (validation, fits, dose, others or cross_user-headline .parquet) of every fit job."""
+    return expand(f"{FIT_JOB}/{name}", job=range(FIT["jobs"]))
+
+
+def global_methods():
+    """The global fit's jobs: one per head of the sweep, and the full bias when fit.baselines has it."""
+    heads = sorted({head for head, _, _ in sweep_points(FIT)})
+    return heads + (["full_bias"] if "full_bias" in FIT["baselines"] else [])
+
+
+def global_paths(name):
+    """`name` (thetas or validation .parquet) of every method's fit_global job."""
+    return expand(f"{GLOBAL_FIT}/{name}", method=global_methods())
 
 
 def cross_user_paths():
-    return [f"{SWEEP}/cross_user.parquet".format(**point) for point in FIT["cross_user"]]
+    """Every block of every point of fit.cross_user."""
+    return [CROSS_USER_BLOCK.format(**point, job=job) for point in FIT["cross_user"] for job in range(FIT["jobs"])]
 
 
 COPY_TASK = config["copy_task"]
@@ -88,12 +105,17 @@ def copy_task_runs(name):
 
 
 ATTENTION = config["attention"]
-ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}")
+ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}", "task~{task}")
 
 
 def attention_runs(name):
-    """`name` (curves, sweep or eval .parquet) of every configured (model, attention) job."""
-    return expand(f"{ATTENTION_JOB}/{name}", model=ATTENTION["models"], attention=ATTENTION["attentions"])
+    """`name` (curves, sweep or eval .parquet) of every configured (model, attention, task) job."""
+    return expand(
+        f"{ATTENTION_JOB}/{name}",
+        model=ATTENTION["models"],
+        attention=ATTENTION["attentions"],
+        task=ATTENTION["tasks"],
+    )
 
 
 def attention_targets():

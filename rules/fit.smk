@@ -1,17 +1,20 @@
 # Fit: the personalization study on the cache, every method at its capacity chosen on validation
-# (uph.lm.capacity). fit_global walks the global theta's path of radii on the pooled users' fit parts,
-# chooses on their validation parts and refits; one validate job per shard walks its users' personal and
-# residual paths (p0 computed once per user); capacity chooses every arm's radius (and unigram lambda)
-# from all of them; one fit job per shard refits each arm at its choice on all train tokens and scores it
-# on test; fit_others scores each user's text with the mean of the other users' residual thetas (the
-# control a personal gain must beat); cross_user scores the residual thetas on every user's text at the
-# listed points (fit.cross_user), cross_user_headline at the point the summary reports (the best own against
-# others, picked from the fits and that control); the tables follow.
+# (uph.lm.capacity). The per-user work runs in fit.jobs jobs, users balanced by train tokens
+# (uph.lm.partition), whatever the cache's shards and the run's cores. fit_global walks one method's global
+# path of radii on the pooled users' fit parts, chooses on their validation parts and refits;
+# fit_global_unigram counts the pooled unigram and chooses its lambdas; one validate job per fit job walks
+# its users' personal and residual paths (p0 computed once per user); capacity chooses every arm's radius
+# (and unigram lambda) from all of them; one fit job per fit job refits each arm at its choice on all train
+# tokens and scores it on test; fit_others scores its users' texts with the mean of the other users'
+# residual thetas (the control a personal gain must beat); cross_user scores every residual theta on its
+# users' texts at the listed points (fit.cross_user), cross_user_headline at the point the summary reports
+# (headline_point: the best own against others, picked from the fits and that control); the tables follow.
 wildcard_constraints:
     head="|".join(sorted({head for head, _, _ in sweep_points(FIT)})),
+    method="|".join(global_methods()),
     alpha=r"[0-9.e+-]+",
     d=r"\d+",
-    shard=r"\d+",
+    job=r"\d+",
 
 
 rule fit_global:
@@ -21,13 +24,12 @@ rule fit_global:
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
-        thetas=results("fit", "global.parquet"),
-        validation=results("fit", "global-validation.parquet"),
-        unigram=results("fit", "unigram.parquet"),
+        thetas=f"{GLOBAL_FIT}/thetas.parquet",
+        validation=f"{GLOBAL_FIT}/validation.parquet",
     log:
-        results("logs", "fit", "global.log"),
+        results("logs", "fit", "global-method~{method}.log"),
     benchmark:
-        results("benchmarks", "fit-global.tsv")
+        results("benchmarks", "fit-global-method~{method}.tsv")
     priority: LM_PRIORITY
     threads: 1
     resources:
@@ -41,20 +43,46 @@ rule fit_global:
         "../workflow_scripts/fit_global.py"
 
 
-rule validate:
+rule fit_global_unigram:
     input:
-        global_fit=rules.fit_global.output.thetas,
-        unigram=rules.fit_global.output.unigram,
-        shard=results("cache", "shard-{shard}.parquet"),
+        shards=shard_paths(),
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
-        f"{FIT_SHARD}/validation.parquet",
+        unigram=f"{GLOBAL_UNIGRAM}/unigram.parquet",
+        validation=f"{GLOBAL_UNIGRAM}/validation.parquet",
     log:
-        results("logs", "fit", "validate-shard-{shard}.log"),
+        results("logs", "fit", "global-unigram.log"),
     benchmark:
-        results("benchmarks", "fit-validate-shard~{shard}.tsv")
+        results("benchmarks", "fit-global-unigram.tsv")
+    priority: LM_PRIORITY
+    threads: 1
+    resources:
+        mem_mb=4000,
+        gpu=gpus(),
+    params:
+        fit=FIT_GLOBAL,
+        cache=CACHE_IDENTITY,
+        device=config["device"],
+    script:
+        "../workflow_scripts/fit_global_unigram.py"
+
+
+rule validate:
+    input:
+        global_fit=global_paths("thetas.parquet"),
+        unigram=rules.fit_global_unigram.output.unigram,
+        shards=shard_paths(),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        f"{FIT_JOB}/validation.parquet",
+    log:
+        results("logs", "fit", "validate-job~{job}.log"),
+    benchmark:
+        results("benchmarks", "fit-validate-job~{job}.tsv")
     priority: LM_PRIORITY
     threads: 1
     resources:
@@ -62,6 +90,7 @@ rule validate:
         gpu=gpus(),
     params:
         fit=FIT_VALIDATE,
+        jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:
@@ -70,8 +99,8 @@ rule validate:
 
 rule capacity:
     input:
-        global_validation=rules.fit_global.output.validation,
-        validation=fit_shard_paths("validation.parquet"),
+        validation=[*global_paths("validation.parquet"), rules.fit_global_unigram.output.validation]
+        + fit_job_paths("validation.parquet"),
         model=rules.model.output.identity,
     output:
         results("fit", "capacity.parquet"),
@@ -87,20 +116,20 @@ rule capacity:
 
 rule fit:
     input:
-        global_fit=rules.fit_global.output.thetas,
-        unigram=rules.fit_global.output.unigram,
+        global_fit=global_paths("thetas.parquet"),
+        unigram=rules.fit_global_unigram.output.unigram,
         capacity=rules.capacity.output[0],
-        shard=results("cache", "shard-{shard}.parquet"),
+        shards=shard_paths(),
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
-        fits=f"{FIT_SHARD}/fits.parquet",
-        dose=f"{FIT_SHARD}/dose.parquet",
+        fits=f"{FIT_JOB}/fits.parquet",
+        dose=f"{FIT_JOB}/dose.parquet",
     log:
-        results("logs", "fit", "shard-{shard}.log"),
+        results("logs", "fit", "fit-job~{job}.log"),
     benchmark:
-        results("benchmarks", "fit-shard~{shard}.tsv")
+        results("benchmarks", "fit-job~{job}.tsv")
     priority: LM_PRIORITY
     threads: 1
     resources:
@@ -108,26 +137,55 @@ rule fit:
         gpu=gpus(),
     params:
         fit=FIT_USERS,
+        jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:
         "../workflow_scripts/fit.py"
 
 
-rule cross_user:
+rule fit_others:
     input:
-        global_fit=rules.fit_global.output.thetas,
-        fits=fit_shard_paths("fits.parquet"),
+        global_fit=global_paths("thetas.parquet"),
+        unigram=rules.fit_global_unigram.output.unigram,
+        fits=fit_job_paths("fits.parquet"),
         shards=shard_paths(),
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
-        f"{SWEEP}/cross_user.parquet",
+        f"{FIT_JOB}/others.parquet",
     log:
-        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-cross_user.log"),
+        results("logs", "fit", "others-job~{job}.log"),
     benchmark:
-        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-cross_user.tsv")
+        results("benchmarks", "fit-others-job~{job}.tsv")
+    priority: LM_PRIORITY
+    threads: 1
+    resources:
+        gpu=gpus(),
+    params:
+        fit=FIT_OTHERS,
+        jobs=FIT["jobs"],
+        cache=CACHE_IDENTITY,
+        device=config["device"],
+    script:
+        "../workflow_scripts/fit_others.py"
+
+
+rule cross_user:
+    input:
+        global_fit=global_paths("thetas.parquet"),
+        fits=fit_job_paths("fits.parquet"),
+        shards=shard_paths(),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        CROSS_USER_BLOCK,
+    log:
+        results("logs", "fit", "head~{head}-alpha~{alpha}-d~{d}-cross_user-job~{job}.log"),
+    benchmark:
+        results("benchmarks", "fit-head~{head}-alpha~{alpha}-d~{d}-cross_user-job~{job}.tsv")
     priority: LM_PRIORITY
     threads: 1
     resources:
@@ -135,63 +193,58 @@ rule cross_user:
     params:
         solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
         heads=FIT_HEADS,
+        jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:
         "../workflow_scripts/fit_cross_user.py"
 
 
-rule fit_others:
+rule headline_point:
     input:
-        global_fit=rules.fit_global.output.thetas,
-        unigram=rules.fit_global.output.unigram,
-        fits=fit_shard_paths("fits.parquet"),
-        shards=shard_paths(),
-        users=rules.corpus.output.users,
-        model=rules.model.output.identity,
-        basis=rules.svd_basis.output[0],
-    output:
-        results("fit", "others.parquet"),
-    log:
-        results("logs", "fit", "others.log"),
-    benchmark:
-        results("benchmarks", "fit-others.tsv")
-    priority: LM_PRIORITY
-    threads: 1
-    resources:
-        gpu=gpus(),
-    params:
-        fit=FIT_OTHERS,
-        cache=CACHE_IDENTITY,
-        device=config["device"],
-    script:
-        "../workflow_scripts/fit_others.py"
-
-
-rule cross_user_headline:
-    input:
-        global_fit=rules.fit_global.output.thetas,
-        fits=fit_shard_paths("fits.parquet"),
-        others=rules.fit_others.output[0],
+        global_fit=global_paths("thetas.parquet"),
+        fits=fit_job_paths("fits.parquet"),
+        others=fit_job_paths("others.parquet"),
         capacity=rules.capacity.output[0],
-        shards=shard_paths(),
-        users=rules.corpus.output.users,
         model=rules.model.output.identity,
-        basis=rules.svd_basis.output[0],
     output:
-        results("fit", "cross_user-headline.parquet"),
+        results("fit", "headline.parquet"),
     log:
-        results("logs", "fit", "cross_user-headline.log"),
+        results("logs", "fit", "headline_point.log"),
     benchmark:
-        results("benchmarks", "fit-cross_user-headline.tsv")
+        results("benchmarks", "fit-headline_point.tsv")
     priority: LM_PRIORITY
-    threads: 1
-    resources:
-        gpu=gpus(),
     params:
         fit=FIT_SWEEP,
         listed=FIT["cross_user"],
         bootstrap=FIT["bootstrap"],
+        cache=CACHE_IDENTITY,
+    script:
+        "../workflow_scripts/fit_headline.py"
+
+
+rule cross_user_headline:
+    input:
+        headline=rules.headline_point.output[0],
+        global_fit=global_paths("thetas.parquet"),
+        fits=fit_job_paths("fits.parquet"),
+        shards=shard_paths(),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        f"{FIT_JOB}/cross_user-headline.parquet",
+    log:
+        results("logs", "fit", "cross_user-headline-job~{job}.log"),
+    benchmark:
+        results("benchmarks", "fit-cross_user-headline-job~{job}.tsv")
+    priority: LM_PRIORITY
+    threads: 1
+    resources:
+        gpu=gpus(),
+    params:
+        heads=FIT_HEADS,
+        jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
         device=config["device"],
     script:
@@ -200,13 +253,13 @@ rule cross_user_headline:
 
 rule personalization_table:
     input:
-        global_fit=rules.fit_global.output.thetas,
-        fits=fit_shard_paths("fits.parquet"),
-        others=rules.fit_others.output[0],
-        dose=fit_shard_paths("dose.parquet"),
-        validation=[rules.fit_global.output.validation, *fit_shard_paths("validation.parquet")],
+        global_fit=global_paths("thetas.parquet"),
+        fits=fit_job_paths("fits.parquet"),
+        others=fit_job_paths("others.parquet"),
+        dose=fit_job_paths("dose.parquet"),
+        validation=rules.capacity.input.validation,
         capacity=rules.capacity.output[0],
-        cross_user=[*cross_user_paths(), rules.cross_user_headline.output[0]],
+        cross_user=[*cross_user_paths(), *fit_job_paths("cross_user-headline.parquet")],
         model=rules.model.output.identity,
     output:
         personalization=report(

@@ -29,12 +29,13 @@ from uph.lm.sweep import (
     capacity_choices,
     cross_user,
     fit_global,
-    fit_shard,
     fit_user,
+    fit_users,
     global_thetas,
+    global_unigram,
     others,
-    validate_shard,
     validate_user,
+    validate_users,
 )
 from uph.lm.tokens import pool, prepare
 
@@ -159,10 +160,11 @@ def test_no_choice_moves_when_the_test_tokens_change(planted):
 
     def study(users: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
         job = FitJob(layer, users, heads, torch.device("cpu"), gap=4)
-        thetas, validation, unigram = fit_global(job, fit)
-        shard = validate_shard(job, global_thetas(thetas, "theta_fit"), unigram, fit)
-        choices = capacity_choices(pd.concat([validation, shard]))
-        fits, _ = fit_shard(job, global_thetas(thetas), choices, unigram, fit)
+        thetas, validation = fit_global(job, fit)
+        unigram, unigram_validation = global_unigram(job, fit)
+        per_user = validate_users(job, global_thetas(thetas, "theta_fit"), unigram, fit)
+        choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
+        fits, _ = fit_users(job, global_thetas(thetas), choices, unigram, fit)
         return choices, fits
 
     users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}

@@ -64,10 +64,12 @@ STAGE_RULES = {
     "svd_basis",
     "fit",
     "fit_global",
+    "fit_global_unigram",
     "validate",
     "capacity",
     "fit_others",
     "cross_user",
+    "headline_point",
     "cross_user_headline",
     "personalization_table",
     "copy_task_train",
@@ -169,8 +171,9 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
         workdir,
         "results/cache/shard-1.parquet",
         "results/fit/*.parquet",
-        "results/fit/shard-*/*.parquet",
-        "results/fit/*/*/*/cross_user.parquet",
+        "results/fit/global/*/*.parquet",
+        "results/fit/job~*/*.parquet",
+        "results/fit/*/*/*/cross_user-job~*.parquet",
         "results/tables/personalization.*",
         "results/tables/capacity.*",
         "results/tables/dose_response.*",
@@ -181,33 +184,25 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     assert not (cache / "shard-1.parquet").exists()
     kept = results_files(workdir)  # shard 0, its fits, the model, the corpus, ...
 
-    unlock(workdir)  # the global fit and one shard's fit done, the other running:
+    unlock(workdir)  # the global fits and some fit jobs done, another running:
     resumed = kill_when(workdir, lambda output: "(Rule: fit)" in output, "--rerun-incomplete")
     assert planned_jobs(resumed) == {"extract": 1, **LM_FITS}  # one shard's extraction, then every fit job
     finished = {
         rule: resumed.stdout.count(f"(Rule: {rule})")
-        for rule in ("extract", "fit_global", "validate", "capacity", "fit")
+        for rule in ("extract", "fit_global", "fit_global_unigram", "validate", "capacity", "fit")
     }
     written = {path: stamp for path, stamp in results_files(workdir).items() if path not in kept}
 
     unlock(workdir)
     rerun = snakemake(workdir, "--rerun-incomplete", *LM_TABLES)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
-    unfinished = {
-        "fit_global": 1 - finished["fit_global"],
-        "validate": 2 - finished["validate"],
-        "capacity": 1 - finished["capacity"],
-        "fit": 2 - finished["fit"],
-        "fit_others": 1,
-        "cross_user": 1,
-        "cross_user_headline": 1,
-        "personalization_table": 1,
-    }
+    unfinished = {rule: count - finished.get(rule, 0) for rule, count in LM_FITS.items()}
     assert planned_jobs(rerun) == {rule: count for rule, count in unfinished.items() if count}
     after = results_files(workdir)
     assert all(after[path] == stamp for path, stamp in kept.items())
     # outputs of finished jobs stay; one written but not yet recorded when killed is incomplete, so redone
-    outputs = {"extract": 1, "fit_global": 3, "validate": 1, "capacity": 1, "fit": 2}  # files each finished job wrote
+    # files each finished job wrote
+    outputs = {"extract": 1, "fit_global": 2, "fit_global_unigram": 2, "validate": 1, "capacity": 1, "fit": 2}
     assert sum(after[path] == stamp for path, stamp in written.items()) == sum(
         outputs[rule] * count for rule, count in finished.items()
     )
@@ -391,20 +386,42 @@ def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
+def test_the_fit_stage_cut_into_one_job_or_into_fit_jobs_gives_byte_identical_tables(tiny_study, tmp_path):
+    """config/test.yaml cuts its 4 users into fit.jobs 3 jobs; cut into 1 instead, the per-user jobs rerun
+    (and nothing upstream), and every LM table is the same to the byte: a user's rows do not depend on the
+    job that holds it, and the tables read the users in one order."""
+    workdir = copy_study(tiny_study, tmp_path)
+    config = config_file(tmp_path, lambda c: c["fit"].update(jobs=1))
+    run = snakemake(
+        workdir, *LM_TABLES, "results/tables/capacity.csv", "results/tables/dose_response.csv", config=config
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    per_user = {"validate", "fit", "fit_others", "cross_user", "cross_user_headline"}
+    assert planned_jobs(run) == {
+        **dict.fromkeys(per_user, 1),
+        "capacity": 1,
+        "headline_point": 1,
+        "personalization_table": 1,
+    }
+    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 3  # the 3-job files stay beside
+    assert_tables_equal_the_reference(workdir, tiny_study)
+
+
 def test_shards_the_hash_leaves_empty_and_no_baselines_run_to_the_summary(tiny_study, tmp_path):
-    """extract.shards 8 for 4 users (several shards hold nobody) with fit.baselines [], fit.on_cache [] and
-    no dose-response points (the schema allows each): every per-shard job writes its empty file, every
-    table builds from them, every user once, empty tables keep their columns, and the summary renders."""
+    """extract.shards 8 and fit.jobs 8 for 4 users (several shards and jobs hold nobody) with fit.baselines
+    [], fit.on_cache [] and no dose-response points (the schema allows each): every per-shard and per-user
+    job writes its empty file, every table builds from them, every user once, empty tables keep their
+    columns, and the summary renders."""
     workdir = copy_study(tiny_study, tmp_path)
 
     def edit(config):
         config["extract"]["shards"] = 8
-        config["fit"].update(baselines=[], on_cache=[])
+        config["fit"].update(baselines=[], on_cache=[], jobs=8)
         config["fit"]["dose_response"]["points"] = []
 
     run = snakemake(workdir, "results/summary.md", config=config_file(tmp_path, edit))
     assert run.returncode == 0, run.stderr[-3000:]
-    sizes = [len(pd.read_parquet(workdir / f"results/fit/shard-{i}/fits.parquet")) for i in range(8)]
+    sizes = [len(pd.read_parquet(workdir / f"results/fit/job~{i}/fits.parquet")) for i in range(8)]
     assert 0 in sizes and sum(sizes) > 0
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
     assert set(table["n_users"]) == {len(pd.read_parquet(workdir / "results/corpus/users.parquet"))}
@@ -778,14 +795,16 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 
 # Invalidation: a config change reruns exactly the jobs that depend on it (params and paths).
 
-LM_FITS = {  # every method in every job
-    "fit_global": 1,
-    "validate": 2,
+LM_FITS = {  # every method in every job: config/test.yaml's 5 heads and the full bias, fit.jobs 3, 1 listed point
+    "fit_global": 6,
+    "fit_global_unigram": 1,
+    "validate": 3,
     "capacity": 1,
-    "fit": 2,
-    "fit_others": 1,
-    "cross_user": 1,
-    "cross_user_headline": 1,
+    "fit": 3,
+    "fit_others": 3,
+    "cross_user": 3,
+    "headline_point": 1,
+    "cross_user_headline": 3,
     "personalization_table": 1,
 }
 LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}
@@ -804,7 +823,7 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "lm-head-update-gamma": (lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}), LM_FITS),
     "dose-response-sizes": (  # only the shard jobs and what follows them read them
         lambda c: c["fit"]["dose_response"].update(train_tokens=[256]),
-        {key: count for key, count in LM_FITS.items() if key != "fit_global"},
+        {key: count for key, count in LM_FITS.items() if key not in ("fit_global", "fit_global_unigram")},
     ),
     "radii": (  # every fit chooses from the grid
         lambda c: c["fit"].update(radii=[1.0, 10.0]),

@@ -32,6 +32,7 @@ GPU_RULES = {
     "extract",
     "fit",
     "fit_global",
+    "fit_global_unigram",
     "validate",
     "fit_others",
     "cross_user",
@@ -69,8 +70,10 @@ def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
     fit, shards = study["fit"], study["extract"]["shards"]
     points = len(fit["heads"]) * len(fit["alphas"]) * len(fit["ds"])
     jobs = planned_jobs(run.stdout)
-    assert jobs["extract"] == shards and jobs["fit"] == jobs["validate"] == shards and jobs["fit_global"] == 1
-    assert points > 1 and jobs["cross_user"] == len(fit["cross_user"]) and jobs["personalization_table"] == 1
+    assert jobs["extract"] == shards and jobs["fit"] == jobs["validate"] == jobs["fit_others"] == fit["jobs"]
+    assert jobs["fit_global"] == len(set(fit["heads"])) + ("full_bias" in fit["baselines"])
+    assert jobs["cross_user_headline"] == fit["jobs"] and jobs["cross_user"] == len(fit["cross_user"]) * fit["jobs"]
+    assert points > 1 and jobs["personalization_table"] == 1
     assert jobs["copy_task_train"] == len(study["copy_task"]["attentions"]) * len(study["copy_task"]["seeds"])
     assert jobs["feedback_train"] == len(study["feedback"]["methods"]) * len(study["feedback"]["seeds"])
     resources = planned_resources(run.stdout)

@@ -227,8 +227,8 @@ SWEEP_KEYS = (
 )  # every method, every solver
 CAPACITY_KEYS = ("radii", "lambdas", "validation_fraction")  # the grids and the split (uph.lm.capacity)
 FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
-FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.validate_shard
-FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.fit_shard (the choices come as a file)
+FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.validate_users
+FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.fit_users (the choices come as a file)
 FIT_OTHERS_KEYS = (*SWEEP_KEYS, "on_cache")  # uph.lm.sweep.others
 
 

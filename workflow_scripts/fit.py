@@ -1,21 +1,22 @@
 """Rule fit: every method's personal and residual arms at their chosen radii, the dose-response and the
-unigram arms, for the users of one cache shard (each user's base distribution computed once)."""
+unigram arms, for the users of one fit job (each user's base distribution computed once)."""
 
 import torch
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.sweep import FitConfig, fit_shard, global_thetas, load_methods
+from uph.lm.sweep import FitConfig, fit_users, global_thetas, job_users, load_methods
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
-    thetas_g = global_thetas(FIT_FILE.read_table(snakemake.input.global_fit, record))
+    thetas_g = global_thetas(FIT_FILE.read_tables(snakemake.input.global_fit, record))
     choices = FIT_FILE.read_table(snakemake.input.capacity, record)
     unigram = FIT_FILE.read_table(snakemake.input.unigram, record)
     fit = FitConfig.from_config(snakemake.params.fit)
-    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, [snakemake.input.shard])
+    users = job_users(snakemake.input.users, snakemake.wildcards.job, snakemake.params.jobs)
+    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, users)
     log.info("%d users x %d methods x solvers %s", len(job.users), len(job.heads), fit.solvers)
-    fits, dose = fit_shard(job, thetas_g, choices, None if unigram.empty else unigram, fit)
+    fits, dose = fit_users(job, thetas_g, choices, None if unigram.empty else unigram, fit)
     write_recorded(fits, snakemake.output.fits, record)
     write_recorded(dose, snakemake.output.dose, record)

@@ -1,5 +1,5 @@
-"""Rule fit_global: the global theta of every method and solver at its radius chosen on validation, on all
-users' train tokens pooled, with the validation rows it chose from and the pooled unigram."""
+"""Rule fit_global: the global theta of one method (a head's points, or the full bias) and every solver at
+its radius chosen on validation, on all users' train tokens pooled, with the validation rows it chose from."""
 
 import torch
 
@@ -11,7 +11,9 @@ with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
     fit = FitConfig.from_config(snakemake.params.fit)
-    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device)
-    thetas, validation, unigram = fit_global(job, fit)
-    for table, path in zip((thetas, validation, unigram), snakemake.output):
-        write_recorded(table, path, record)
+    method = snakemake.wildcards.method
+    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, method=method)
+    log.info("%s: %d points x solvers %s on %d users", method, len(job.heads), fit.solvers, len(job.users))
+    thetas, validation = fit_global(job, fit)
+    write_recorded(thetas, snakemake.output.thetas, record)
+    write_recorded(validation, snakemake.output.validation, record)

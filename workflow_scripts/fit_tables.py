@@ -9,7 +9,13 @@ import pandas as pd
 from uph.artifacts import FIT_FILE, job_record
 from uph.io import write_table
 from uph.lm.cache import check_unique_users
-from uph.lm.tables import capacity_table, cross_user_table, dose_response_table, personalization_table
+from uph.lm.tables import (
+    capacity_table,
+    cross_user_table,
+    dose_response_table,
+    in_user_order,
+    personalization_table,
+)
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
@@ -21,23 +27,27 @@ with rule_logging(snakemake) as log:
     choices = FIT_FILE.read_table(snakemake.input.capacity, record)
     table = personalization_table(
         model,
-        pd.concat(fits.values()),
-        FIT_FILE.read_table(snakemake.input.global_fit, record),
-        FIT_FILE.read_table(snakemake.input.others, record),
+        in_user_order(pd.concat(fits.values())),
+        FIT_FILE.read_tables(snakemake.input.global_fit, record),
+        in_user_order(FIT_FILE.read_tables(snakemake.input.others, record)),
         choices,
         n_boot,
     )
     write_table(table, snakemake.output.personalization)
     log.info("personalization: %d rows", len(table))
 
-    curves = capacity_table(model, FIT_FILE.read_tables(snakemake.input.validation, record), choices)
+    validation = in_user_order(FIT_FILE.read_tables(snakemake.input.validation, record))
+    curves = capacity_table(model, validation, choices)
     write_table(curves, snakemake.output.capacity)
     log.info("capacity: %d rows", len(curves))
 
-    dose = dose_response_table(model, FIT_FILE.read_tables(snakemake.input.dose, record), choices, n_boot)
+    dose = dose_response_table(
+        model, in_user_order(FIT_FILE.read_tables(snakemake.input.dose, record)), choices, n_boot
+    )
     write_table(dose, snakemake.output.dose_response)
     log.info("dose_response: %d rows", len(dose))
 
-    cross = cross_user_table(model, [FIT_FILE.read_table(path, record) for path in snakemake.input.cross_user])
+    blocks = [FIT_FILE.read_table(path, record) for path in snakemake.input.cross_user]
+    cross = cross_user_table(model, blocks)
     write_table(cross, snakemake.output.cross_user)
     log.info("cross_user: %d rows", len(cross))

@@ -263,16 +263,21 @@ def shard_number(path: str | Path) -> int:
     return int(match.group(1))
 
 
-def read_users(paths, model_dir: str | Path, users_path: str | Path, extract: dict) -> dict[str, UserStates]:
-    """Every user of the shard files `paths`, in user order, each file checked against the model in
-    `model_dir`, the users table `users_path` (results/corpus/users.parquet) and the job's extract
-    keys `extract` (context, dtype, shards; `job_params(config["extract"], EXTRACT_KEYS)`)."""
+def read_users(paths, model_dir: str | Path, users_path: str | Path, extract: dict, only=None) -> dict[str, UserStates]:
+    """Every user of the shard files `paths` (or the users `only` of them: a fit job's, uph.lm.partition),
+    in user order, each file read checked against the model in `model_dir`, the users table `users_path`
+    (results/corpus/users.parquet) and the job's extract keys `extract` (context, dtype, shards;
+    `job_params(config["extract"], EXTRACT_KEYS)`); a file that holds none of `only` is not read."""
     users = USERS_FILE.read_parquet(users_path, ["user_id", "n_tokens", "train_end", "test_start", "tokens"])
     identity = cache_identity(read_model_identity(model_dir), extract["dtype"], extract["context"])
+    wanted = None if only is None else set(only)
     states: dict[str, UserStates] = {}
     for path in paths:
         manifest = shard_manifest(users, shard_number(path), extract["shards"])
-        states.update(read_shard(path, {**identity, **manifest}))
+        if wanted is not None and not wanted & set(manifest["users"]):
+            continue
+        held = read_shard(path, {**identity, **manifest})
+        states.update(held if wanted is None else {user: held[user] for user in held if user in wanted})
     return dict(sorted(states.items()))
 
 

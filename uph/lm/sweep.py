@@ -15,16 +15,18 @@ on their validation parts, the best mean is chosen, and the arm is refitted on a
 The unigram mixtures (uph.lm.baselines) choose their lambda the same way. The heads of fit.on_cache are
 also fitted on the unigram residual arm's mixture as their base (a fourth arm, "cache").
 
-Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all methods:
-`fit_global` walks the global path on the pooled fit parts (each user's first ceil(global_max_tokens /
-N) tokens, so its memory does not grow with the number of users), scores it on every user's validation
-part, chooses, and refits on the pooled train tokens (the same tokens when the cap leaves every fit part
-longer than its share); it also counts the pooled unigram and chooses the unigram's three lambdas
-(`unigram_validation`). `validate_shard` walks the personal and residual paths (and the dose-response's,
-on each prefix's own tail, and the cache arm's) of one shard's users; `capacity_choices` chooses;
-`fit_shard` refits each arm at its choice (`fit_arms`, `fit_on_cache`), the dose-response
+Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all its methods; the
+per-user ones hold the users of one fit job (fit.jobs of them, balanced by train tokens: uph.lm.partition),
+and a user's rows do not depend on which job holds it. `fit_global` (one job per method) walks the global
+path on the pooled fit parts (each user's first ceil(global_max_tokens / N) tokens, so its memory does not
+grow with the number of users), scores it on every user's validation part, chooses, and refits on the
+pooled train tokens (the same tokens when the cap leaves every fit part longer than its share);
+`global_unigram` counts the pooled unigram and chooses the unigram's three lambdas
+(`unigram_validation`). `validate_users` walks the personal and residual paths (and the dose-response's,
+on each prefix's own tail, and the cache arm's) of a job's users; `capacity_choices` chooses;
+`fit_users` refits each arm at its choice (`fit_arms`, `fit_on_cache`), the dose-response
 (`fit_dose_response`) and the unigram arms (`unigram_arms`) and scores them on test; `others` and
-`cross_user` score the residual thetas on held-out text (no fits).
+`cross_user` score the residual thetas on a job's users' held-out text (no fits).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from uph.artifacts import USERS_FILE
 from uph.config import sweep_points
 from uph.device import resolve_device
 from uph.errors import ConfigError
@@ -59,6 +62,7 @@ from uph.lm.evaluate import HeldOut
 from uph.lm.fit import FitResult, HeadOnTokens, fit_path, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
+from uph.lm.partition import users_of_job
 from uph.lm.solvers import SolverSettings
 from uph.lm.splits import split_lengths
 from uph.lm.tokens import Mixture, Tokens, pool, prepare, validation_split
@@ -122,7 +126,7 @@ class FitConfig:
     """The `fit:` section as a fit-stage job receives it (its keys in uph.config: FIT_GLOBAL_KEYS,
     FIT_VALIDATE_KEYS or FIT_SHARD_KEYS; defaults in schemas/fit.schema.yaml only), built once by the
     job's script. A part the job is not given is None: global_max_tokens (null there: no cap) is
-    fit_global's, capacity the validating jobs', dose_response and on_cache the shard jobs'."""
+    fit_global's, capacity the validating jobs', dose_response and on_cache the per-user jobs'."""
 
     points: tuple[Point, ...]  # heads x alphas x ds, then extra_points
     solvers: tuple[str, ...]
@@ -178,20 +182,29 @@ class FitJob:
     gap: int
 
 
-def load_fit_job(inputs, points, heads: HeadSettings, cache: dict, device: str, shards=None, full_bias=False) -> FitJob:
-    """`inputs`: the rule's model (identity.json), users (users.parquet), basis and shards (or `shards`);
-    `cache`: the job's extract keys; `full_bias`: fit the full bias beside the points."""
+def load_fit_job(inputs, points, heads: HeadSettings, cache: dict, device: str, only=None, full_bias=False) -> FitJob:
+    """`inputs`: the rule's model (identity.json), users (users.parquet), basis and shards; `only`: the
+    users the job works on (a fit job's, job_users), else every user; `cache`: the job's extract keys;
+    `full_bias`: fit the full bias beside the points."""
     model_dir = Path(inputs.model).parent
     layer = read_output_layer(model_dir)
     svd = load_basis(inputs.basis, read_model_identity(model_dir)["weights_sha256"])
-    users = read_users(shards or inputs.shards, model_dir, inputs.users, cache)
+    users = read_users(inputs.shards, model_dir, inputs.users, cache, only)
     heads = build_heads(points, layer, svd, heads, full_bias)
     return FitJob(layer, users, heads, resolve_device(device), cache["context"])
 
 
-def load_methods(inputs, fit: FitConfig, cache: dict, device: str, shards=None) -> FitJob:
-    """load_fit_job for every method of `fit`: its points, and the full bias if fit.baselines has it."""
-    return load_fit_job(inputs, fit.points, fit.heads, cache, device, shards, FULL_BIAS in fit.baselines)
+def load_methods(inputs, fit: FitConfig, cache: dict, device: str, only=None, method: str | None = None) -> FitJob:
+    """load_fit_job for every method of `fit` (or the one named `method`: a head, or the full bias): its
+    points, and the full bias if fit.baselines has it."""
+    points = [point for point in fit.points if method in (None, point.head)]
+    full_bias = FULL_BIAS in fit.baselines and method in (None, FULL_BIAS)
+    return load_fit_job(inputs, points, fit.heads, cache, device, only, full_bias)
+
+
+def job_users(users_path, job, jobs: int) -> list[str]:
+    """The users of fit job `job` of `jobs` (uph.lm.partition), from the users table at `users_path`."""
+    return users_of_job(USERS_FILE.read_parquet(users_path, ["user_id", "train_end"]), int(job), jobs)
 
 
 def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tuple[Tokens, Tokens]:
@@ -277,18 +290,15 @@ def unigram_validation(at_targets: dict, lambdas) -> list[dict]:
     return global_rows + rows("personal") + rows("residual", lam_global)
 
 
-def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(global thetas, validation rows, pooled unigram) (module docstring): per (method, solver) the path
-    on the pooled fit parts, each ball scored on every user's validation part, the radius with the best
-    mean chosen, and theta_g refitted at it on the pooled train tokens (`theta_fit`, the fit parts' theta
-    at the same radius, is the base of the validating jobs' residual paths). The pooled unigram counts
-    every fit part's tokens (`counts_fit`) and every train token (`counts`), uncapped."""
+def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(global thetas, validation rows) of the job's methods (module docstring; rule fit_global runs one
+    method a job): per (method, solver) the path on the pooled fit parts, each ball scored on every user's
+    validation part, the radius with the best mean chosen, and theta_g refitted at it on the pooled train
+    tokens (`theta_fit`, the fit parts' theta at the same radius, is the base of the validating jobs'
+    residual paths). A method's choice reads its own rows only, so the methods split into jobs freely."""
     capacity, n_users = fit.capacity, len(job.users)
+    splits = _validation_splits(job, capacity)
     share = math.inf if fit.global_max_tokens is None else math.ceil(fit.global_max_tokens / n_users)
-    splits = {
-        user: split_lengths(len(states.train_targets), capacity.validation_fraction, job.gap)
-        for user, states in job.users.items()
-    }
     fit_ends = {user: min(share, fit_end) for user, (fit_end, _) in splits.items()}
     train_ends = {user: min(share, len(states.train_targets)) for user, states in job.users.items()}
     train = _pooled(job, fit_ends)
@@ -299,26 +309,13 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame,
         for solver in fit.solvers
     }
     del train
-    vocab_size = job.layer.W.shape[0]
-    fit_counts = {
-        user: count(states.train_targets[: splits[user][0]], vocab_size) for user, states in job.users.items()
-    }
-    counts_fit = sum(fit_counts.values())
-    counts = sum(count(states.train_targets, vocab_size) for states in job.users.values())
-    pooled_fit = log_unigram(counts_fit)
-    validation, at_targets = [], {}  # user -> (log p_model, log q_pooled, log q_user) at the validation targets
+    validation = []
     for user, states in tqdm(job.users.items(), desc="global validation", unit="user", mininterval=5):
-        start = splits[user][1]
-        held = prepare(states.train_hidden[start:], states.train_targets[start:], job.layer, device=job.device)
+        held = _validation_part(job, states, splits[user][1])
         held_out = {point: HeldOut(held, head) for point, head in job.heads.items()}
         for (point, solver), path in paths.items():
             columns = {**_choice_columns(point, solver, "global"), "user": user}
             validation += _scored_path(held_out[point], path, None, columns)
-        if UNIGRAM in fit.baselines:
-            y = targets_of(held)
-            at_targets[user] = (model_log_probs(held), pooled_fit[y], log_unigram(fit_counts[user])[y])
-    if UNIGRAM in fit.baselines:
-        validation += unigram_validation(at_targets, capacity.lambdas)
     validation = pd.DataFrame(validation)
     choices = capacity_choices(validation)
     train = None if fit_ends == train_ends else _pooled(job, train_ends)  # else: the same tokens, the same fit
@@ -351,19 +348,50 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame,
             edge and f" (at the {edge} end)",
             result.certificate,
         )
-    unigram = pd.DataFrame()
-    if UNIGRAM in fit.baselines:
-        lams = {arm: chosen(choices, "capacity", **_unigram_columns(arm)) for arm in ARMS}
-        unigram = pd.DataFrame(
-            [
-                {
-                    **{f"lambda_{arm}": lam for arm, lam in lams.items()},
-                    "counts_fit": counts_fit.tolist(),
-                    "counts": counts.tolist(),
-                }
-            ]
-        )
-    return pd.DataFrame(rows), validation, unigram
+    return pd.DataFrame(rows), validation
+
+
+def global_unigram(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pooled unigram, validation rows): the pooled unigram counts every fit part's tokens (`counts_fit`)
+    and every train token (`counts`), uncapped; its three arms' lambdas are chosen on every user's
+    validation part (unigram_validation). Rule fit_global_unigram, beside the methods' fit_global jobs."""
+    splits, vocab_size = _validation_splits(job, fit.capacity), job.layer.W.shape[0]
+    fit_counts = {
+        user: count(states.train_targets[: splits[user][0]], vocab_size) for user, states in job.users.items()
+    }
+    counts_fit = sum(fit_counts.values())
+    counts = sum(count(states.train_targets, vocab_size) for states in job.users.values())
+    pooled_fit = log_unigram(counts_fit)
+    at_targets = {}  # user -> (log p_model, log q_pooled, log q_user) at the validation targets
+    for user, states in tqdm(job.users.items(), desc="unigram validation", unit="user", mininterval=5):
+        held = _validation_part(job, states, splits[user][1])
+        y = targets_of(held)
+        at_targets[user] = (model_log_probs(held), pooled_fit[y], log_unigram(fit_counts[user])[y])
+    validation = pd.DataFrame(unigram_validation(at_targets, fit.capacity.lambdas))
+    choices = capacity_choices(validation)
+    lams = {arm: chosen(choices, "capacity", **_unigram_columns(arm)) for arm in ARMS}
+    unigram = pd.DataFrame(
+        [
+            {
+                **{f"lambda_{arm}": lam for arm, lam in lams.items()},
+                "counts_fit": counts_fit.tolist(),
+                "counts": counts.tolist(),
+            }
+        ]
+    )
+    return unigram, validation
+
+
+def _validation_splits(job: FitJob, capacity: Capacity) -> dict[str, tuple[int, int]]:
+    """user -> (end of the fit part, start of the validation part) of the user's train tokens."""
+    return {
+        user: split_lengths(len(states.train_targets), capacity.validation_fraction, job.gap)
+        for user, states in job.users.items()
+    }
+
+
+def _validation_part(job: FitJob, states: UserStates, start: int) -> Tokens:
+    return prepare(states.train_hidden[start:], states.train_targets[start:], job.layer, device=job.device)
 
 
 def global_thetas(table: pd.DataFrame, column: str = "theta") -> dict[tuple[Point, str], torch.Tensor]:
@@ -382,7 +410,8 @@ def residual_thetas(
     thetas: dict[tuple[Point, str], dict[str, torch.Tensor]] = {}
     if column not in fits:
         return thetas
-    for row in fits[(fits["head"] != UNIGRAM) & fits[column].notna()].itertuples():
+    rows = fits[(fits["head"] != UNIGRAM) & fits[column].notna()].sort_values("user", kind="stable")
+    for row in rows.itertuples():  # in user order, whatever the fit jobs' cut: sums over users add alike
         key = (Point.of(row.head, row.alpha, row.d), row.solver)
         thetas.setdefault(key, {})[row.user] = torch.tensor(getattr(row, column), dtype=torch.float64)
     return thetas
@@ -445,8 +474,8 @@ def validate_user(
     return rows
 
 
-def validate_shard(job: FitJob, thetas_g_fit: dict, unigram: pd.DataFrame | None, fit: FitConfig) -> pd.DataFrame:
-    """Every user of one shard: the validation rows (validate_user) that capacity_choices chooses from."""
+def validate_users(job: FitJob, thetas_g_fit: dict, unigram: pd.DataFrame | None, fit: FitConfig) -> pd.DataFrame:
+    """Every user of one fit job: the validation rows (validate_user) that capacity_choices chooses from."""
     rows = []
     for user, states in job.users.items():
         train = prepare(states.train_hidden, states.train_targets, job.layer, device=job.device)
@@ -619,10 +648,10 @@ def fit_user(
     return fits, dose
 
 
-def fit_shard(
+def fit_users(
     job: FitJob, thetas_g: dict, choices: pd.DataFrame, unigram: pd.DataFrame | None, fit: FitConfig
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every user of one shard: (fits, dose_response) tables (module docstring)."""
+    """Every user of one fit job: (fits, dose_response) tables (module docstring)."""
     tables = ([], [])
     for user, states in job.users.items():
         train, test = prepared(states, job.layer, job.device)
@@ -677,10 +706,11 @@ def others(
     shares does as well in others' hands. The heads on the unigram cache (`caches`: their thetas, fit.on_cache)
     have the same control: the mean of the other users' cache thetas on u's held-out text over u's own
     mixture (`unigram`: fit_global's lambdas and counts), cache_others_nll. One text's held-out p0 in memory
-    at a time; no rows for N < 2."""
+    at a time; the texts are the job's users', the thetas every user's; no rows for N < 2."""
     columns = ["head", "alpha", "d", "solver", "user", "others_nll", "cache_others_nll"]
-    if len(job.users) < 2:
-        log.info("the 'others' control needs 2 users or more; this study has %d", len(job.users))
+    n_users = max((len(thetas) for thetas in residuals.values()), default=0)
+    if n_users < 2:
+        log.info("the 'others' control needs 2 users or more; this study has %d", n_users)
         return pd.DataFrame(columns=columns)
     caches = caches or {}
     totals = {key: sum(thetas.values()) for key, thetas in residuals.items()}

@@ -191,10 +191,18 @@ def dose_response_table(model: str, dose: pd.DataFrame, choices: pd.DataFrame, n
     return pd.DataFrame(rows)[DOSE_RESPONSE_COLUMNS]
 
 
-def cross_user_table(model: str, points: list[pd.DataFrame]) -> pd.DataFrame:
-    """The cross_user jobs' matrices (one frame per point; cross_user_headline's has no rows when a listed
-    point is the headline) as one table; no rows at all: every column."""
-    points = [matrix for matrix in points if not matrix.empty]
-    if not points:
+def in_user_order(rows: pd.DataFrame, user: str = "user") -> pd.DataFrame:
+    """The rows gathered from the fit jobs, in user order (each user's rows in the order its job wrote
+    them): what the tables compute (means, bootstrap resamples) reads the users alike whatever the cut."""
+    return rows.sort_values(user, kind="stable", ignore_index=True) if user in rows else rows
+
+
+def cross_user_table(model: str, blocks: list[pd.DataFrame]) -> pd.DataFrame:
+    """The cross_user jobs' blocks (a block: one point, one fit job's texts, every theta; the headline's
+    have no rows when a listed point is the headline) as one table, by point and text user; no rows at
+    all: every column."""
+    blocks = [block for block in blocks if not block.empty]
+    if not blocks:
         return pd.DataFrame(columns=CROSS_USER_COLUMNS)
-    return pd.concat([matrix.assign(model=model) for matrix in points])[CROSS_USER_COLUMNS]
+    matrix = pd.concat([block.assign(model=model) for block in blocks], ignore_index=True)
+    return matrix.sort_values(["head", "alpha", "d", "solver", "text_user"], kind="stable")[CROSS_USER_COLUMNS]
