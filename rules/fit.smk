@@ -2,13 +2,14 @@
 # (uph.lm.capacity). The per-user work runs in fit.jobs jobs, users balanced by train tokens
 # (uph.lm.partition), whatever the cache's shards and the run's cores. fit_global walks one method's global
 # path of radii on the pooled users' fit parts, chooses on their validation parts and refits;
-# fit_global_unigram counts the pooled unigram and chooses its lambdas; one validate job per fit job walks
-# its users' personal and residual paths (p0 computed once per user); capacity chooses every arm's radius
-# (and unigram lambda) from all of them; one fit job per fit job refits each arm at its choice on all train
-# tokens and scores it on test; fit_others scores its users' texts with the mean of the other users'
-# residual thetas (the control a personal gain must beat); cross_user scores every residual theta on its
-# users' texts at the listed points (fit.cross_user), cross_user_headline at the point the summary reports
-# (headline_point: the best own against others, picked from the fits and that control); the tables follow.
+# fit_global_unigram counts the pooled unigram and chooses its lambdas; each validate job walks its users'
+# personal and residual paths (p0 computed once per user) and keeps every ball's warm start; capacity
+# chooses every arm's radius (and unigram lambda) from all of them; each fit job refits its users' arms at
+# their choices on all train tokens, warm from the path's ball there, and scores them on test; fit_others
+# scores its users' texts with the mean of the other users' residual thetas (the control a personal gain
+# must beat); cross_user scores every residual theta on its users' texts at the listed points
+# (fit.cross_user), cross_user_headline at the point the summary reports (headline_point: the best own
+# against others, picked from the fits and that control); the tables follow.
 wildcard_constraints:
     head="|".join(sorted({head for head, _, _ in sweep_points(FIT)})),
     method="|".join(global_methods()),
@@ -78,7 +79,8 @@ rule validate:
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
     output:
-        f"{FIT_JOB}/validation.parquet",
+        validation=f"{FIT_JOB}/validation.parquet",
+        warm=f"{FIT_JOB}/warm_starts.parquet",
     log:
         results("logs", "fit", "validate-job~{job}.log"),
     benchmark:
@@ -119,6 +121,7 @@ rule fit:
         global_fit=global_paths("thetas.parquet"),
         unigram=rules.fit_global_unigram.output.unigram,
         capacity=rules.capacity.output[0],
+        warm=rules.validate.output.warm,
         shards=shard_paths(),
         users=rules.corpus.output.users,
         model=rules.model.output.identity,

@@ -36,6 +36,7 @@ from uph.lm.sweep import (
     others,
     validate_user,
     validate_users,
+    warm_starts,
 )
 from uph.lm.tokens import pool, prepare
 
@@ -118,14 +119,16 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
     point, fit = Point.of("svd_cvh", 1.0, D), planted_fit_config()
     theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", SolverSettings.defaults())
     thetas_g = {(point, "exact"): theta_g.double()}
-    validation = pd.DataFrame(
-        [row for user in trains for row in validate_user(user, trains[user], {point: head}, thetas_g, None, fit, 0)]
-    )
+    validated = {user: validate_user(user, trains[user], {point: head}, thetas_g, None, fit, 0) for user in trains}
+    validation = pd.DataFrame([row for rows, _ in validated.values() for row in rows])
     assert set(validation["capacity"]) == {0.5, 5.0, 50.0} and set(validation["arm"]) == {"personal", "residual"}
     choices = capacity_choices(validation)
     assert sorted(choices["train_tokens"].fillna(-1)) == [-1, -1, 160, 320]
+    starts = warm_starts(pd.DataFrame([row for _, warm in validated.values() for row in warm]))
+    assert len(starts) == len(validation)  # every ball of every path hands on its theta and BFGS model
     rows = {
-        user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, choices, None, fit) for user in trains
+        user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, choices, None, fit, starts)
+        for user in trains
     }
     residuals = {}
     for user, (fits, dose) in rows.items():
@@ -162,9 +165,9 @@ def test_no_choice_moves_when_the_test_tokens_change(planted):
         job = FitJob(layer, users, heads, torch.device("cpu"), gap=4)
         thetas, validation = fit_global(job, fit)
         unigram, unigram_validation = global_unigram(job, fit)
-        per_user = validate_users(job, global_thetas(thetas, "theta_fit"), unigram, fit)
+        per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), unigram, fit)
         choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
-        fits, _ = fit_users(job, global_thetas(thetas), choices, unigram, fit)
+        fits, _ = fit_users(job, global_thetas(thetas), choices, unigram, fit, warm_starts(warm))
         return choices, fits
 
     users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}

@@ -13,7 +13,7 @@ from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 
 import uph.lm.solvers
 from uph.errors import ConfigError, FitDivergedError
-from uph.lm.fit import HeadOnTokens, Objective, fit_path, fit_theta
+from uph.lm.fit import HeadOnTokens, Objective, WarmStart, fit_path, fit_theta
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings, projected_gradient_norm
@@ -361,6 +361,31 @@ def test_a_warm_path_lands_where_each_ball_fitted_alone_lands(lm, name):
     assert path[3][1].theta_norm < 1e3 and path[4][1].evaluations == 0  # lam binds first: the last ball is free
     with pytest.raises(ValueError, match="a path of radii goes up"):
         fit_path(tokens, head, "exact", settings, [2.0, 1.0])
+
+
+@pytest.mark.parametrize("offset", [False, True])
+def test_a_refit_warm_from_the_fit_parts_ball_reaches_the_cold_refits_certified_optimum(lm, offset):
+    """The fit job refits each arm on all train tokens at the radius chosen, starting from the validation
+    path's ball there (its theta and BFGS model, fitted on the fit part): the same certified optimum as a
+    cold refit (J is convex); the residual arm's too (its path's offset is the fit parts' global theta, its
+    refit's the global theta on all tokens). A start at the optimum itself costs one evaluation."""
+    h, y, W, b, svd = lm
+    tokens = prepare(h, y, OutputLayer(W, b))
+    fit_part, _ = validation_split(tokens, 0.2, gap=10)
+    head = make_head("svd_cvh", W, d=D, alpha=2.0, settings=HEAD_SETTINGS, svd=svd, bias=b)
+    settings, radii = SolverSettings.defaults(tol=1e-7, lam=1e-4), [0.1, 0.5, 2.0, 8.0]
+    theta_g = 0.3 * torch.randn(D, generator=torch.Generator().manual_seed(3), dtype=torch.float64) if offset else None
+    theta_g_fit = None if theta_g is None else 0.9 * theta_g
+    for theta_fit, ball in fit_path(fit_part, head, "exact", settings, radii, theta_g_fit):
+        cold_theta, cold = fit_theta(tokens, head, "exact", settings, ball.radius, theta_g)
+        start = WarmStart(theta_fit, ball.model)
+        warm_theta, warm = fit_theta(tokens, head, "exact", settings, ball.radius, theta_g, start=start)
+        assert warm.certificate <= 1e-7 and cold.certificate <= 1e-7
+        assert warm.objective == pytest.approx(cold.objective, abs=1e-10)
+        torch.testing.assert_close(warm_theta, cold_theta, rtol=0, atol=1e-4)
+        at_optimum = WarmStart(cold_theta, cold.model)
+        again = fit_theta(tokens, head, "exact", settings, ball.radius, theta_g, start=at_optimum)[1]
+        assert again.evaluations == 1 and again.certificate <= 1e-7 and again.objective == cold.objective
 
 
 def test_the_validation_part_follows_the_fit_part_after_the_gap(lm):

@@ -1,10 +1,11 @@
 """Rule fit: every method's personal and residual arms at their chosen radii, the dose-response and the
-unigram arms, for the users of one fit job (each user's base distribution computed once)."""
+unigram arms, for the users of one fit job (each user's base distribution computed once), each refit warm
+from its validation path's ball at the chosen radius."""
 
 import torch
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.sweep import FitConfig, fit_users, global_thetas, job_users, load_methods
+from uph.lm.sweep import FitConfig, fit_users, global_thetas, job_users, load_methods, warm_starts
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
@@ -17,6 +18,8 @@ with rule_logging(snakemake) as log:
     users = job_users(snakemake.input.users, snakemake.wildcards.job, snakemake.params.jobs)
     job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, users)
     log.info("%d users x %d methods x solvers %s", len(job.users), len(job.heads), fit.solvers)
-    fits, dose = fit_users(job, thetas_g, choices, None if unigram.empty else unigram, fit)
+    starts = warm_starts(FIT_FILE.read_table(snakemake.input.warm, record))
+    log.info("%d warm starts from the validation paths", len(starts))
+    fits, dose = fit_users(job, thetas_g, choices, None if unigram.empty else unigram, fit, starts)
     write_recorded(fits, snakemake.output.fits, record)
     write_recorded(dose, snakemake.output.dose, record)

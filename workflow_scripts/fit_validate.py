@@ -1,5 +1,6 @@
 """Rule validate: the personal and residual paths of radii of every method and solver (and the unigram
-arms' lambdas) on the fit parts of one fit job's users, scored on their validation parts."""
+arms' lambdas) on the fit parts of one fit job's users, scored on their validation parts, with every ball's
+warm start for the fit job's refits (uph.lm.sweep.warm_starts)."""
 
 import torch
 
@@ -18,5 +19,6 @@ with rule_logging(snakemake) as log:
     log.info(
         "%d users x %d methods x solvers %s, radii %s", len(job.users), len(job.heads), fit.solvers, fit.capacity.radii
     )
-    validation = validate_users(job, thetas_g_fit, None if unigram.empty else unigram, fit)
-    write_recorded(validation, snakemake.output[0], record)
+    validation, warm = validate_users(job, thetas_g_fit, None if unigram.empty else unigram, fit)
+    write_recorded(validation, snakemake.output.validation, record)
+    write_recorded(warm, snakemake.output.warm, record)

@@ -38,7 +38,7 @@ certificate is in every row.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -278,9 +278,22 @@ class FitResult:
     evaluations: int
     seconds: float
     theta_norm: float
+    model: torch.Tensor | None = field(default=None, repr=False)  # exact's quasi-Newton model at theta
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        """The fit's columns (the model stays out: a warm start's, WarmStart)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "model"}
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Where a refit starts: a path's theta at the chosen radius and the exact solver's BFGS model there,
+    fitted on the user's fit part (uph.lm.sweep). J on all train tokens is a convex neighbour of the fit
+    part's, so the refit needs a few steps from it instead of a cold start's curvature pass and path from
+    zero; its optimum and certificate are the same as a cold refit's."""
+
+    theta: torch.Tensor
+    model: torch.Tensor
 
 
 def fit_theta(
@@ -293,13 +306,15 @@ def fit_theta(
     user: str = "?",
     label: str = "?",
     shared: HeadOnTokens | None = None,
+    start: WarmStart | None = None,
 ) -> tuple[torch.Tensor, FitResult]:
     """Fit theta [d] over the ball of `radius` for `head` on `tokens` (one user's train split, or
     `pool(...)` of all); with `offset`, the residual theta on top of that fixed one (module docstring);
-    `shared`: the work of the other arms of `head` on `tokens` (HeadOnTokens).
+    `shared`: the work of the other arms of `head` on `tokens` (HeadOnTokens); `start`: the exact
+    solver's warm start (else theta = 0 and the curvature at the base).
 
     A NaN or inf raises FitDivergedError naming `user` and `label` (the sweep point)."""
-    return fit_path(tokens, head, solver, settings, [radius], offset, user, label, shared)[0]
+    return fit_path(tokens, head, solver, settings, [radius], offset, user, label, shared, start)[0]
 
 
 def fit_path(
@@ -312,6 +327,7 @@ def fit_path(
     user: str = "?",
     label: str = "?",
     shared: HeadOnTokens | None = None,
+    start: WarmStart | None = None,
 ) -> list[tuple[torch.Tensor, FitResult]]:
     """fit_theta at every radius of `radii` (ascending), on one Objective (p0's passes for a, ybar, mbar
     and the curvature once for the whole path). exact walks the path warm: each ball starts from the
@@ -322,7 +338,7 @@ def fit_path(
         raise ConfigError(f"config key 'fit.solvers': unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if list(radii) != sorted(radii):
         raise ValueError(f"a path of radii goes up: {list(radii)}")
-    start = time.perf_counter()
+    clock = time.perf_counter()
     objective = Objective(tokens, head, settings.beta, settings.lam, offset, shared)
     evaluations = 0
 
@@ -343,6 +359,8 @@ def fit_path(
         return value
 
     path, theta, hessian, value = [], torch.zeros(head.d, dtype=objective.dtype), None, None
+    if start is not None and solver == "exact":
+        theta, hessian = start.theta.double(), start.model.double()
     for radius in radii:
         certified = value is not None and solver == "exact"
         if not (certified and projected_gradient_norm(theta, value.grad, radius) <= settings.tol):
@@ -352,7 +370,7 @@ def fit_path(
             theta, value, hessian, iterations = solution.theta, solution.value, solution.hessian, solution.iterations
         else:
             iterations = 0
-        seconds, start = time.perf_counter() - start, time.perf_counter()
+        seconds, clock = time.perf_counter() - clock, time.perf_counter()
         result = FitResult(
             solver,
             float(radius),
@@ -364,6 +382,7 @@ def fit_path(
             evaluations,
             seconds,
             float(theta.norm()),
+            hessian,
         )
         path.append((theta, result))
         evaluations = 0

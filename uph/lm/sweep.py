@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm import tqdm
@@ -59,7 +60,7 @@ from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
 from uph.lm.capacity import choose, chosen, chosen_row
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import FitResult, HeadOnTokens, fit_path, fit_theta
+from uph.lm.fit import FitResult, HeadOnTokens, WarmStart, fit_path, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
 from uph.lm.partition import users_of_job
@@ -438,50 +439,83 @@ def validate_user(
     """One user's validation rows: the personal and residual paths of every method and solver on the fit
     part, scored on the validation part; the dose-response's residual paths on each prefix k's own fit
     part and tail; the paths of fit.on_cache's heads on the unigram cache's mixture (the residual arm's,
-    from the fit part's counts; `unigram`: fit_global's lambdas and counts)."""
+    from the fit part's counts; `unigram`: fit_global's lambdas and counts). Returns (validation rows,
+    warm-start rows: every ball's theta and BFGS model, for the refit at the radius chosen, _warm_rows)."""
     capacity = fit.capacity
     fit_part, held = validation_split(train, capacity.validation_fraction, gap)
     dose_points, ks = dict(fit.dose_response.points), [k for k in fit.dose_response.train_tokens if k < train.n]
-    rows = []
+    rows, warm = [], []
+
+    def scored(held_out: HeldOut, path, offset, columns: dict) -> None:
+        rows.extend(_scored_path(held_out, path, offset, {**columns, "user": user}))
+        warm.extend(_warm_rows(path, {**columns, "user": user}))
+
     for point, head in heads.items():
         held_out = HeldOut(held, head)
         for solver in fit.solvers:
             theta_g, shared = thetas_g_fit[(point, solver)], HeadOnTokens(fit_part, head)
             personal = fit_path(fit_part, head, solver, fit.solver, capacity.radii, None, user, point.label, shared)
             residual = fit_path(fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label, shared)
-            rows += _scored_path(held_out, personal, None, {**_choice_columns(point, solver, "personal"), "user": user})
-            rows += _scored_path(
-                held_out, residual, theta_g, {**_choice_columns(point, solver, "residual"), "user": user}
-            )
+            scored(held_out, personal, None, _choice_columns(point, solver, "personal"))
+            scored(held_out, residual, theta_g, _choice_columns(point, solver, "residual"))
             if dose_points.get(point) != solver:
                 continue
             for k in ks:
                 fit_k, held_k = _dose_split(train, k, capacity.validation_fraction, gap)
                 path = fit_path(fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label)
-                rows += _scored_path(
-                    HeldOut(held_k, head),
-                    path,
-                    theta_g,
-                    {**_choice_columns(point, solver, "residual", k), "user": user},
-                )
+                scored(HeldOut(held_k, head), path, theta_g, _choice_columns(point, solver, "residual", k))
     if fit.on_cache:
         cache = _cache_mixture(unigram, "counts_fit", targets_of(fit_part))
         fit_cache, held_cache = fit_part.mixed(cache), held.mixed(cache)
         for point, solver in fit.on_cache:
             path = fit_path(fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label)
-            columns = {**_choice_columns(point, solver, "cache"), "user": user}
-            rows += _scored_path(HeldOut(held_cache, heads[point]), path, None, columns)
-    return rows
+            scored(HeldOut(held_cache, heads[point]), path, None, _choice_columns(point, solver, "cache"))
+    return rows, warm
 
 
-def validate_users(job: FitJob, thetas_g_fit: dict, unigram: pd.DataFrame | None, fit: FitConfig) -> pd.DataFrame:
-    """Every user of one fit job: the validation rows (validate_user) that capacity_choices chooses from."""
-    rows = []
+WARM_MAX_D = 128  # a warm start's BFGS model is d² doubles: 128 KB at d = 128, 2.6 MB at d = 576 (cold there)
+
+
+def _warm_rows(path, columns: dict) -> list[dict]:
+    """Each ball's warm start (uph.lm.fit.WarmStart) for a refit at its radius: its theta and the exact
+    solver's dense BFGS model, up to d = WARM_MAX_D (beyond, and for adam, the refit starts cold)."""
+    return [
+        {
+            **columns,
+            "capacity": result.radius,
+            "theta": theta.double().tolist(),
+            "model": result.model.flatten().tolist(),
+        }
+        for theta, result in path
+        if result.model is not None and result.model.dim() == 2 and len(theta) <= WARM_MAX_D
+    ]
+
+
+def warm_starts(table: pd.DataFrame) -> dict[tuple, WarmStart]:
+    """(point, solver, arm, train_tokens, user, radius) -> WarmStart, from a validate job's warm-start rows
+    (train_tokens None: all of the user's train tokens)."""
+    starts = {}
+    for row in table.itertuples():
+        theta = torch.as_tensor(np.asarray(row.theta), dtype=torch.float64)
+        model = torch.as_tensor(np.asarray(row.model), dtype=torch.float64).view(len(theta), len(theta))
+        k = None if math.isnan(row.train_tokens) else int(row.train_tokens)
+        key = (Point.of(row.head, row.alpha, row.d), row.solver, row.arm, k, row.user, float(row.capacity))
+        starts[key] = WarmStart(theta, model)
+    return starts
+
+
+def validate_users(
+    job: FitJob, thetas_g_fit: dict, unigram: pd.DataFrame | None, fit: FitConfig
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every user of one fit job: (the validation rows that capacity_choices chooses from, the warm starts
+    the fit job's refits read at the radii chosen) (validate_user)."""
+    rows, warm = [], []
     for user, states in job.users.items():
         train = prepare(states.train_hidden, states.train_targets, job.layer, device=job.device)
-        rows += validate_user(user, train, job.heads, thetas_g_fit, unigram, fit, job.gap)
+        user_rows, user_warm = validate_user(user, train, job.heads, thetas_g_fit, unigram, fit, job.gap)
+        rows, warm = rows + user_rows, warm + user_warm
         log.info("%s: validated %d train tokens", user, train.n)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), pd.DataFrame(warm)
 
 
 def fit_arms(
@@ -494,13 +528,15 @@ def fit_arms(
     fit: FitConfig,
     user: str,
     label: str,
+    starts: tuple[WarmStart | None, WarmStart | None] = (None, None),
 ) -> tuple[dict, torch.Tensor]:
     """One user's three arms at one point and solver, scored on the held-out text: the global theta_g,
     the personal theta from zero and the residual theta_r on top of theta_g, each at its chosen radius
-    (`radii`: personal, residual). Returns the row's columns and theta_r."""
+    (`radii`: personal, residual), each refit from its validation path's ball there when `starts` has it.
+    Returns the row's columns and theta_r."""
     shared = HeadOnTokens(train, head)
-    theta_p, personal = fit_theta(train, head, solver, fit.solver, radii[0], None, user, label, shared)
-    theta_r, residual = fit_theta(train, head, solver, fit.solver, radii[1], theta_g, user, label, shared)
+    theta_p, personal = fit_theta(train, head, solver, fit.solver, radii[0], None, user, label, shared, starts[0])
+    theta_r, residual = fit_theta(train, head, solver, fit.solver, radii[1], theta_g, user, label, shared, starts[1])
     global_, personal_, residual_ = held_out.many(torch.stack([theta_g, theta_p.double(), theta_g + theta_r.double()]))
     columns = {
         "base_nll": held_out.base_nll,
@@ -529,16 +565,18 @@ def fit_dose_response(
     radii: dict[int, float],
     solver: str,
     fit: FitConfig,
+    starts: dict[int, WarmStart | None] | None = None,
 ) -> list[dict]:
     """The residual arm refitted on the user's first k train tokens at the radius chosen for k, for each k
     of `radii` (k -> radius: fit.dose_response's sizes below the user's count, then all of them, whose
     theta_r is already fitted): the held-out NLL of each, beside the global theta's (`global_nll`, from
-    the arms)."""
-    rows = []
+    the arms); `starts`: k -> the warm start of k's refit."""
+    rows, starts = [], starts or {}
     for k, radius in sorted(radii.items()):
         theta_k = theta_r
         if k < train.n:
-            theta_k = fit_theta(train.prefix(k), head, solver, fit.solver, radius, offset=theta_g)[0]
+            start = starts.get(k)
+            theta_k = fit_theta(train.prefix(k), head, solver, fit.solver, radius, offset=theta_g, start=start)[0]
         rows.append(
             {
                 "train_tokens": k,
@@ -576,12 +614,20 @@ def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
 
 
 def fit_on_cache(
-    train: Tokens, test: Tokens, head: Head, radius: float, solver: str, fit: FitConfig, user: str, label: str
+    train: Tokens,
+    test: Tokens,
+    head: Head,
+    radius: float,
+    solver: str,
+    fit: FitConfig,
+    user: str,
+    label: str,
+    start: WarmStart | None = None,
 ) -> dict:
     """A head fitted on the unigram cache (`train` and `test` on the residual arm's mixture, Tokens.mixed)
     at its chosen radius, scored on test against the mixture alone: the columns cache_nll, cache_head_nll,
     the fit's and theta_cache."""
-    theta, result = fit_theta(train, head, solver, fit.solver, radius, user=user, label=label)
+    theta, result = fit_theta(train, head, solver, fit.solver, radius, user=user, label=label, start=start)
     held_out = HeldOut(test, head)
     return {
         "cache_nll": held_out.base_nll,
@@ -600,9 +646,16 @@ def fit_user(
     choices: pd.DataFrame,
     unigram: pd.DataFrame | None,
     fit: FitConfig,
+    starts: dict[tuple, WarmStart] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """One user's rows: (every method x solver with its three arms, and the unigram's; dose-response).
-    The heads of fit.on_cache are also fitted on the unigram residual arm's mixture (fit_on_cache)."""
+    The heads of fit.on_cache are also fitted on the unigram residual arm's mixture (fit_on_cache).
+    `starts`: the validate job's warm starts (warm_starts); a refit without one starts cold."""
+    starts = starts or {}
+
+    def start(point: Point, solver: str, arm: str, radius: float, k: int | None = None) -> WarmStart | None:
+        return starts.get((point, solver, arm, k, user, float(radius)))
+
     dose_points, on_cache = dict(fit.dose_response.points), set(fit.on_cache)
     if on_cache:  # every head on the cache shares the user's mixed tokens
         mixture = _cache_mixture(unigram, "counts", targets_of(train))
@@ -614,18 +667,30 @@ def fit_user(
         for solver in fit.solvers:
             theta_g = thetas_g[(point, solver)]
             radii = tuple(_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
-            arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label)
+            warm = (start(point, solver, "personal", radii[0]), start(point, solver, "residual", radii[1]))
+            arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm)
             if (point, solver) in on_cache:
                 radius = _radius(choices, point, solver, "cache")
-                arms |= fit_on_cache(*on_mixture, head, radius, solver, fit, user, point.label)
+                cache_start = start(point, solver, "cache", radius)
+                arms |= fit_on_cache(*on_mixture, head, radius, solver, fit, user, point.label, cache_start)
             fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
             if dose_points.get(point) == solver:
                 ks = [k for k in fit.dose_response.train_tokens if k < train.n]
                 dose_radii = {k: _radius(choices, point, solver, "residual", k) for k in ks} | {train.n: radii[1]}
+                dose_starts = {k: start(point, solver, "residual", dose_radii[k], k) for k in ks}
                 dose += [
                     {**point.columns, "solver": solver, "user": user, **row}
                     for row in fit_dose_response(
-                        train, held_out, head, theta_g, theta_r, arms["global_nll"], dose_radii, solver, fit
+                        train,
+                        held_out,
+                        head,
+                        theta_g,
+                        theta_r,
+                        arms["global_nll"],
+                        dose_radii,
+                        solver,
+                        fit,
+                        dose_starts,
                     )
                 ]
         log.info(
@@ -649,13 +714,19 @@ def fit_user(
 
 
 def fit_users(
-    job: FitJob, thetas_g: dict, choices: pd.DataFrame, unigram: pd.DataFrame | None, fit: FitConfig
+    job: FitJob,
+    thetas_g: dict,
+    choices: pd.DataFrame,
+    unigram: pd.DataFrame | None,
+    fit: FitConfig,
+    starts: dict[tuple, WarmStart] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Every user of one fit job: (fits, dose_response) tables (module docstring)."""
+    """Every user of one fit job: (fits, dose_response) tables (module docstring), each refit warm from
+    its validation path's ball at the chosen radius where `starts` (warm_starts) has it."""
     tables = ([], [])
     for user, states in job.users.items():
         train, test = prepared(states, job.layer, job.device)
-        for table, rows in zip(tables, fit_user(user, train, test, job.heads, thetas_g, choices, unigram, fit)):
+        for table, rows in zip(tables, fit_user(user, train, test, job.heads, thetas_g, choices, unigram, fit, starts)):
             table.extend(rows)
     return tuple(pd.DataFrame(rows) for rows in tables)
 
