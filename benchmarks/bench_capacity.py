@@ -26,7 +26,9 @@ from uph.lm.tokens import validation_split
 def main() -> None:
     args = arguments(__doc__.splitlines()[0], users=2)
     fit, job = shard_zero(args.results)
-    table = pd.read_parquet(Path(args.results) / "fit" / "global.parquet")
+    table = pd.concat(
+        map(pd.read_parquet, sorted((Path(args.results) / "fit" / "global").glob("method~*/thetas.parquet")))
+    )
     thetas_g, thetas_g_fit = global_thetas(table), global_thetas(table, "theta_fit")
     radii, settings = fit.capacity.radii, fit.solver
     rows = []
