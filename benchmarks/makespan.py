@@ -26,8 +26,9 @@ each job's seconds from the measured run's jobs of the same rule, scaled by the 
 train tokens (users.parquet's train_end) of the users the job holds: a `shard` job those with
 uph.lm.cache.shard_of(user, shards), a `job` job those of uph.lm.partition.fit_job_users(users, jobs), for
 shards and jobs the count of the DAG's shard and job wildcard values; rules named cross_user* score every
-user's theta on the job's held-out text, so their work is the job's held-out tokens (n_tokens - test_start)
-x the number of users. Per rule, seconds = startup + rate x work: a least-squares line through the
+user's theta on the job's held-out text: a block costs what fit_others costs on the same users (its texts'
+p0 and one pass each) plus its pairs, the job's held-out tokens (n_tokens - test_start) x the number of
+users, at a rate from the measured blocks less that part. Per rule, seconds = startup + rate x work: a least-squares line through the
 measured jobs when their work spans at least a factor of 2 (startup and rate clipped at 0), else startup
 = the run's cheapest benchmarked job (a process start-up with its imports) and rate = the rest of the
 rule's measured seconds per unit of work. Rules without work are taken as measured (the job of the same
@@ -291,6 +292,17 @@ def work(job: Job, users: pd.DataFrame, shards: int, fit_jobs: int) -> float | N
     return float(held["train_end"].sum()) if {"shard", "job"} & set(wildcards) else None
 
 
+def texts_part(job: Job, users: pd.DataFrame, shards: int, fit_jobs: int, models: dict) -> float:
+    """What a cross-user block costs before its pairs: its texts' p0 and one scoring pass each, which is a
+    fit_others job of the same users (the same start-up and texts, one theta each): the block's seconds
+    are that plus a rate per (text token, theta) pair, so a slice of few users does not charge its texts'
+    p0 to the pairs."""
+    if not job.rule.startswith("cross_user") or "fit_others" not in models:
+        return 0.0
+    intercept, rate = models["fit_others"]
+    return intercept + rate * float(held_users(job, users, shards, fit_jobs)["train_end"].sum())
+
+
 def wildcard_count(jobs: list[Job], name: str) -> int:
     """How many values the wildcard `name` takes in the DAG (extract.shards for shard, fit.jobs for job)."""
     values = {dict(item.split("=", 1) for item in job.wildcards.split(", ") if item).get(name) for job in jobs}
@@ -303,9 +315,12 @@ def rule_models(measured: list[Job], users: pd.DataFrame, startup: float) -> dic
     points = defaultdict(list)
     for job in measured:
         if job.source and (tokens := work(job, users, shards, fit_jobs)) is not None:
-            points[job.rule].append((tokens, job.seconds))
+            points[job.rule].append((tokens, job))
     models = {}
-    for rule, pairs in points.items():
+    for rule in sorted(points, key=lambda rule: rule.startswith("cross_user")):  # fit_others' model first
+        pairs = [
+            (tokens, job.seconds - texts_part(job, users, shards, fit_jobs, models)) for tokens, job in points[rule]
+        ]
         x, y = pd.Series([p[0] for p in pairs]), pd.Series([p[1] for p in pairs])
         rate = intercept = None
         if x.min() > 0 and x.max() >= 2 * x.min():  # a wide enough span for a line
@@ -314,22 +329,35 @@ def rule_models(measured: list[Job], users: pd.DataFrame, startup: float) -> dic
             if intercept < 0 or rate < 0:
                 rate = None
         if rate is None:
-            intercept = min(startup, y.min())
+            intercept = 0.0 if rule.startswith("cross_user") else min(startup, y.min())  # in texts_part
             rate = max(y.sum() - intercept * len(y), 0.0) / max(x.sum(), 1.0)
         models[rule] = (float(intercept), float(rate))
     return models
 
 
-def project(target: list[Job], measured: list[Job], users: pd.DataFrame, measured_users: pd.DataFrame) -> list[str]:
-    """Set the target jobs' seconds from the measured run's; the rules the run did not measure."""
-    startup = min((job.seconds for job in measured if job.source == "benchmark file"), default=0.0)
+def project(
+    target: list[Job],
+    measured: list[Job],
+    users: pd.DataFrame,
+    measured_users: pd.DataFrame,
+    pair_seconds: float | None = None,
+    startup: float | None = None,
+) -> list[str]:
+    """Set the target jobs' seconds from the measured run's; the rules the run did not measure.
+    `pair_seconds`: the cross-user blocks' cost per (text token, theta) pair, where a slice of few users,
+    whose blocks score few thetas, cannot resolve it (benchmarks/bench_cross_user.py measures it);
+    `startup`: a job's start-up where no line is fitted (default: the run's cheapest benchmarked job)."""
+    if startup is None:
+        startup = min((job.seconds for job in measured if job.source == "benchmark file"), default=0.0)
     models = rule_models(measured, measured_users, startup)
+    if pair_seconds is not None:
+        models.update({rule: (0.0, pair_seconds) for rule in models if rule.startswith("cross_user")})
     shards, fit_jobs = wildcard_count(target, "shard"), wildcard_count(target, "job")
     by_rule = defaultdict(dict)
     for job in measured:
         if job.source:
             by_rule[job.rule][job.wildcards] = job.seconds
-    print(f"projection: start-up of a job without a fitted line: {startup:.1f} s (the run's cheapest benchmarked job)")
+    print(f"projection: start-up of a job without a fitted line: {startup:.1f} s")
     for rule, (intercept, rate) in sorted(models.items()):
         print(f"  {rule}: {intercept:.1f} s + {rate * 1e3:.3f} ms per unit of work")
     missing = set()
@@ -337,7 +365,7 @@ def project(target: list[Job], measured: list[Job], users: pd.DataFrame, measure
         tokens = work(job, users, shards, fit_jobs)
         if job.rule in models and tokens is not None:
             intercept, rate = models[job.rule]
-            job.seconds = intercept + rate * tokens
+            job.seconds = texts_part(job, users, shards, fit_jobs, models) + intercept + rate * tokens
         elif job.rule in by_rule:
             same = by_rule[job.rule]
             job.seconds = same.get(job.wildcards, sum(same.values()) / len(same))
@@ -410,6 +438,8 @@ def main() -> None:
     parser.add_argument("--cores-list", type=int, nargs="+", default=CORES)
     parser.add_argument("--project-config", type=Path, nargs="+", help="config files of a study to project")
     parser.add_argument("--users", type=Path, help="that study's users.parquet (with --project-config)")
+    parser.add_argument("--pair-us", type=float, help="cross-user cost per (text token, theta) pair, microseconds")
+    parser.add_argument("--startup", type=float, help="a fit job's start-up, seconds (default: the cheapest job)")
     args = parser.parse_args()
     if bool(args.project_config) != bool(args.users):
         parser.error("--project-config and --users go together")
@@ -433,7 +463,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="makespan-") as scratch:
             target = dry_run(workflow_dir, [path.absolute() for path in args.project_config], Path(scratch), dag_cores)
         users, measured_users = pd.read_parquet(args.users), pd.read_parquet(results / "corpus" / "users.parquet")
-        missing = project(target, jobs, users, measured_users)
+        pair_seconds = None if args.pair_us is None else args.pair_us * 1e-6
+        missing = project(target, jobs, users, measured_users, pair_seconds, args.startup)
         print(f"projected: {len(target)} jobs, {len(users)} users (the run: {len(measured_users)})")
         if missing:
             print(f"not measured in the run (0 s): {', '.join(missing)}")

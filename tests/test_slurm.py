@@ -10,6 +10,8 @@ import yaml
 from conftest import REPO, snakemake
 from slurm_cluster import SlurmCluster, missing_programs
 
+from uph.config import validate
+
 SLURM_PROFILE = REPO / "profiles/slurm"
 LOCAL_PROFILE = REPO / "profiles/local"
 # What the test cluster needs on top of the real profile: it has no accounting database (sacct
@@ -66,7 +68,7 @@ def planned_resources(dry_run: str) -> dict[str, set[str]]:
 def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
     run = snakemake(tmp_path, "-n", "--profile", str(SLURM_PROFILE), config="config/cluster-example.yaml", timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    study = yaml.safe_load((REPO / "config/cluster-example.yaml").read_text())
+    study = validate(yaml.safe_load((REPO / "config/cluster-example.yaml").read_text()))  # with the defaults
     fit, shards = study["fit"], study["extract"]["shards"]
     points = len(fit["heads"]) * len(fit["alphas"]) * len(fit["ds"])
     jobs = planned_jobs(run.stdout)

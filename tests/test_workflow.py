@@ -84,7 +84,8 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     beyond = heads[
         (heads["control"] == "global+personal") & (heads["head"] == "svd_cvh") & (heads["solver"] == "exact")
     ]
-    assert own["delta_nll"].mean() == pytest.approx(beyond["delta_nll"].iloc[0])  # the diagonal is the headline
+    # the diagonal is the headline, to the tables' rounding (%.6g of each user's value)
+    assert own["delta_nll"].mean() == pytest.approx(beyond["delta_nll"].iloc[0], rel=1e-5)
     for suffix in (".md", ".tex"):
         assert (workdir / "results/tables" / f"personalization{suffix}").stat().st_size > 0
 
