@@ -387,7 +387,7 @@ def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp
 
 
 def test_the_fit_stage_cut_into_one_job_or_into_fit_jobs_gives_byte_identical_tables(tiny_study, tmp_path):
-    """config/test.yaml cuts its 4 users into fit.jobs 3 jobs; cut into 1 instead, the per-user jobs rerun
+    """config/test.yaml cuts its 4 users into fit.jobs 2 jobs; cut into 1 instead, the per-user jobs rerun
     (and nothing upstream), and every LM table is the same to the byte: a user's rows do not depend on the
     job that holds it, and the tables read the users in one order."""
     workdir = copy_study(tiny_study, tmp_path)
@@ -403,7 +403,7 @@ def test_the_fit_stage_cut_into_one_job_or_into_fit_jobs_gives_byte_identical_ta
         "headline_point": 1,
         "personalization_table": 1,
     }
-    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 3  # the 3-job files stay beside
+    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 2  # the 2-job files stay beside
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
@@ -795,16 +795,16 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 
 # Invalidation: a config change reruns exactly the jobs that depend on it (params and paths).
 
-LM_FITS = {  # every method in every job: config/test.yaml's 5 heads and the full bias, fit.jobs 3, 1 listed point
+LM_FITS = {  # every method in every job: config/test.yaml's 5 heads and the full bias, fit.jobs 2, 1 listed point
     "fit_global": 6,
     "fit_global_unigram": 1,
-    "validate": 3,
+    "validate": 2,
     "capacity": 1,
-    "fit": 3,
-    "fit_others": 3,
-    "cross_user": 3,
+    "fit": 2,
+    "fit_others": 2,
+    "cross_user": 2,
     "headline_point": 1,
-    "cross_user_headline": 3,
+    "cross_user_headline": 2,
     "personalization_table": 1,
 }
 LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}

@@ -127,7 +127,8 @@ def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(ti
     listed = slurm.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout.splitlines()
     states = [line.split("|") for line in listed]
     assert [comment for state, comment in states if state != "COMPLETED"] == ["rule_gram_resilience"]
-    local_rules = {
+    local_rules = {  # their benchmark files' names
+        "fit-headline_point",
         "personalization_table",
         "copy_task_table",
         "attention_table",
