@@ -107,11 +107,11 @@ def test_a_foreign_basis_or_a_truncated_fits_file_stops_the_job_that_reads_it(ti
     assert_tables_equal_the_reference(workdir, tiny_study)
 
     workdir = copy_study(tiny_study, tmp_path / "truncated")
-    keep_mtime(workdir / "results/fit/job~1/fits.parquet", truncate)
+    keep_mtime(workdir / "results/fit/job~0/fits.parquet", truncate)
     run = snakemake(workdir, "--forcerun", "fit_others", *LM_TABLES)
     assert run.returncode != 0
     [line] = set(error_lines(run, "fit_others"))  # each fit_others block that ran says it
-    assert line.startswith("fit file 'results/fit/job~1/fits.parquet' is damaged or truncated (")
+    assert line.startswith("fit file 'results/fit/job~0/fits.parquet' is damaged or truncated (")
     assert line.endswith(FIX)
     assert_tables_equal_the_reference(workdir, tiny_study)
 

@@ -222,24 +222,24 @@ def rewrite_for_another_model(shard):
     pq.write_table(pq.read_table(shard).replace_schema_metadata({b"uph": json.dumps(record).encode()}), shard)
 
 
-def test_damaged_shards_stop_the_fits_that_read_them(tiny_study, tmp_path):
+@pytest.mark.parametrize(
+    ("shard", "damage", "problem"),
+    [
+        ("shard-0", rewrite_for_another_model, "was built for something else: weights_sha256="),
+        ("shard-1", truncate, "is damaged or truncated ("),
+    ],
+)
+def test_a_damaged_shard_stops_the_fit_job_that_reads_it(tiny_study, tmp_path, shard, damage, problem):
     workdir = copy_study(tiny_study, tmp_path)
-    damages = {
-        "shard-0": (rewrite_for_another_model, "was built for something else: weights_sha256="),
-        "shard-1": (truncate, "is damaged or truncated ("),
-    }
-    for shard, (damage, _) in damages.items():
-        path = workdir / f"results/cache/{shard}.parquet"
-        stat = path.stat()
-        damage(path)
-        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # damage at rest: the file looks up to date
-    run = snakemake(workdir, "--forcerun", "fit", *LM_TABLES)  # one fit job per shard, started together
+    path = workdir / f"results/cache/{shard}.parquet"
+    stat = path.stat()
+    damage(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # damage at rest: the file looks up to date
+    run = snakemake(workdir, "--forcerun", "fit", *LM_TABLES)
     assert run.returncode != 0
-    errors = sorted(line.split(" fit ERROR ")[1] for line in run.stderr.splitlines() if " fit ERROR " in line)
-    assert len(errors) == 2
-    for error, (shard, (_, problem)) in zip(errors, damages.items()):
-        assert error.startswith(f"cache file 'results/cache/{shard}.parquet' {problem}")
-        assert error.endswith("; delete it and run snakemake again (the extract job rebuilds it)")
+    [error] = [line.split(" fit ERROR ")[1] for line in run.stderr.splitlines() if " fit ERROR " in line]
+    assert error.startswith(f"cache file 'results/cache/{shard}.parquet' {problem}")
+    assert error.endswith("; delete it and run snakemake again (the extract job rebuilds it)")
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
@@ -387,28 +387,28 @@ def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp
 
 
 def test_the_fit_stage_cut_into_one_job_or_into_fit_jobs_gives_byte_identical_tables(tiny_study, tmp_path):
-    """config/test.yaml cuts its 4 users into fit.jobs 2 jobs; cut into 1 instead, the per-user jobs rerun
+    """config/test.yaml puts its 4 users in fit.jobs 1 job; cut into 2 instead, the per-user jobs rerun
     (and nothing upstream), and every LM table is the same to the byte: a user's rows do not depend on the
     job that holds it, and the tables read the users in one order."""
     workdir = copy_study(tiny_study, tmp_path)
-    config = config_file(tmp_path, lambda c: c["fit"].update(jobs=1))
+    config = config_file(tmp_path, lambda c: c["fit"].update(jobs=2))
     run = snakemake(
         workdir, *LM_TABLES, "results/tables/capacity.csv", "results/tables/dose_response.csv", config=config
     )
     assert run.returncode == 0, run.stderr[-3000:]
     per_user = {"validate", "fit", "fit_others", "cross_user", "cross_user_headline"}
     assert planned_jobs(run) == {
-        **dict.fromkeys(per_user, 1),
+        **dict.fromkeys(per_user, 2),
         "capacity": 1,
         "headline_point": 1,
         "personalization_table": 1,
     }
-    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 2  # the 2-job files stay beside
+    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 2  # job~0 rewritten, job~1 new
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
 def test_shards_the_hash_leaves_empty_and_no_baselines_run_to_the_summary(tiny_study, tmp_path):
-    """extract.shards 8 and fit.jobs 8 for 4 users (several shards and jobs hold nobody) with fit.baselines
+    """extract.shards 8 and fit.jobs 5 for 4 users (several shards and a job hold nobody) with fit.baselines
     [], fit.on_cache [] and no dose-response points (the schema allows each): every per-shard and per-user
     job writes its empty file, every table builds from them, every user once, empty tables keep their
     columns, and the summary renders."""
@@ -416,12 +416,12 @@ def test_shards_the_hash_leaves_empty_and_no_baselines_run_to_the_summary(tiny_s
 
     def edit(config):
         config["extract"]["shards"] = 8
-        config["fit"].update(baselines=[], on_cache=[], jobs=8)
+        config["fit"].update(baselines=[], on_cache=[], jobs=5)
         config["fit"]["dose_response"]["points"] = []
 
     run = snakemake(workdir, "results/summary.md", config=config_file(tmp_path, edit))
     assert run.returncode == 0, run.stderr[-3000:]
-    sizes = [len(pd.read_parquet(workdir / f"results/fit/job~{i}/fits.parquet")) for i in range(8)]
+    sizes = [len(pd.read_parquet(workdir / f"results/fit/job~{i}/fits.parquet")) for i in range(5)]
     assert 0 in sizes and sum(sizes) > 0
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
     assert set(table["n_users"]) == {len(pd.read_parquet(workdir / "results/corpus/users.parquet"))}
@@ -795,16 +795,16 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 
 # Invalidation: a config change reruns exactly the jobs that depend on it (params and paths).
 
-LM_FITS = {  # every method in every job: config/test.yaml's 5 heads and the full bias, fit.jobs 2, 1 listed point
+LM_FITS = {  # every method in every job: config/test.yaml's 5 heads and the full bias, fit.jobs 1, 1 listed point
     "fit_global": 6,
     "fit_global_unigram": 1,
-    "validate": 2,
+    "validate": 1,
     "capacity": 1,
-    "fit": 2,
-    "fit_others": 2,
-    "cross_user": 2,
+    "fit": 1,
+    "fit_others": 1,
+    "cross_user": 1,
     "headline_point": 1,
-    "cross_user_headline": 2,
+    "cross_user_headline": 1,
     "personalization_table": 1,
 }
 LM_STAGES_AFTER_CORPUS = {"extract": 2, **LM_FITS}
