@@ -1,15 +1,15 @@
 """Rule capacity: every arm's capacity (radius, or the unigram's lambda) chosen from the validation rows of
 fit_global and every validate job (uph.lm.capacity)."""
 
-from uph.artifacts import FIT_FILE, job_record, write_recorded
+from uph.artifacts import job_record, write_recorded
 from uph.lm.capacity import EDGES
 from uph.lm.sweep import capacity_choices
-from uph.lm.tables import in_user_order
+from uph.lm.tables import read_in_user_order
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
-    validation = in_user_order(FIT_FILE.read_tables(snakemake.input.validation, record))
+    validation = read_in_user_order(snakemake.input.validation, record)
     choices = capacity_choices(validation)
     for _, row in choices[choices["at_edge"].isin(EDGES)].iterrows():
         log.warning(

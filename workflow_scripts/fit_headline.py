@@ -8,7 +8,7 @@ import pandas as pd
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.sweep import Point
-from uph.lm.tables import personalization_table
+from uph.lm.tables import personalization_table, read_in_user_order
 from uph.logs import rule_logging
 from uph.report.study import best_beyond_global
 
@@ -16,9 +16,9 @@ with rule_logging(snakemake) as log:
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
     table = personalization_table(
         json.loads(open(snakemake.input.model).read())["name"],
-        FIT_FILE.read_tables(snakemake.input.fits, record),
+        read_in_user_order(snakemake.input.fits, record),  # as the table job reads them: the same pick
         FIT_FILE.read_tables(snakemake.input.global_fit, record),
-        FIT_FILE.read_tables(snakemake.input.others, record),
+        read_in_user_order(snakemake.input.others, record),
         FIT_FILE.read_table(snakemake.input.capacity, record),
         snakemake.params.bootstrap,
     )

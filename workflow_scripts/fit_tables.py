@@ -15,6 +15,7 @@ from uph.lm.tables import (
     dose_response_table,
     in_user_order,
     personalization_table,
+    read_in_user_order,
 )
 from uph.logs import rule_logging
 
@@ -29,21 +30,18 @@ with rule_logging(snakemake) as log:
         model,
         in_user_order(pd.concat(fits.values())),
         FIT_FILE.read_tables(snakemake.input.global_fit, record),
-        in_user_order(FIT_FILE.read_tables(snakemake.input.others, record)),
+        read_in_user_order(snakemake.input.others, record),
         choices,
         n_boot,
     )
     write_table(table, snakemake.output.personalization)
     log.info("personalization: %d rows", len(table))
 
-    validation = in_user_order(FIT_FILE.read_tables(snakemake.input.validation, record))
-    curves = capacity_table(model, validation, choices)
+    curves = capacity_table(model, read_in_user_order(snakemake.input.validation, record), choices)
     write_table(curves, snakemake.output.capacity)
     log.info("capacity: %d rows", len(curves))
 
-    dose = dose_response_table(
-        model, in_user_order(FIT_FILE.read_tables(snakemake.input.dose, record)), choices, n_boot
-    )
+    dose = dose_response_table(model, read_in_user_order(snakemake.input.dose, record), choices, n_boot)
     write_table(dose, snakemake.output.dose_response)
     log.info("dose_response: %d rows", len(dose))
 

@@ -513,7 +513,8 @@ def validate_users(
     for user, states in job.users.items():
         train = prepare(states.train_hidden, states.train_targets, job.layer, device=job.device)
         user_rows, user_warm = validate_user(user, train, job.heads, thetas_g_fit, unigram, fit, job.gap)
-        rows, warm = rows + user_rows, warm + user_warm
+        rows += user_rows
+        warm += user_warm
         log.info("%s: validated %d train tokens", user, train.n)
     return pd.DataFrame(rows), pd.DataFrame(warm)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from uph.artifacts import FIT_FILE
 from uph.lm.capacity import chosen_row
 from uph.lm.solvers import on_ball
 from uph.stats import COMPARISON_COLUMNS, compare
@@ -195,6 +196,11 @@ def in_user_order(rows: pd.DataFrame, user: str = "user") -> pd.DataFrame:
     """The rows gathered from the fit jobs, in user order (each user's rows in the order its job wrote
     them): what the tables compute (means, bootstrap resamples) reads the users alike whatever the cut."""
     return rows.sort_values(user, kind="stable", ignore_index=True) if user in rows else rows
+
+
+def read_in_user_order(paths, record: dict) -> pd.DataFrame:
+    """The fit jobs' files `paths` (checked against `record`), gathered in user order (in_user_order)."""
+    return in_user_order(FIT_FILE.read_tables(paths, record))
 
 
 def cross_user_table(model: str, blocks: list[pd.DataFrame]) -> pd.DataFrame:
