@@ -51,7 +51,7 @@ from uph.lm.heads import HeadSettings, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings
 from uph.lm.tokens import prepare
-from uph.report.figures import STYLE
+from uph.report.figures import STYLE, literal
 from uph.report.provenance import table_code
 
 LM_TABLES = ["results/tables/personalization.csv", "results/tables/cross_user.csv"]
@@ -668,7 +668,7 @@ def test_user_ids_with_pipes_dollars_and_line_breaks_keep_the_markdown_table_and
     ]
     with matplotlib.rc_context(STYLE):  # as mathtext, "$x^$" cannot be drawn (a superscript of nothing)
         figure = matplotlib.figure.Figure()
-        figure.subplots().set_xticks(range(4), users)
+        figure.subplots().set_xticks(range(4), map(literal, users))
         figure.savefig(tmp_path / "f.png")
 
 

@@ -45,11 +45,11 @@ FIGURES = {
     "dose_response": FigureSpec(
         "Personal gain beyond global against the user's train tokens", (FULL_WIDTH, 2.6), "User prior heads"
     ),
-    "cross_user": FigureSpec("Cross-user matrix of residual thetas", (FULL_WIDTH, 4.2), "User prior heads"),
+    "cross_user": FigureSpec("Cross-user matrix of residual thetas", (FULL_WIDTH, 6.2), "User prior heads"),
     "solver_gap": FigureSpec("Adam vs exact solver", (FULL_WIDTH, 2.6), "User prior heads"),
     "copy_task_curves": FigureSpec("Copy-task learning curves", (FULL_WIDTH, 2.6), "Copy task"),
     "copy_task_lengths": FigureSpec("Copy-task accuracy against evaluation length", (FULL_WIDTH, 2.6), "Copy task"),
-    "gram_resilience": FigureSpec("Gram-score resilience", (COLUMN_WIDTH, 2.6), "Copy task"),
+    "gram_resilience": FigureSpec("Gram-score resilience", (COLUMN_WIDTH, 3.4), "Copy task"),
     "attention_offset_copy": FigureSpec("Variable-offset copy by attention kind", (FULL_WIDTH, 2.6), "Attention study"),
     "attention_loud_copy": FigureSpec("Loud-distractor copy by attention kind", (FULL_WIDTH, 2.6), "Attention study"),
     "attention_mqar": FigureSpec(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from collections.abc import Callable
 
 import matplotlib as mpl
@@ -23,6 +24,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
 from uph.config import schema_enum
 from uph.io import atomic_path
@@ -54,10 +56,16 @@ STYLE = {
     "lines.markersize": 4,
     "legend.frameon": False,
     "pdf.fonttype": 42,
-    "text.parse_math": False,  # labels are data (user ids, model names): a `$` in one is a dollar sign
     "axes.prop_cycle": mpl.cycler(color=OKABE_ITO),
 }
-DNLL_LABEL = "Δ held-out NLL (10⁻³ nats/token)"
+
+
+def literal(label) -> str:
+    """A label that comes from data (a user id, a model, head or kind name) drawn as itself, on one line.
+    Matplotlib reads a text with two unescaped `$` as mathtext (as its log-axis formatters write their
+    ticks: 10^-1); outside mathtext `$` is the only special character, and it draws an escaped `\\$`
+    as `$`. A line break shows as ↵ so that a label keeps to its line."""
+    return re.sub(r"\r\n|\r|\n", "↵", str(label).replace("$", r"\$"))
 
 
 def palette(names, order) -> dict:
@@ -140,15 +148,22 @@ def personalization(fig: Figure, study: Study) -> None:
                 ax.set_title(title)
         axes[row, 0].set_ylabel(f"Δ NLL, α = {alpha:g}\n(10⁻³ nats/token)")
     fig.supxlabel("parameters per user (d; V for the full bias, V + 1 for the unigram)")
-    handles = [Line2D([], [], color=color, marker="o", label=head) for head, color in colors.items()]
+    handles = [Line2D([], [], color=color, marker="o", label=literal(head)) for head, color in colors.items()]
     handles += [
-        Line2D([], [], color="0.35", marker=BASELINE_MARKERS.get(head, "o"), linestyle="", label=f"{head} baseline")
+        Line2D(
+            [],
+            [],
+            color="0.35",
+            marker=BASELINE_MARKERS.get(head, "o"),
+            linestyle="",
+            label=f"{literal(head)} baseline",
+        )
         for head in sorted({head for rows in baselines.values() for head in rows["head"]})
     ]
     fig.legend(handles=handles, loc="outside right center")
     users = int(table["n_users"].max())
     fig.suptitle(
-        f"{table['model'].iloc[0]}, {solver} solver, {users} users, each method at its capacity chosen on "
+        f"{literal(table['model'].iloc[0])}, {literal(solver)} solver, {users} users, each method at its capacity chosen on "
         "validation:\nmean over users with 95 % paired bootstrap interval (lower is better)"
     )
 
@@ -167,7 +182,7 @@ def capacity(fig: Figure, study: Study) -> None:
             ["head", "alpha", "d"], sort=True, dropna=False
         ):
             rows = rows.sort_values("capacity")
-            ax.plot(rows["capacity"], rows["validation_nll"], color=colors[head], marker=".", label=head)
+            ax.plot(rows["capacity"], rows["validation_nll"], color=colors[head], marker=".", label=literal(head))
             picked = rows[rows["chosen"]]
             ax.plot(
                 picked["capacity"],
@@ -181,9 +196,9 @@ def capacity(fig: Figure, study: Study) -> None:
         ax.set_xlabel("radius of the ball ‖θ‖ ≤ r")
         ax.set_title(arm)
     axes[0].set_ylabel("validation NLL (nats/token)")
-    handles = [Line2D([], [], color=color, label=head) for head, color in colors.items()]
+    handles = [Line2D([], [], color=color, label=literal(head)) for head, color in colors.items()]
     fig.legend(handles=handles, loc="outside right center")
-    fig.suptitle(f"Capacity chosen on validation, {solver} solver: mean over users, ○ the chosen radius")
+    fig.suptitle(f"Capacity chosen on validation, {literal(solver)} solver: mean over users, ○ the chosen radius")
 
 
 def dose_response(fig: Figure, study: Study) -> None:
@@ -230,51 +245,56 @@ def dose_response(fig: Figure, study: Study) -> None:
         ax.set_xlabel("first k train tokens (users with more than k); ★ all of each user's (at their mean)")
         ax.set_title(f"α = {alpha:g}")
     axes[0].set_ylabel("Δ NLL beyond global θ\n(10⁻³ nats/token)")
-    handles = [Line2D([], [], color=color, label=head) for head, color in colors.items()]
+    handles = [Line2D([], [], color=color, label=literal(head)) for head, color in colors.items()]
     handles += [Line2D([], [], color="0.3", linestyle=style, label=f"d = {d:g}") for d, style in linestyles.items()]
     fig.legend(handles=handles, loc="outside right center")
-    fig.suptitle(f"Personal gain beyond the global θ, {solver} solver: mean over users, 95 % interval band")
+    fig.suptitle(f"Personal gain beyond the global θ, {literal(solver)} solver: mean over users, 95 % interval band")
+
+
+NAMED_USERS = 40  # the cross-user matrix names up to this many users; beyond, its outlined diagonal carries the reading
 
 
 def cross_user(fig: Figure, study: Study) -> None:
     """Residual theta of user u (rows, on top of the global theta) scored on the held-out text of user v
-    (columns), against the global theta alone; a personal gain shows as a diagonal bluer than its column.
-    Each title carries the diagonal dominance (uph.stats.diagonal_dominance)."""
+    (columns), against the global theta alone; rows and columns in one user order, the diagonal (own
+    theta on own text) outlined, the colour scale centred on 0. A personal gain shows as a diagonal
+    bluer than the rest of its column. Each title carries the diagonal dominance (uph.stats.diagonal_dominance)."""
     points = list(study.cross_user.groupby(["head", "alpha", "d", "solver"], sort=True))
     if not points:
         fig.subplots().text(0.5, 0.5, "no cross-user point configured (fit.cross_user)", ha="center")
         return
     limit = study.cross_user["delta_nll"].abs().max() * MILLI or 1.0
+    norm = mpl.colors.CenteredNorm(vcenter=0.0, halfrange=limit)
     axes = fig.subplots(1, len(points), squeeze=False)[0]
     for ax, ((head, alpha, d, solver), pairs) in zip(axes, points):
-        matrix = pairs.pivot(index="theta_user", columns="text_user", values="delta_nll") * MILLI
-        users = matrix.index.tolist()
-        matrix = matrix.loc[users, users]
-        image = ax.imshow(matrix.to_numpy(), cmap="RdBu_r", vmin=-limit, vmax=limit)
+        users = sorted(pairs["theta_user"].unique())
+        matrix = (pairs.pivot(index="theta_user", columns="text_user", values="delta_nll") * MILLI).loc[users, users]
+        image = ax.imshow(matrix.to_numpy(), cmap="RdBu_r", norm=norm)
         ax.grid(False)
-        if len(users) <= 12:
-            ax.set_xticks(range(len(users)), users, rotation=45, ha="right", rotation_mode="anchor")
-            ax.set_yticks(range(len(users)), users)
-            for (row, col), value in np.ndenumerate(matrix.to_numpy()):
-                ax.text(
-                    col,
-                    row,
-                    f"{value:.1f}",
-                    ha="center",
-                    va="center",
-                    fontsize=6,
-                    color="white" if abs(value) > 0.6 * limit else "black",
-                    fontweight="bold" if row == col else "normal",
-                )
+        n = len(users)
+        for k in range(n):
+            ax.add_patch(Rectangle((k - 0.5, k - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=0.8))
+        if n <= NAMED_USERS:
+            names = [literal(user) for user in users]
+            size = min(6.0, 150 / n)  # points: each name fits its row
+            ax.set_xticks(range(n), names, rotation=90, fontsize=size)
+            ax.set_yticks(range(n), names if ax is axes[0] else [], fontsize=size)
+            ax.tick_params(length=0)
         else:
             ax.set_xticks([]), ax.set_yticks([])
+        if n <= 12:
+            for (row, col), value in np.ndenumerate(matrix.to_numpy()):
+                color = "white" if abs(value) > 0.6 * limit else "black"
+                ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=6, color=color)
         ax.set_xlabel("held-out text of user")
-        ax.set_ylabel("residual θ fitted on user")
+        if ax is axes[0]:
+            ax.set_ylabel("residual θ fitted on user")
         dominance = diagonal_dominance(pairs)
         ax.set_title(
-            f"{head}, α = {alpha:g}, d = {d:g} ({solver})\nown θ: mean rank {dominance['mean_rank']:.2f} "
-            f"(chance {dominance['mean_rank_chance']:g}, p = {dominance['mean_rank_p']:.2g}),\nthe best on "
-            f"{round(dominance['frac_own_best'] * len(users))} of {len(users)} texts (chance 1)"
+            f"{literal(head)}, α = {alpha:g}, d = {d:g} ({literal(solver)})\n"
+            f"own θ (outlined): mean rank {dominance['mean_rank']:.2f} of {n}\n"
+            f"(chance {dominance['mean_rank_chance']:g}, p = {dominance['mean_rank_p']:.2g}), the best\n"
+            f"on {round(dominance['frac_own_best'] * n)} of {n} texts (chance 1)"
         )
     fig.colorbar(image, ax=axes.tolist(), label="Δ NLL against the global θ (10⁻³ nats/token)", shrink=0.8)
 
@@ -299,6 +319,7 @@ def solver_gap(fig: Figure, study: Study) -> None:
                 )
         _log2_axis(gap_ax, ds)
     else:
+        gap_ax.set_axis_off()
         gap_ax.text(0.5, 0.5, "needs fit.solvers adam and exact", ha="center", transform=gap_ax.transAxes)
     gap_ax.set_xlabel("d (parameters per user)")
     gap_ax.set_ylabel("objective excess, adam − exact (10⁻³ nats)")
@@ -309,12 +330,12 @@ def solver_gap(fig: Figure, study: Study) -> None:
         jitter = np.linspace(-0.15, 0.15, len(rows)) if len(rows) > 1 else np.zeros(1)
         certificate_ax.scatter(i + jitter, rows["fit_certificate_max"], c=rows["head"].map(colors), s=12)
     certificate_ax.set_yscale("log")
-    certificate_ax.set_xticks(range(len(solvers)), solvers)
+    certificate_ax.set_xticks(range(len(solvers)), map(literal, solvers))
     certificate_ax.set_xlim(-0.6, len(solvers) - 0.4)
     certificate_ax.set_xlabel("solver")
     certificate_ax.set_ylabel("projected-gradient norm, worst user")
     certificate_ax.set_title("optimality certificate")
-    handles = [Line2D([], [], color=c, marker="o", linestyle="none", label=h) for h, c in colors.items()]
+    handles = [Line2D([], [], color=c, marker="o", linestyle="none", label=literal(h)) for h, c in colors.items()]
     handles += [Line2D([], [], color="0.3", marker=m, linestyle="none", label=f"α = {a:g}") for a, m in markers.items()]
     fig.legend(handles=handles, loc="outside right center")
 
@@ -326,7 +347,7 @@ def copy_task_curves(fig: Figure, study: Study) -> None:
     loss_ax, acc_ax = fig.subplots(1, 2)
     for attention, color in colors.items():
         run = curves[curves["attention"] == attention]
-        _mean_and_spread(loss_ax, run, "step", "loss", color, label=attention)
+        _mean_and_spread(loss_ax, run, "step", "loss", color, label=literal(attention))
         _mean_and_spread(acc_ax, run, "step", "token_acc", color)
     acc_ax.axhline(1 / study.copy_task_vocab, color="0.4", linestyle=":", linewidth=0.8, label="chance (1/vocab)")
     loss_ax.set_yscale("log")
@@ -358,7 +379,7 @@ def copy_task_lengths(fig: Figure, study: Study) -> None:
                 color=color,
                 marker="o",
                 capsize=2,
-                label=attention if metric == "token_acc" else None,
+                label=literal(attention) if metric == "token_acc" else None,
             )
         ax.axvline(
             table["train_len"].iloc[0],
@@ -392,9 +413,9 @@ def gram_resilience(fig: Figure, study: Study) -> None:
     ax.plot([], [], color="0.3", marker="*", markersize=9, linestyle="none", label="true match (both scores)")
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=1)
-    ax.set_xlabel("mismatch magnitude m (|k| outside the q, r plane)")
+    ax.set_xlabel("mismatch magnitude m\n(|k| outside the q, r plane)")
     ax.set_ylabel("attention score (symlog)")
-    ax.legend(loc="upper right")
+    fig.legend(loc="outside lower center")
 
 
 LEVELS = {"loud_copy": "distractor loudness m", "mqar": "key-value pairs"}  # the swept quantity of a task
@@ -427,7 +448,7 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
             continue
         i, n = list(colors).index(attention), len(colors)
         style = {"color": colors[attention], "linestyle": MODEL_STYLES.get(model, "-")}
-        label = attention if table["model"].nunique() == 1 else f"{attention} ({model})"
+        label = literal(attention if table["model"].nunique() == 1 else f"{attention} ({model})")
         if task == "loud_copy" and rows.get("loudness_invariant", pd.Series([False])).any():
             label += " (m divides out)"
         stats = over_seeds(rows, ["eval_len"], "token_acc")
@@ -457,7 +478,9 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
         axes[1].set_xlabel("evaluation length (tokens)")
         axes[1].set_ylabel("whole-sequence accuracy")
     fig.legend(loc="outside right center")
-    fig.suptitle(f"{task}: mean and 95 % Student-t interval over {_seeds(table)}, each kind at its best validation lr")
+    fig.suptitle(
+        f"{literal(task)}: mean and 95 % Student-t interval over {_seeds(table)}, each kind at its best validation lr"
+    )
 
 
 def attention_offset_copy(fig: Figure, study: Study) -> None:
@@ -480,7 +503,10 @@ def attention_dynamics(fig: Figure, study: Study) -> None:
     task = ordered(study_curves["task"], ["offset_copy"])[0] if not study_curves.empty else None
     rows = (
         (study.copy_task_curves, "seed 004 copy task"),
-        (study_curves[study_curves["task"] == task] if task else study_curves, f"{task}, {_seeds(study_curves)}"),
+        (
+            study_curves[study_curves["task"] == task] if task else study_curves,
+            f"{literal(task)}, {_seeds(study_curves)}",
+        ),
     )
     names = pd.concat([curves["attention"] for curves, _ in rows if not curves.empty])
     colors, labeled = palette(names, ATTENTIONS), set()
@@ -490,7 +516,7 @@ def attention_dynamics(fig: Figure, study: Study) -> None:
             continue
         for attention in ordered(curves["attention"], ATTENTIONS):
             run = curves[curves["attention"] == attention].dropna(subset=["attention_grad_norm"])
-            label = None if attention in labeled else attention
+            label = None if attention in labeled else literal(attention)
             labeled.add(attention)
             _mean_and_spread(score_ax, run, "step", "score_abs", colors[attention], label=label)
             _mean_and_spread(grad_ax, run, "step", "attention_grad_norm", colors[attention])
@@ -516,7 +542,9 @@ def feedback(fig: Figure, study: Study) -> None:
     loss_ax, align_ax = fig.subplots(1, 2)
     for method, color in colors.items():
         run = curves[curves["method"] == method]
-        label = f"{method}\n(g_hat: {run['signal'].iloc[0]})" if method == "feedback_learned" else method
+        label = literal(method) + (
+            f"\n(g_hat: {literal(run['signal'].iloc[0])})" if method == "feedback_learned" else ""
+        )
         _mean_and_spread(loss_ax, run, "step", "test_loss", color, label=label)
         for layer in layers:
             _mean_and_spread(align_ax, run, "step", layer, color, linestyle=linestyles[layer])
