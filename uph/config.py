@@ -2,7 +2,8 @@
 
 `validate(config, schema_dir)` fills defaults in place and raises `ConfigError` with one line
 naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the minimum of 1``
-(`ModelError` for a local model folder without weights). `check_results_folder` and
+(`ModelError` for a local model folder without weights, or with a weights file cut short; config.yaml's
+GGUF file name carried over to another model.source is dropped with a warning). `check_results_folder` and
 `check_against_model` need the file system; `job_params` is what a rule passes to one job, and
 `EXTRACT_KEYS`, `SOLVER_KEYS`, `HEAD_KEYS` say which keys a job reads. Torch-free: the DAG build
 imports this module, so `snakemake -n` stays fast.
@@ -14,6 +15,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import json
+import logging
 import math
 import os
 import re
@@ -26,11 +28,13 @@ from referencing.jsonschema import DRAFT202012
 
 from uph.errors import ConfigError
 from uph.lm.splits import split_lengths, temporal_split
-from uph.model_identity import check_model_folder
+from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, check_model_folder
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
 TINY_ARCHITECTURES = ("llama", "gpt2")  # model.source tiny:<arch> (uph.lm.models.tiny_model)
+
+log = logging.getLogger(__name__)
 
 
 def _load_schemas(schema_dir: Path) -> Registry:
@@ -290,6 +294,28 @@ def local_model_folder(source: str) -> Path | None:
     return folder if folder.exists() else None
 
 
+def _drop_embedded_gguf(model: dict) -> None:
+    """Configs merge, so a config that names another model.source keeps config.yaml's GGUF file name,
+    which that source would be asked for (offline, the hub retries for most of a minute before it fails):
+    where the source does not hold it (a local folder without it; a hub id or another package, as that
+    name belongs to the embedded package), model.gguf_file becomes None, with a warning. tiny: sources
+    build their model and ignore the key."""
+    source = model["source"]
+    if model["gguf_file"] != EMBEDDED_GGUF or source == EMBEDDED_SOURCE or source.startswith("tiny:"):
+        return
+    folder = local_model_folder(source)
+    if folder is not None and (folder / EMBEDDED_GGUF).is_file():
+        return
+    log.warning(
+        "config key 'model.gguf_file': '%s', config.yaml's file of %s, is not in model.source '%s'; ignoring it "
+        "(set model.gguf_file: null to silence this warning)",
+        EMBEDDED_GGUF,
+        EMBEDDED_SOURCE,
+        source,
+    )
+    model["gguf_file"] = None
+
+
 def _check_across_keys(config: dict) -> None:
     """What one key's schema cannot see: relations between keys, and named files that are missing."""
     source = config["corpus"]["source"]
@@ -300,6 +326,7 @@ def _check_across_keys(config: dict) -> None:
             )
         if not Path(source).is_file():
             raise ConfigError(f"config key 'corpus.source': corpus file '{source}' does not exist")
+    _drop_embedded_gguf(config["model"])
     model = config["model"]["source"]
     if (folder := local_model_folder(model)) is not None:
         check_model_folder(folder, config["model"]["gguf_file"])

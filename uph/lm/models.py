@@ -20,7 +20,15 @@ from safetensors.torch import save_file
 from uph.config import TINY_ARCHITECTURES
 from uph.errors import ModelError
 from uph.io import write_json
-from uph.model_identity import IDENTITY, TOKENIZER_PREFIXES, WEIGHTS, check_model_folder, file_sha256, read_identity
+from uph.model_identity import (
+    IDENTITY,
+    TOKENIZER_PREFIXES,
+    WEIGHTS,
+    check_model_folder,
+    file_sha256,
+    missing_gguf,
+    read_identity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +81,9 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0):
 
 
 def _hub_gguf(source: str, gguf_file: str | None, revision: str | None) -> str | None:
-    """`model.gguf_file` for a hub id: it applies only when the repository holds GGUF files (asked only
-    when one is set; offline, the value stands)."""
+    """`model.gguf_file` for a hub id: a named file must be among the repository's files (listed only when
+    one is named; offline or private, the value stands and loading says what is wrong). Config
+    validation has dropped config.yaml's file name, which belongs to the embedded package (uph.config)."""
     if not gguf_file:
         return None
     from huggingface_hub import list_repo_files
@@ -83,7 +92,9 @@ def _hub_gguf(source: str, gguf_file: str | None, revision: str | None) -> str |
         files = list_repo_files(source, revision=revision)
     except Exception:  # offline or private: loading itself says what is wrong
         return gguf_file
-    return gguf_file if any(f.endswith(".gguf") for f in files) else None
+    if gguf_file not in files:
+        raise missing_gguf(gguf_file, source, sorted(f for f in files if f.endswith(".gguf")))
+    return gguf_file
 
 
 def _check_causal_lm(source: str, trust_remote_code: bool, kwargs: dict) -> None:
