@@ -8,7 +8,7 @@ RESULTS := results
 LINT_ALLOWED := Specify a conda environment or container for each rule.
 LINT_LOG := .snakemake/lint.log
 
-.PHONY: setup reproduce test lint dry-run clean
+.PHONY: setup reproduce test gpu-check lint dry-run clean
 # A failed recipe leaves no half-written target that would look up to date.
 .DELETE_ON_ERROR:
 
@@ -33,6 +33,13 @@ $(RESULTS)/report.html: $(RESULTS)/summary.md $(RESULTS)/provenance.json
 
 test: setup
 	$(BIN)/pytest -q
+
+# The CUDA path against the CPU path on this machine (README: "On a GPU"): the kernels' tests, then the
+# tiny study on CPU and on CUDA with their tables compared and timed (gpu-check/). Without a GPU: the
+# CPU half, one line, exit 0.
+gpu-check: setup
+	$(BIN)/pytest -q -rs tests/test_gpu.py -k on_cuda
+	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
 
 # The gates the field's workflows run: ruff (lint, format), snakefmt, and snakemake --lint with the
 # notes that do not apply here filtered out (README: "Lint").

@@ -1,0 +1,163 @@
+"""The CUDA path against the CPU path, on the same inputs: the fit engine (objective, gradient and
+curvature of every head and the full bias, and an exact fit's certified optimum), the attention kernels
+(triple product and 2-simplicial: values and gradients) and extraction (the cached hidden states).
+Skipped where no CUDA device is present, as in `make test`; `make gpu-check` runs them, then the tiny
+study on CUDA against CPU (benchmarks/gpu_check.py, whose table comparison is checked here on CPU).
+
+Tolerances: float64 agrees to rounding (1e-10 relative); float32 sums in another order on a GPU, so
+agreement is to 1e-5 relative (the effects the study reports are about 1e-3 nats, on NLLs near 5).
+TF32 is off (uph.device), else float32 matmuls would keep 10 mantissa bits and miss these."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from test_extract import _build_cache, _users
+from test_fit import BETA_LAM, HEAD_SETTINGS, D
+from tiny_lm import final_hidden, tiny_llama
+
+from uph.attention.self_attention import simplicial_attention, triple_product_attention
+from uph.lm.cache import read_shard
+from uph.lm.fit import Objective, fit_theta
+from uph.lm.heads import HEADS, full_bias_head, make_head
+from uph.lm.models import OutputLayer
+from uph.lm.solvers import SolverSettings
+from uph.lm.tokens import prepare
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+CUDA = torch.device("cuda")
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}  # relative, CUDA against CPU
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    """(h [n, H], targets [n], W, b, svd) in float64 from a tiny real model; n = 300 spans several chunks."""
+    model = tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+    ids = torch.randint(0, model.config.vocab_size, (5, 61), generator=torch.Generator().manual_seed(1))
+    h = final_hidden(model, ids[:, :-1]).reshape(-1, model.config.hidden_size)
+    W = model.get_output_embeddings().weight.detach()
+    b = 0.1 * torch.randn(W.shape[0], dtype=W.dtype, generator=torch.Generator().manual_seed(2))
+    return h, ids[:, 1:].reshape(-1), W, b, torch.linalg.svd(W, full_matrices=False)
+
+
+def heads(lm):
+    h, y, W, b, svd = lm
+    made = {name: make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b) for name in HEADS}
+    return {**made, "full_bias": full_bias_head(W, b)}
+
+
+def close(cuda: torch.Tensor, cpu: torch.Tensor, dtype) -> None:
+    torch.testing.assert_close(cuda.cpu(), cpu, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * cpu.abs().max())
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", [*HEADS, "full_bias"])
+def test_the_fit_engine_on_cuda_computes_what_it_computes_on_cpu(lm, name, dtype):
+    h, y, W, b, _ = lm
+    head = heads(lm)[name]
+    layer = OutputLayer(W.to(dtype), b.to(dtype))
+    theta = 0.3 * torch.randn(head.d, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    values = {}
+    for device in ("cpu", CUDA):
+        tokens = prepare(h.to(dtype), y, layer, chunk=64, device=device)
+        objective = Objective(tokens, head, *BETA_LAM)
+        values[device] = (objective(theta), objective.curvature())
+    (cpu, cpu_curvature), (cuda, cuda_curvature) = values["cpu"], values[CUDA]
+    assert cuda.objective == pytest.approx(cpu.objective, rel=TOLERANCE[dtype])
+    assert (cuda.ce, cuda.kl) == pytest.approx((cpu.ce, cpu.kl), rel=TOLERANCE[dtype], abs=TOLERANCE[dtype])
+    close(cuda.grad, cpu.grad, dtype)
+    close(cuda_curvature, cpu_curvature, dtype)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["svd_cvh", "full_bias"])
+def test_an_exact_fit_on_cuda_reaches_the_cpu_fits_certified_optimum(lm, name):
+    h, y, W, b, _ = lm
+    head, settings = heads(lm)[name], SolverSettings.defaults(max_iter=2000)
+    layer = OutputLayer(W.float(), b.float())
+    fits = {
+        device: fit_theta(prepare(h.float(), y, layer, device=device), head, "exact", settings)
+        for device in ("cpu", CUDA)
+    }
+    (_, cpu), (theta, cuda) = fits["cpu"], fits[CUDA]
+    assert cuda.certificate <= max(settings.tol, 2 * cpu.certificate)  # float32: certified to its noise floor
+    assert cuda.objective == pytest.approx(cpu.objective, rel=1e-6)
+    torch.testing.assert_close(theta.cpu(), fits["cpu"][0], rtol=1e-3, atol=1e-4)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("attention", [triple_product_attention, simplicial_attention])
+def test_the_attention_kernels_on_cuda_compute_what_they_compute_on_cpu(attention, dtype):
+    generator = torch.Generator().manual_seed(4)
+    q, k, r, v = (torch.randn(2, 3, 16, 8, dtype=dtype, generator=generator) for _ in range(4))
+    weights = torch.randn(2, 3, 16, 8, dtype=dtype, generator=generator)
+    results = {}
+    for device in ("cpu", CUDA):
+        inputs = [x.to(device).requires_grad_() for x in (q, k, r, v)]
+        out = attention(*inputs)
+        results[device] = (out, *torch.autograd.grad((out * weights.to(device)).sum(), inputs))
+    for cuda, cpu in zip(results[CUDA], results["cpu"]):
+        close(cuda.detach(), cpu.detach(), dtype)
+
+
+@needs_cuda
+def test_extraction_on_cuda_caches_the_states_extraction_on_cpu_caches(tiny_model_dir, tmp_path):
+    model_dir, users, context = tiny_model_dir("llama"), _users(n_users=2), 16
+    shards = {}
+    for device in ("cpu", CUDA):
+        path = tmp_path / f"{device}.parquet"
+        expect = _build_cache(model_dir, path, users, context, device=torch.device(device))
+        shards[device] = read_shard(path, expect)
+    for user, cpu in shards["cpu"].items():
+        cuda = shards[CUDA][user]
+        assert torch.equal(cuda.train_targets, cpu.train_targets) and torch.equal(cuda.test_targets, cpu.test_targets)
+        close(cuda.train_hidden, cpu.train_hidden, torch.float32)
+        close(cuda.test_hidden, cpu.test_hidden, torch.float32)
+
+
+SPEC = importlib.util.spec_from_file_location(
+    "gpu_check", Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+)
+gpu_check = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(gpu_check)
+
+
+def test_the_gpu_check_passes_a_run_against_itself_and_names_each_departure(tiny_study, tmp_path):
+    cpu = tiny_study.workdir / "results"
+    assert gpu_check.compare_runs(cpu, cpu, tol=1e-5) == []
+    cuda = tmp_path / "results"
+    shutil.copytree(cpu / "tables", cuda / "tables")
+    tables = {name: pd.read_csv(cpu / "tables" / f"{name}.csv") for name in ("personalization", "capacity")}
+    personalization, capacity = tables["personalization"].copy(), tables["capacity"].copy()
+    scale = personalization[["base_nll", "nll"]].abs().max().max()  # the largest NLL: base or after
+    personalization.loc[0, "nll"] += 0.5e-6 * scale  # within 1e-6 of the NLL scale: agrees
+    personalization.loc[1, "delta_nll"] += 2e-6 * scale  # beyond it
+    exact = personalization.index[
+        personalization["solver"].eq("exact") & personalization["fit_certificate_max"].notna()
+    ]
+    personalization.loc[exact[0], "fit_certificate_max"] = 3 * max(
+        1e-5, personalization.loc[exact[0], "fit_certificate_max"]
+    )
+    capacity.loc[capacity["chosen"].idxmax(), "chosen"] = False  # another radius chosen
+    personalization.to_csv(cuda / "tables/personalization.csv", index=False)
+    capacity.to_csv(cuda / "tables/capacity.csv", index=False)
+    with open(cuda / "tables/feedback.csv", "a") as f:
+        f.write("\n")
+    problems = gpu_check.compare_runs(cpu, cuda, tol=1e-5)
+    assert [p.split(":")[0] for p in problems] == [
+        "capacity.chosen",
+        "feedback",
+        "personalization.delta_nll",
+        "personalization.fit_certificate_max",
+    ]
+    delta = personalization.loc[1, "delta_nll"]
+    assert problems[2] == (
+        f"personalization.delta_nll: beyond 1e-6 x {scale:.3g} at row(s) 1 (CPU {delta - 2e-6 * scale:g}, CUDA {delta:g})"
+    )
