@@ -6,6 +6,7 @@ straightforward references."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import sample_text, tiny_llama, user_split
 
+import uph.lm.sweep
 from uph.config import schema_defaults
 from uph.lm.baselines import cache_mixture, log_unigram, mixture, unigram_nll
 from uph.lm.cache import UserStates
@@ -33,7 +35,9 @@ from uph.lm.sweep import (
     fit_users,
     global_thetas,
     global_unigram,
+    load_methods,
     others,
+    residual_thetas,
     validate_user,
     validate_users,
     warm_starts,
@@ -342,3 +346,40 @@ def test_others_on_the_cache_score_the_other_users_mean_cache_theta_on_the_users
         assert table.set_index("user").loc[user, "cache_others_nll"] == pytest.approx(expected, rel=1e-12), user
     plain = others(job, thetas_g, {(point, "exact"): residuals})
     assert plain["cache_others_nll"].isna().all() and plain["others_nll"].notna().all()
+
+
+def test_every_tokens_of_a_fit_job_shares_its_one_output_layer(planted, monkeypatch):
+    """load_fit_job moves the model's output layer to the job's device and compute dtype once: every Tokens
+    of fit_global's pooled fit, the validating and fitting jobs and the controls computes with that one W,
+    so the pooled fit holds one W however many users it pools. The layer is stored in bfloat16 here,
+    where a copy to float32 per Tokens would show."""
+    _, layer, trains, tests, _ = planted
+    point, fit = Point.of("svd_cvh", 1.0, D), planted_fit_config(baselines=["unigram"])
+    stored = OutputLayer(layer.W.bfloat16())
+    users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
+    reads = {
+        "read_output_layer": stored,
+        "load_basis": torch.linalg.svd(stored.W.float(), full_matrices=False),
+        "read_users": users,
+        "read_model_identity": {"weights_sha256": "-"},
+    }
+    for name, value in reads.items():
+        monkeypatch.setattr(uph.lm.sweep, name, lambda *_, value=value: value)
+    made, prepare_tokens = [], uph.lm.sweep.prepare
+    monkeypatch.setattr(
+        uph.lm.sweep, "prepare", lambda *args, **kwargs: made.append(prepare_tokens(*args, **kwargs)) or made[-1]
+    )
+    job = load_methods(
+        SimpleNamespace(model="model/identity.json", basis=None, users=None, shards=[]), fit, {"context": 4}, "cpu"
+    )
+    assert job.layer.W.dtype == torch.float32 and torch.equal(job.layer.W, stored.W.float())
+    thetas, validation = fit_global(job, fit)
+    unigram, unigram_validation = global_unigram(job, fit)
+    per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), unigram, fit)
+    choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
+    fits, _ = fit_users(job, global_thetas(thetas), choices, unigram, fit, warm_starts(warm))
+    residuals = residual_thetas(fits)
+    cross_user(job, point, global_thetas(thetas)[point, "exact"], residuals[point, "exact"])
+    others(job, global_thetas(thetas), residuals)
+    assert len(made) > 6 * len(users)  # fit_global's pooled parts and validation parts, the fit jobs', the controls'
+    assert all(tokens.layer.W is job.layer.W for tokens in made)

@@ -1,6 +1,7 @@
 """The theta-fitting engine: objective and gradient parity with autograd on the seed's own
 computation, the adam solver against seed 002 written out, the exact solver's certificate, a
-planted user recovered, NaN handling, pooled tokens."""
+planted user recovered, NaN handling, pooled tokens on one output layer, each device's tiles, a flagged
+chunk mended after the pass, no host read per chunk."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
 
+import uph.lm.fit
 import uph.lm.solvers
 from uph.errors import ConfigError, FitDivergedError
-from uph.lm.fit import HeadOnTokens, Objective, WarmStart, fit_path, fit_theta
+from uph.lm.evaluate import HeldOut
+from uph.lm.fit import VOCAB_BLOCK, HeadOnTokens, Objective, WarmStart, fit_path, fit_theta, vocab_block
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings, projected_gradient_norm
-from uph.lm.tokens import pool, prepare, validation_split
+from uph.lm.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
 
 D = 8
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
@@ -397,3 +400,125 @@ def test_the_validation_part_follows_the_fit_part_after_the_gap(lm):
     assert torch.equal(torch.cat([c.targets for c in fit_part.chunks]), y[:230]) and torch.equal(targets, y[240:])
     with pytest.raises(ValueError, match="leave no fit part"):
         validation_split(tokens, 0.5, gap=150)
+
+
+def test_tokens_share_the_one_output_layer_they_are_given(lm):
+    """prepare computes with on_device(layer, device): the layer itself once a job has made it so, a copy
+    for those tokens alone otherwise. Every Tokens of a job, and their pool, share one W; pool refuses
+    tokens that hold copies of it."""
+    h, y, W, b, _ = lm
+    stored = OutputLayer(W.bfloat16(), b.bfloat16())  # as a model may store it: each .to(float32) copies
+    layer = on_device(stored, "cpu")
+    assert layer.W.dtype == layer.b.dtype == torch.float32 and on_device(layer, "cpu") is layer
+    users = [prepare(h[:120], y[:120], layer, chunk=64), prepare(h[120:], y[120:], layer, chunk=64)]
+    assert all(user.layer is layer for user in users) and pool(users).layer is layer
+    alone = prepare(h[120:], y[120:], stored, chunk=64)
+    assert torch.equal(alone.layer.W, layer.W) and alone.layer.W.data_ptr() != layer.W.data_ptr()
+    with pytest.raises(ValueError, match="share one output layer"):
+        pool([users[0], alone])
+
+
+def test_tiles_are_the_devices_and_leave_the_objective_unchanged(lm, monkeypatch):
+    """A CPU keeps chunks of CHUNK tokens and vocabulary blocks of VOCAB_BLOCK rows; a GPU takes chunks of
+    GPU_CHUNK and the whole vocabulary as one block. J, its gradient and the batched scores are the same
+    to rounding whatever the tiles (here on the CPU: V = 97 in blocks of 16 or in one)."""
+    h, y, W, b, svd = lm
+    V = W.shape[0]
+    assert (chunk_size("cpu"), chunk_size(torch.device("cuda"))) == (CHUNK, GPU_CHUNK)
+    assert (vocab_block(torch.device("cpu"), V), vocab_block(torch.device("cuda"), V)) == (VOCAB_BLOCK, V)
+    theta = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    thetas = torch.randn(3, V, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    heads = {name: make_head(name, W, d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd, bias=b) for name in HEADS}
+    heads["full_bias"] = full_bias_head(W, b)
+    for name, head in heads.items():
+        values = []
+        for chunk, block in ((64, 16), (GPU_CHUNK, V)):
+            monkeypatch.setattr(uph.lm.fit, "vocab_block", lambda device, vocab, block=block: block)
+            tokens = prepare(h, y, OutputLayer(W, b), chunk=chunk)
+            at = theta if head.d == D else thetas[0]
+            value = Objective(tokens, head, *BETA_LAM)(at)
+            values.append((value.objective, value.grad, HeldOut(tokens, head).many(thetas[:, : head.d])))
+        (j, grad, scores), (j_gpu, grad_gpu, scores_gpu) = values
+        assert j_gpu == pytest.approx(j, rel=1e-13), name
+        torch.testing.assert_close(grad_gpu, grad, rtol=1e-11, atol=1e-14)
+        for score, score_gpu in zip(scores, scores_gpu):
+            assert score_gpu == pytest.approx(score, rel=1e-12), name
+
+
+@pytest.mark.parametrize("name", ["cvh", "lm_head_update", "uncond"])
+def test_a_chunk_the_fast_path_flags_is_mended_alone(lm, name):
+    """One chunk of five whose tokens' logits span over 60 nats, tilted past EXP_SAFE (conditional heads)
+    or onto tokens whose cached p0 underflows float32 (uncond): the fast path flags that chunk alone, it is
+    mended after the pass (its p0 recomputed: beyond the cache), and the float32 J and gradient are the
+    seed's float64 computation's."""
+    h, y, W, b, svd = lm
+    h = h.clone()
+    h[192:256] *= 40 if name == "uncond" else 20
+    alpha = {"cvh": 2.0, "lm_head_update": 4.0, "uncond": 40.0}[name]
+    head64 = make_head(name, W, d=D, alpha=alpha, settings=HEAD_SETTINGS, svd=svd, bias=b)
+    head32 = make_head(name, W.float(), d=D, alpha=alpha, settings=HEAD_SETTINGS, svd=svd, bias=b.float())
+    theta = 5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(4)), dim=0)
+    tokens = prepare(h.float(), y, OutputLayer(W.float(), b.float()), chunk=64, cache_bytes=2 * 64 * W.shape[0] * 4)
+    objective, flagged, flagged_of = Objective(tokens, head32, *BETA_LAM), [], uph.lm.fit._flagged
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(uph.lm.fit, "_flagged", lambda flags: flagged.append(flagged_of(flags)) or flagged[-1])
+        value = objective(theta.float())
+    assert flagged == [[3]]
+    theta64 = theta.clone().requires_grad_(True)
+    expected, ce, _ = seed_objective(head64, h, y, W, b, theta64, *BETA_LAM)
+    expected.backward()
+    assert (value.objective, value.ce) == pytest.approx((float(expected.detach()), float(ce.detach())), rel=1e-6)
+    torch.testing.assert_close(value.grad, theta64.grad, rtol=1e-4, atol=1e-5)
+
+
+HOST_READS = ("__bool__", "__float__", "__int__", "item", "tolist", "nonzero", "cpu")
+
+
+def host_reads(function, *args, **kwargs) -> int:
+    """How many times function(*args, **kwargs) reads a tensor's values back to the host: on a GPU, each
+    waits for the device."""
+    count = 0
+
+    def counted(method):
+        def read(*args, **kwargs):
+            nonlocal count
+            count += 1
+            return method(*args, **kwargs)
+
+        return read
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
+        function(*args, **kwargs)
+    return count
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
+def test_an_evaluation_reads_nothing_back_per_chunk(lm, device):
+    """J with its gradient, J alone and the batched scores read the same few values back to the host on 2
+    chunks as on 10 (here and on a GPU: no device-to-host sync per chunk), the unigram cache's mixture base
+    included."""
+    h, y, W, b, svd = lm
+    layer = on_device(OutputLayer(W.float(), b.float()), device)
+    floor = torch.full((W.shape[0],), 0.3 / W.shape[0], dtype=torch.float64)
+    heads = [make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in HEADS]
+    theta = torch.randn(D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for head in [*heads, full_bias_head(W.float(), b.float())]:
+        at = torch.cat([theta, torch.zeros(head.d - D, dtype=torch.float64)])
+        for mixture in (None, Mixture(0.7, floor)):
+            reads = []
+            for chunk in (150, 30):
+                tokens = prepare(h.float(), y, layer, chunk=chunk, device=device)
+                tokens = tokens if mixture is None else tokens.mixed(mixture)
+                objective, held_out = Objective(tokens, head, *BETA_LAM), HeldOut(tokens, head)
+                reads.append(
+                    [
+                        host_reads(objective, at),
+                        host_reads(objective, at, need_grad=False),
+                        host_reads(held_out.many, torch.stack([at, 2 * at])),
+                    ]
+                )
+            assert reads[0] == reads[1], (head.name, mixture is not None)

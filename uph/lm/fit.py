@@ -28,11 +28,14 @@ full-vocabulary bias (P = I, d = V) is the unconditional head in the limit d = V
 Numerics: every log-partition is a log-sum-exp. The fast path multiplies the cached p0 by
 exp(P u - shift); where that sum underflows (a tilt that moves all mass onto tokens whose p0 is
 below float32's range, e.g. logits spanning over 100 nats) those tokens are recomputed exactly
-from their logits in log space, so no objective is ever -inf. theta never leaves the ball. A NaN
-or inf, which only a scale that overflows float32 can cause (the schema caps fit.alphas and
-fit.lm_head_update.gamma, and the cache refuses non-finite hidden states), raises
-FitDivergedError: a table never averages a NaN. A fit that stops short of tol is no error: its
-certificate is in every row.
+from their logits in log space, so no objective is ever -inf. An evaluation runs the fast path over
+every chunk first, flagging the chunks that need more (an underflow; for conditional heads also a
+tilt past EXP_SAFE, which each token's max tilt, subtracted first, keeps in range), and mends them
+after one read of all the flags: nothing is read back per chunk, so a GPU never waits on the host
+mid-pass. theta never leaves the ball. A NaN or inf, which only a scale that overflows float32 can
+cause (the schema caps fit.alphas and fit.lm_head_update.gamma, and the cache refuses non-finite
+hidden states), raises FitDivergedError: a table never averages a NaN. A fit that stops short of
+tol is no error: its certificate is in every row.
 """
 
 from __future__ import annotations
@@ -47,11 +50,19 @@ from uph.lm.heads import Head
 from uph.lm.solvers import NOISE, SOLVERS, SolverSettings, minimize, projected_gradient_norm
 from uph.lm.tokens import Chunk, Tokens
 
-VOCAB_BLOCK = 4096  # vocabulary rows per work block: [VOCAB_BLOCK, CHUNK] float32 is 4 MB
+VOCAB_BLOCK = 4096  # vocabulary rows per work block on a CPU (vocab_block): [VOCAB_BLOCK, CHUNK] float32 is 4 MB
 EXP_SAFE = 60.0  # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
 UNDERFLOW = 1e-30  # a fast-path partition sum below this is recomputed exactly in log space
 LOG2E = 1.4426950408889634
 SEED_RADIUS = 5.0  # seed 002's ball (its max_norm); the study chooses its radius on validation (uph.lm.capacity)
+
+
+def vocab_block(device: torch.device, vocab: int) -> int:
+    """Vocabulary rows per work block on `device`. A CPU walks the vocabulary in blocks of VOCAB_BLOCK
+    rows, so that the passes over a block's [VOCAB_BLOCK, c] products hit its cache; a GPU has no cache to
+    fit them in and pays a kernel launch per block and pass instead, so it takes the whole vocabulary as
+    one block ([V, c] float32: 600 MB at V = 152k and c = GPU_CHUNK, uph.lm.tokens.chunk_size)."""
+    return VOCAB_BLOCK if device.type == "cpu" else vocab
 
 
 @dataclass
@@ -94,12 +105,15 @@ class Objective:
         self.tokens, self.beta, self.lam, self.d = tokens, beta, lam, head.d
         self.dtype, self.device = tokens.dtype, tokens.device
         self.P = None if head.P is None else head.P.to(self.device, self.dtype).contiguous()  # None: identity
+        vocab = tokens.layer.W.shape[0]
+        self.block = vocab_block(self.device, vocab)
         if self.P is not None:
             self.PT = self.P.T.contiguous()
             self.P_log2e = self.P * LOG2E  # exp(x) = exp2(x log2 e), and exp2 is faster
+            self.blocks = list(zip(self.P_log2e.split(self.block), self.PT.split(self.block, dim=1)))
         self.reach = 1.0 if self.P is None else float(self.P.norm(dim=1).max())  # |P_v · u| <= reach ‖u‖
         columns = max(len(chunk.targets) for chunk in tokens.chunks)
-        self.scratch = torch.empty(VOCAB_BLOCK * columns, dtype=self.dtype, device=self.device)
+        self.scratch = torch.empty(min(self.block, vocab) * columns, dtype=self.dtype, device=self.device)
         self.a = None
         if head.conditional:
             A = head.A.to(self.device, self.dtype)
@@ -126,7 +140,7 @@ class Objective:
             self.base_nll += self._mean_change(self.log_z_base, self.shared.log_z0) - float(self.offset @ self.ybar)
 
     def _block(self, rows: int, columns: int) -> torch.Tensor:
-        """The reused work block [rows <= VOCAB_BLOCK, columns]: small enough to stay in cache, and
+        """The reused work block [rows <= self.block, columns]: on a CPU small enough to stay in cache, and
         allocated once (a fresh block per chunk would cost page faults)."""
         return self.scratch[: rows * columns].view(rows, columns)
 
@@ -150,7 +164,8 @@ class Objective:
 
     def _log_partitions(self, theta: torch.Tensor, need_grad: bool):
         """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad. The
-        vocabulary is walked in blocks of VOCAB_BLOCK rows, so each pass over a block hits cache."""
+        vocabulary is walked in blocks of self.block rows (vocab_block), each chunk on the fast path first;
+        the chunks it flags are mended after the last one (module docstring: Numerics)."""
         theta = theta.to(self.device, self.dtype)
         log_z, grad = [], torch.zeros(self.d, dtype=torch.float64, device=self.device)
         if self.a is None:
@@ -158,49 +173,70 @@ class Objective:
             shift = s.max()
             e = (s - shift).exp_()
             inverse_z_p0 = torch.zeros_like(e, dtype=torch.float64)  # Σ_t p0_t / Z_t over fast-path tokens
-            for chunk, p0 in self.tokens.probabilities():
+            underflows = []  # per chunk [c]: Z_t below UNDERFLOW, recomputed exactly
+            for _, p0 in self.tokens.probabilities():
                 # Z_t = Σ_v p0_tv e_v by cascade sums over blocks: e @ p0 would lose ~1e-4 over V terms
                 z = sum(
                     torch.mul(p, e_v[:, None], out=self._block(*p.shape)).sum(dim=0)
-                    for p, e_v in zip(p0.split(VOCAB_BLOCK), e.split(VOCAB_BLOCK))
+                    for p, e_v in zip(p0.split(self.block), e.split(self.block))
                 )
-                chunk_log_z = z.log() + shift
-                weights = z.reciprocal()
-                if (bad := (z < UNDERFLOW).nonzero().squeeze(1)).numel():
-                    exact_log_z, exact_grad = self._exact(chunk, bad, s.expand(len(bad), -1))
-                    chunk_log_z[bad], weights[bad] = exact_log_z, 0
-                    grad += exact_grad.sum(0, dtype=torch.float64)
-                log_z.append(chunk_log_z)
+                underflows.append(z < UNDERFLOW)
+                log_z.append(z.log() + shift)
                 if need_grad:
-                    inverse_z_p0 += p0 @ weights
+                    inverse_z_p0 += p0 @ z.reciprocal().masked_fill_(underflows[-1], 0)
+            for i in _flagged(underflows):
+                bad = underflows[i].nonzero().squeeze(1)
+                log_z[i][bad], exact_grad = self._exact(self.tokens.chunks[i], bad, s.expand(len(bad), -1))
+                grad += exact_grad.sum(0, dtype=torch.float64)
             if not need_grad:
                 return log_z, None
             fast = e * inverse_z_p0
             return log_z, (grad + (fast if self.P is None else self.P.double().T @ fast)).cpu()
-        blocks = list(zip(self.P_log2e.split(VOCAB_BLOCK), self.PT.split(VOCAB_BLOCK, dim=1)))
-        for a, (chunk, p0) in zip(self.a, self.tokens.probabilities()):
+        terms, flags = [], []  # per chunk Σ_t a_t ⊙ P^T p_t [d]; whether the chunk needs mending
+        for a, (_, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
-            shift = None
-            if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:  # rare: each token's max first
-                shift = torch.stack([(P_v @ u.T).amax(dim=0) for P_v, _ in blocks]).amax(dim=0)
-            z = torch.zeros(len(u), dtype=self.dtype, device=self.device)
-            p_sum = torch.zeros(self.d, len(u), dtype=self.dtype, device=self.device)  # Σ_v P_v p_tv Z_t
-            for (P_v, PT_v), p in zip(blocks, p0.split(VOCAB_BLOCK)):
-                s = torch.mm(P_v, u.T, out=self._block(len(P_v), len(u)))  # P u_t in units of ln 2
-                if shift is not None:
-                    s.sub_(shift)
-                e = s.exp2_().mul_(p)  # p_t up to 1 / Z_t
-                z += e.sum(dim=0)
-                if need_grad:
-                    p_sum.addmm_(PT_v, e)
-            chunk_log_z = z.log() if shift is None else z.log() + shift / LOG2E
-            expectation = p_sum.T / z[:, None]  # P^T p_t [c, d]
-            if (bad := (z < UNDERFLOW).nonzero().squeeze(1)).numel():
-                chunk_log_z[bad], expectation[bad] = self._exact(chunk, bad, u[bad] @ self.PT)
-            log_z.append(chunk_log_z)
+            z, p_sum = self._tilted(u, p0, None, need_grad)
+            log_z.append(z.log())
+            terms.append((a * (p_sum.T / z[:, None])).sum(0, dtype=torch.float64) if need_grad else None)
+            flags.append((u.norm(dim=1).max().double() * self.reach > EXP_SAFE) | (z < UNDERFLOW).any())
+        mend = _flagged(flags)
+        for i, (chunk, p0) in zip(mend, self.tokens.probabilities(mend)):
+            log_z[i], terms[i] = self._mended(chunk, self.a[i], p0, theta, need_grad)
+        if not need_grad:
+            return log_z, None
+        for term in terms:
+            grad += term
+        return log_z, grad.cpu()
+
+    def _tilted(self, u: torch.Tensor, p0: torch.Tensor, shift: torch.Tensor | None, need_grad: bool):
+        """A conditional head's Z_t = Σ_v p0_tv exp(P_v · u_t - shift_t) [c] (shift [c] in units of ln 2,
+        or None: 0) for one chunk's u [c, d], and Σ_v P_v p0_tv exp(...) [d, c] if need_grad (else 0)."""
+        z = torch.zeros(len(u), dtype=self.dtype, device=self.device)
+        p_sum = torch.zeros(self.d, len(u), dtype=self.dtype, device=self.device)  # Σ_v P_v p_tv Z_t
+        for (P_v, PT_v), p in zip(self.blocks, p0.split(self.block)):
+            s = torch.mm(P_v, u.T, out=self._block(len(P_v), len(u)))  # P u_t in units of ln 2
+            if shift is not None:
+                s.sub_(shift)
+            e = s.exp2_().mul_(p)  # p_t up to 1 / Z_t
+            z += e.sum(dim=0)
             if need_grad:
-                grad += (a * expectation).sum(0, dtype=torch.float64)
-        return log_z, grad.cpu() if need_grad else None
+                p_sum.addmm_(PT_v, e)
+        return z, p_sum
+
+    def _mended(self, chunk: Chunk, a: torch.Tensor, p0: torch.Tensor, theta: torch.Tensor, need_grad: bool):
+        """One chunk of a conditional head the fast path flagged, computed with care: where a tilt can pass
+        EXP_SAFE each token's max tilt first (rare), and the tokens whose sum still underflows exactly.
+        (log Z_t [c], Σ_t a_t ⊙ P^T p_t [d] or None)."""
+        u = a * theta
+        shift = None
+        if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:
+            shift = torch.stack([(P_v @ u.T).amax(dim=0) for P_v, _ in self.blocks]).amax(dim=0)
+        z, p_sum = self._tilted(u, p0, shift, need_grad)
+        log_z = z.log() if shift is None else z.log() + shift / LOG2E
+        expectation = p_sum.T / z[:, None]  # P^T p_t [c, d]
+        if (bad := (z < UNDERFLOW).nonzero().squeeze(1)).numel():
+            log_z[bad], expectation[bad] = self._exact(chunk, bad, u[bad] @ self.PT)
+        return log_z, (a * expectation).sum(0, dtype=torch.float64) if need_grad else None
 
     def log_partition_sums(self, thetas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Unconditional heads only: Σ_t log Σ_v p0_tv exp(P_v · theta_k) [K] (float64, relative to p0's
@@ -220,7 +256,7 @@ class Objective:
         sums = torch.zeros(len(thetas), dtype=torch.float64, device=self.device)
         safe = torch.ones(len(thetas), dtype=torch.bool, device=self.device)
         for _, p0 in self.tokens.probabilities():
-            z = sum(p.T @ e_v for p, e_v in zip(p0.split(VOCAB_BLOCK), e.split(VOCAB_BLOCK)))  # [c, K]
+            z = sum(p.T @ e_v for p, e_v in zip(p0.split(self.block), e.split(self.block)))  # [c, K]
             safe &= (z >= UNDERFLOW).all(dim=0)
             sums += (z.log() + shift).sum(0, dtype=torch.float64)
         return sums.cpu(), safe.cpu()
@@ -264,6 +300,15 @@ class Objective:
         if need_grad:
             grad = (1 + self.beta) * grad / self.tokens.n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta
         return Value(float(objective), float(ce), float(kl), grad)
+
+
+def _flagged(flags: list[torch.Tensor]) -> list[int]:
+    """The indices of the chunks whose bool flags (one per chunk, of any shape) hold a True. Where none
+    does, one read of them all: the only one of an evaluation before its result, after every chunk's work
+    is queued."""
+    if not torch.cat([flag.reshape(-1) for flag in flags]).any():
+        return []
+    return [i for i, flag in enumerate(flags) if flag.any()]
 
 
 @dataclass

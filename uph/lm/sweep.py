@@ -66,7 +66,7 @@ from uph.lm.models import OutputLayer, read_output_layer
 from uph.lm.partition import users_of_job
 from uph.lm.solvers import SolverSettings
 from uph.lm.splits import split_lengths
-from uph.lm.tokens import Mixture, Tokens, pool, prepare, validation_split
+from uph.lm.tokens import Mixture, Tokens, on_device, pool, prepare, validation_split
 from uph.model_identity import read_identity as read_model_identity
 
 log = logging.getLogger(__name__)
@@ -172,9 +172,9 @@ def build_heads(points, layer: OutputLayer, svd, settings: HeadSettings, full_bi
 
 @dataclass
 class FitJob:
-    """What a fit-stage job works on: the model's output layer, the users of its cache files (each
-    checked against the model, the users table and the job's extract keys), every method's head, and
-    the gap between a train part and the part that follows it (extract.context)."""
+    """What a fit-stage job works on: the model's output layer (on `device`: uph.lm.tokens.on_device), the
+    users of its cache files (each checked against the model, the users table and the job's extract keys),
+    every method's head, and the gap between a train part and the part that follows it (extract.context)."""
 
     layer: OutputLayer
     users: dict[str, UserStates]
@@ -186,13 +186,14 @@ class FitJob:
 def load_fit_job(inputs, points, heads: HeadSettings, cache: dict, device: str, only=None, full_bias=False) -> FitJob:
     """`inputs`: the rule's model (identity.json), users (users.parquet), basis and shards; `only`: the
     users the job works on (a fit job's, job_users), else every user; `cache`: the job's extract keys;
-    `full_bias`: fit the full bias beside the points."""
-    model_dir = Path(inputs.model).parent
+    `full_bias`: fit the full bias beside the points. The output layer goes to the job's device once
+    (on_device): every Tokens of the job shares it."""
+    model_dir, device = Path(inputs.model).parent, resolve_device(device)
     layer = read_output_layer(model_dir)
     svd = load_basis(inputs.basis, read_model_identity(model_dir)["weights_sha256"])
     users = read_users(inputs.shards, model_dir, inputs.users, cache, only)
     heads = build_heads(points, layer, svd, heads, full_bias)
-    return FitJob(layer, users, heads, resolve_device(device), cache["context"])
+    return FitJob(on_device(layer, device), users, heads, device, cache["context"])
 
 
 def load_methods(inputs, fit: FitConfig, cache: dict, device: str, only=None, method: str | None = None) -> FitJob:

@@ -10,7 +10,17 @@ import torch
 from uph.lm.models import OutputLayer
 from uph.lm.splits import split_lengths
 
-CHUNK = 256  # tokens per chunk: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
+CHUNK = 256  # tokens per chunk on a CPU: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
+GPU_CHUNK = 1024  # on a GPU (chunk_size)
+
+
+def chunk_size(device: torch.device | str) -> int:
+    """Tokens per chunk on `device`. An evaluation's pass over a chunk is some fifteen operations, a few of
+    them over [V, c] blocks. A CPU runs them at one speed whatever c. A GPU runs them as the host queues
+    them, and idles unless a chunk's work outlasts the host's ~100 us of queueing it: at c = 256 and
+    V = 49152 a block (50 MB) streams through an H200 in ~10 us, four passes ~50 us; at c = GPU_CHUNK
+    four times that, and a few blocks of 200 MB (600 MB at V = 152k) are a chunk's working memory."""
+    return CHUNK if torch.device(device).type == "cpu" else GPU_CHUNK
 
 
 @dataclass
@@ -69,12 +79,12 @@ class Tokens:
     def base_nll(self) -> float:
         return float(sum(chunk.nll0.sum(dtype=torch.float64) for chunk in self.chunks) / self.n)
 
-    def probabilities(self):
-        """(chunk, p0 [V, c] up to a factor per token) for every chunk, from the cache or recomputed. With a
-        mixture, the model's p0 is mixed as it is read, into one reused block: the mixed tokens hold no
-        second copy of p0, and each block is valid until the next chunk's."""
+    def probabilities(self, indices=None):
+        """(chunk, p0 [V, c] up to a factor per token) for every chunk (or the chunks `indices`), from the
+        cache or recomputed. With a mixture, the model's p0 is mixed as it is read, into one reused block:
+        the mixed tokens hold no second copy of p0, and each block is valid until the next chunk's."""
         block = None
-        for chunk in self.chunks:
+        for chunk in self.chunks if indices is None else [self.chunks[i] for i in indices]:
             p0 = chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
             if self.mixture is not None:
                 if block is None:
@@ -94,6 +104,7 @@ class Tokens:
         cache, mixed as it is read (`probabilities`)."""
         if self.mixture is not None:
             raise ValueError("these tokens already have a mixture base")
+        mixture = Mixture(mixture.weight, mixture.floor.to(self.device))  # read with every chunk: on its device
         chunks = [
             Chunk(chunk.hidden, chunk.targets, mixture.nll(chunk.nll0, chunk.targets), chunk.p0)
             for chunk in self.chunks
@@ -146,15 +157,28 @@ def base_distribution(chunk: Chunk, layer: OutputLayer):
     return unnormalized, nll0
 
 
+def on_device(layer: OutputLayer, device: torch.device | str) -> OutputLayer:
+    """The output layer as the engine computes with it: on `device`, contiguous, float32 (float64 if W is
+    float64); `layer` itself when it already is. A job makes this one copy and hands it to every `prepare`,
+    so all its Tokens share one W (V H floats: 113 MB at V = 49152, H = 576; 0.9 GB at a 1.5B model's)."""
+    dtype = torch.float64 if layer.W.dtype == torch.float64 else torch.float32
+    W = layer.W.to(device, dtype).contiguous()
+    b = None if layer.b is None else layer.b.to(device, dtype)
+    return layer if W is layer.W and b is layer.b else OutputLayer(W, b, layer.softcap)
+
+
 def prepare(
     hidden: torch.Tensor,
     targets: torch.Tensor,
     layer: OutputLayer,
     cache_bytes: float = 4 * 2**30,
-    chunk: int = CHUNK,
+    chunk: int | None = None,
     device: torch.device | str = "cpu",
 ) -> Tokens:
-    """A split's tokens (hidden [n, H], targets [n]) on `device`, p0 cached for up to `cache_bytes`.
+    """A split's tokens (hidden [n, H], targets [n]) on `device` in chunks of `chunk` tokens (default:
+    chunk_size), p0 cached for up to `cache_bytes`. They compute with on_device(layer, device): `layer`
+    itself where a job has made it so once, so that all its Tokens share one W (a layer elsewhere or in
+    another dtype is copied for these tokens alone, and `pool` refuses to mix such copies).
 
     Chunks beyond the budget recompute p0 through the lm_head whenever they are used. Everything
     computes in float32 (float64 if the layer's W is float64)."""
@@ -163,11 +187,8 @@ def prepare(
         raise ValueError(
             f"hidden {tuple(hidden.shape)}, targets {tuple(targets.shape)} and W {tuple(W.shape)} do not fit together"
         )
-    dtype = torch.float64 if W.dtype == torch.float64 else torch.float32
-    layer = OutputLayer(
-        W.to(device, dtype).contiguous(), None if layer.b is None else layer.b.to(device, dtype), layer.softcap
-    )
-    chunks, budget = [], cache_bytes
+    layer = on_device(layer, device)
+    chunk, chunks, budget = chunk or chunk_size(device), [], cache_bytes
     for start in range(0, hidden.shape[0], chunk):
         piece = Chunk(
             hidden[start : start + chunk].to(device), targets[start : start + chunk].to(device).long(), None, None
@@ -180,7 +201,10 @@ def prepare(
 
 
 def pool(splits: list[Tokens]) -> Tokens:
-    """All the splits' tokens as one (the pooled `global` theta), sharing their caches (the model's base)."""
+    """All the splits' tokens as one (the pooled `global` theta), sharing their caches and their one output
+    layer (the model's base)."""
     if any(split.mixture is not None for split in splits):
         raise ValueError("pool takes tokens on the model's base")
+    if any(split.layer.W is not splits[0].layer.W for split in splits):
+        raise ValueError("pool takes tokens that share one output layer (on_device, once per job)")
     return Tokens([chunk for split in splits for chunk in split.chunks], splits[0].layer)
