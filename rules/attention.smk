@@ -17,11 +17,11 @@ rule attention_train:
         task="|".join(ATTENTION["tasks"]),
     threads: 1
     resources:
-        gpu=gpus(),
+        gpu=gpus("attention"),
     params:
         # not the lists the wildcards pick: adding or dropping a task (model, kind) reruns no other job
         attention=job_settings(ATTENTION, "models", "attentions", "tasks"),
-        device=config["device"],
+        device=job_device("attention"),
     script:
         "../workflow_scripts/attention_train.py"
 

@@ -24,6 +24,7 @@ from uph.config import (
     sweep_points,
     validate,
 )
+from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.model_identity import IDENTITY, folder_digest, read_identity
 
@@ -50,9 +51,16 @@ LM_PRIORITY = 10
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def gpus():
-    """GPUs a job that computes on the configured device asks for (resource `gpu`: one with cuda)."""
-    return 1 if config["device"] == "cuda" else 0
+def job_device(branch):
+    """The device `branch`'s jobs compute on, their `device` param (uph.device.branch_device): `<branch>.device`,
+    else extraction and the fit stage follow the top-level `device` and the training runs use cpu."""
+    return branch_device(config, branch)
+
+
+def gpus(branch):
+    """GPUs a job of `branch` asks for (resource `gpu`): one where its device is cuda, or auto and the machine
+    building the DAG sees a GPU (uph.device.gpu_visible: an NVIDIA device file and a CUDA build of torch)."""
+    return 1 if requests_gpu(job_device(branch)) else 0
 
 
 def results(*parts):
@@ -141,8 +149,9 @@ def feedback_settings(wildcards):
 
 
 def job_settings(section, *listed):
-    """`section` without the keys that list jobs (sweep values, seeds): each job is one of them."""
-    return job_params(section, sorted(set(section) - set(listed)))
+    """`section` without the keys that list jobs (sweep values, seeds): each job is one of them; nor its
+    `device`: a job's device is its own param (job_device)."""
+    return job_params(section, sorted(set(section) - {*listed, "device"}))
 
 
 def corpus_file():

@@ -15,10 +15,10 @@ rule copy_task_train:
         seed=r"\d+",
     threads: 1
     resources:
-        gpu=gpus(),
+        gpu=gpus("copy_task"),
     params:
         copy_task=job_settings(COPY_TASK, "attentions", "seeds"),
-        device=config["device"],
+        device=job_device("copy_task"),
     script:
         "../workflow_scripts/copy_task_train.py"
 

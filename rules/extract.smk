@@ -15,10 +15,10 @@ rule extract:
     threads: lambda wildcards: max(1, workflow.cores // config["extract"]["shards"])  # the shards split the cores
     resources:
         mem_mb=8000,
-        gpu=gpus(),
+        gpu=gpus("extract"),
     params:
-        extract=job_params(config["extract"]),
-        device=config["device"],
+        extract=job_settings(config["extract"]),
+        device=job_device("extract"),
     script:
         "../workflow_scripts/extract.py"
 

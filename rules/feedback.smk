@@ -17,10 +17,10 @@ rule feedback_train:
         seed=r"\d+",
     threads: 1
     resources:
-        gpu=gpus(),
+        gpu=gpus("feedback"),
     params:
         feedback=feedback_settings,
-        device=config["device"],
+        device=job_device("feedback"),
     script:
         "../workflow_scripts/feedback_train.py"
 

@@ -35,11 +35,11 @@ rule fit_global:
     threads: 1
     resources:
         mem_mb=8000,
-        gpu=gpus(),
+        gpu=gpus("fit"),
     params:
         fit=FIT_GLOBAL,
         cache=CACHE_IDENTITY,
-        device=config["device"],
+        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global.py"
 
@@ -61,11 +61,11 @@ rule fit_global_unigram:
     threads: 1
     resources:
         mem_mb=4000,
-        gpu=gpus(),
+        gpu=gpus("fit"),
     params:
         fit=FIT_GLOBAL,
         cache=CACHE_IDENTITY,
-        device=config["device"],
+        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global_unigram.py"
 
@@ -89,12 +89,12 @@ rule validate:
     threads: 1
     resources:
         mem_mb=6000,
-        gpu=gpus(),
+        gpu=gpus("fit"),
     params:
         fit=FIT_VALIDATE,
         jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
-        device=config["device"],
+        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_validate.py"
 
@@ -137,12 +137,12 @@ rule fit:
     threads: 1
     resources:
         mem_mb=6000,
-        gpu=gpus(),
+        gpu=gpus("fit"),
     params:
         fit=FIT_USERS,
         jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
-        device=config["device"],
+        device=job_device("fit"),
     script:
         "../workflow_scripts/fit.py"
 
@@ -165,12 +165,12 @@ rule fit_others:
     priority: LM_PRIORITY
     threads: 1
     resources:
-        gpu=gpus(),
+        gpu=gpus("fit"),
     params:
         fit=FIT_OTHERS,
         jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
-        device=config["device"],
+        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_others.py"
 
@@ -192,13 +192,13 @@ rule cross_user:
     priority: LM_PRIORITY
     threads: 1
     resources:
-        gpu=gpus(),
+        gpu=gpus("fit"),
     params:
         solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
         heads=FIT_HEADS,
         jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
-        device=config["device"],
+        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_cross_user.py"
 
@@ -244,12 +244,12 @@ rule cross_user_headline:
     priority: LM_PRIORITY
     threads: 1
     resources:
-        gpu=gpus(),
+        gpu=gpus("fit"),
     params:
         heads=FIT_HEADS,
         jobs=FIT["jobs"],
         cache=CACHE_IDENTITY,
-        device=config["device"],
+        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_cross_user.py"
 

@@ -7,6 +7,7 @@ import html
 import json
 import re
 import shutil
+import socket
 from dataclasses import fields
 
 import matplotlib.image
@@ -16,7 +17,9 @@ import pytest
 from conftest import REPO, snakemake, without_modules
 
 from uph.attention.self_attention import KINDS
-from uph.io import read_table, write_table
+from uph.device import cpu_model
+from uph.errors import ArtifactError
+from uph.io import read_table, write_json, write_table
 from uph.report.answers import (
     Answer,
     answers_html,
@@ -35,7 +38,7 @@ from uph.report.answers import (
 )
 from uph.report.catalog import FIGURES, TABLES
 from uph.report.figures import pixel_size
-from uph.report.provenance import config_seeds, git_state
+from uph.report.provenance import config_seeds, git_state, rule_devices
 from uph.report.study import Study
 from uph.report.summary import (
     capacity_finding,
@@ -57,6 +60,9 @@ def files_under(root, parts=OUTPUTS) -> dict:
 
 
 def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, tmp_path):
+    """On CPU (config/test.yaml's device) two runs give the same bytes. On CUDA (uph.device) the LM tables
+    would repeat bit for bit only with the same GPU model and software stack (deterministic kernels), and the
+    training branches' tables, should their `<branch>.device` put them there, only to a tolerance."""
     assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
     again = snakemake(tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
@@ -124,7 +130,7 @@ def test_provenance_records_the_run(tiny_study):
     }
     assert re.fullmatch(r"[0-9a-f]{40}", record["git"]["commit"])
     assert record["packages"]["torch"].startswith("2.13") and record["packages"]["snakemake"] == "9.27.1"
-    assert record["device"] and record["host"]
+    assert record["host"] == socket.gethostname() and "device" not in record  # the host that wrote it
     wall = record["wall_seconds_per_rule"]
     # each benchmark file counts for the rule that wrote it, also where names share a prefix (fit-global-*, fit-job~*)
     assert wall["fit"]["jobs"] == 1 and wall["fit_global"]["jobs"] == 6 and wall["cross_user"]["jobs"] == 1
@@ -132,6 +138,20 @@ def test_provenance_records_the_run(tiny_study):
     assert wall["extract"]["jobs"] == 2 and wall["copy_task_train"]["jobs"] == 2 and wall["feedback_train"]["jobs"] == 4
     assert "aggregate" in wall and "provenance" not in wall  # its own benchmark is written after it
     assert all(entry["seconds"] > 0 for entry in wall.values())
+    # what each rule's jobs ran on, from the record every job wrote beside its log (uph.logs.record_device)
+    devices = record["devices_per_rule"]
+    assert all(devices[rule]["jobs"] == entry["jobs"] for rule, entry in wall.items())
+    assert devices["provenance"]["jobs"] == 1 and devices["capacity"]["jobs"] == 1  # no benchmark, a record
+    here = {"host": [socket.gethostname()], "device": ["cpu"], "device_name": [cpu_model()]}
+    assert all({key: entry[key] for key in here} == here for entry in devices.values())
+    assert devices["extract"]["dtype"] == devices["copy_task_train"]["dtype"] == ["float32"]  # config/test.yaml's
+    torch_jobs = {"extract", "validate", "fit", "copy_task_train", "attention_train", "feedback_train"}
+    assert all(devices[rule]["float32_matmul_precision"] == ["highest"] for rule in torch_jobs)
+    assert "float32_matmul_precision" not in devices["aggregate"] and "dtype" not in devices["fit"]
+    line = (results / "logs/extract-0.log").read_text().splitlines()[0]
+    assert line.endswith(
+        f"extract INFO on {socket.gethostname()}: cpu ({cpu_model()}), float32, float32 matmuls at 'highest' precision"
+    )
 
 
 def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_path):
@@ -149,7 +169,8 @@ def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_
         workdir, "--forcerun", "aggregate", "--allowed-rules", "aggregate", "--", "results/summary.md", env=env
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    run = snakemake(workdir, "--allowed-rules", "provenance", "--", "results/provenance.json")
+    # provenance is torch-free too: it reads the device each job recorded
+    run = snakemake(workdir, "--allowed-rules", "provenance", "--", "results/provenance.json", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     redrawn = ["results/figures", "results/summary.md", "results/answers.html"]
     assert files_under(workdir, redrawn) == files_under(tiny_study.workdir, redrawn)
@@ -623,6 +644,30 @@ def test_provenance_helpers_tolerate_no_git_and_find_every_seed(tmp_path):
     assert git_state(REPO)["commit"] is not None
     config = {"fit": {"basis_seed": 1, "solvers": ["adam"]}, "copy_task": {"seeds": [0, 1]}, "seed": 3}
     assert config_seeds(config) == {"fit.basis_seed": 1, "copy_task.seeds": [0, 1], "seed": 3}
+
+
+def test_provenance_gathers_the_device_records_of_each_rules_jobs(tmp_path):
+    """A rule whose jobs ran on two hosts and devices (a SLURM run: a GPU node, a CPU node) lists both; a
+    damaged record is one line naming it."""
+    records = {
+        "fit/fit-job~0.log": {"rule": "fit", "host": "gpu-node", "device": "cuda", "device_name": "NVIDIA H200"},
+        "fit/fit-job~1.log": {"rule": "fit", "host": "cpu-node", "device": "cpu", "device_name": "AMD EPYC"},
+        "aggregate.log": {"rule": "aggregate", "host": "login", "device": "cpu", "device_name": "Xeon"},
+    }
+    for log, record in records.items():
+        write_json(record, tmp_path / f"{log}.device.json")
+    assert rule_devices(tmp_path) == {
+        "aggregate": {"jobs": 1, "host": ["login"], "device": ["cpu"], "device_name": ["Xeon"]},
+        "fit": {
+            "jobs": 2,
+            "host": ["cpu-node", "gpu-node"],
+            "device": ["cpu", "cuda"],
+            "device_name": ["AMD EPYC", "NVIDIA H200"],
+        },
+    }
+    (tmp_path / "aggregate.log.device.json").write_text('{"rule": "aggr')
+    with pytest.raises(ArtifactError, match=r"^device record '.*aggregate.log.device.json' is damaged; delete it"):
+        rule_devices(tmp_path)
 
 
 def test_user_ids_are_read_back_as_written(tmp_path):

@@ -1,11 +1,26 @@
 import copy
+import os
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import REPO
 
-from uph.config import validate
+from uph.config import schema_defaults, validate
+from uph.device import (
+    BRANCH_DEFAULTS,
+    bfloat16_native,
+    branch_device,
+    device_record,
+    gpu_visible,
+    requests_gpu,
+    resolve_dtype,
+    setup_device,
+)
 from uph.errors import ConfigError
+
+SHIPPED = ["config.yaml", *sorted(path.relative_to(REPO).as_posix() for path in (REPO / "config").glob("*.yaml"))]
 
 
 @pytest.fixture(params=["config.yaml", "config/test.yaml"])
@@ -30,6 +45,7 @@ def test_shipped_configs_are_valid_and_get_defaults(config):
             "config key 'corpus.min_tokens': 'many' is not of type 'integer'",
         ),
         (lambda c: c.update(device="tpu"), "config key 'device': 'tpu' is not one of"),
+        (lambda c: c["fit"].update(device="gpu"), "config key 'fit.device': 'gpu' is not one of"),
         (lambda c: c["model"].pop("source"), "config key 'model': 'source' is a required property"),
         (lambda c: c["corpus"].update(min_tokens=300), "config key 'corpus.min_tokens': 300 leaves"),
         (
@@ -108,3 +124,83 @@ def test_extra_points_join_the_sweep_once_and_may_be_listed(config):
     fit["cross_user"] = [{"head": "svd_uncond", "alpha": 1.0, "d": 8, "solver": "exact"}]
     with pytest.raises(ConfigError, match=r"'fit.cross_user\[0\]': svd_uncond alpha=1.0 d=8 is not a point"):
         validate(config)
+
+
+def merged(path: str) -> dict:
+    """A shipped config as a run sees it: config.yaml (the Snakefile's configfile) updated by `path`
+    (--configfile), nested sections merged key by key."""
+
+    def update(base: dict, extra: dict) -> dict:
+        for key, value in extra.items():
+            base[key] = update(base.get(key, {}), value) if isinstance(value, dict) else value
+        return base
+
+    return update(yaml.safe_load((REPO / "config.yaml").read_text()), yaml.safe_load((REPO / path).read_text()))
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_float32_is_the_extraction_dtype_of_the_schema_and_of_every_shipped_config(path):
+    """The effects are ~1e-3 nats and bfloat16 states move a base NLL by 3e-3 to 1e-2: float32 wherever
+    no one asks otherwise, and in every config the repository ships (config/*.yaml as merged onto
+    config.yaml), whatever the machine (no `auto`)."""
+    assert schema_defaults("extract")["dtype"] == "float32"
+    config = merged(path)
+    assert validate(config)["extract"]["dtype"] == "float32"
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        assert resolve_dtype(config["extract"]["dtype"], device) == torch.float32
+    config["extract"].pop("dtype")
+    assert validate(config)["extract"]["dtype"] == "float32"
+
+
+def test_auto_dtype_is_bfloat16_only_where_native_and_never_float16():
+    """`extract.dtype: auto`: bfloat16 on a CPU with AVX512-BF16 or AMX (read here from /proc/cpuinfo's
+    flags, independently of torch's check) or a GPU with bfloat16 units, float32 elsewhere; a cuda
+    device on a machine without one resolves (to float32) rather than failing."""
+    for device in (torch.device("cpu"), torch.device("cuda")):
+        assert resolve_dtype("auto", device) == (torch.bfloat16 if bfloat16_native(device) else torch.float32)
+        assert resolve_dtype("auto", device) != torch.float16
+    if not torch.cuda.is_available():
+        assert resolve_dtype("auto", torch.device("cuda")) == torch.float32
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and os.uname().machine == "x86_64":
+        flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for flag in line.split()}
+        native = bool({"avx512_bf16", "amx_bf16"} & flags)
+        assert resolve_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
+    assert resolve_dtype("float16", torch.device("cpu")) == torch.float16  # only when asked for by name
+
+
+def test_each_branch_computes_on_its_own_device_key_else_its_default(config):
+    """Extraction and the fit stage follow the top-level device; the small training runs use cpu; a
+    `<branch>.device` overrides either. A job asks for a GPU where its device is cuda, or auto on a
+    machine that sees one (gpu_visible, without torch)."""
+    config = validate(copy.deepcopy(config))
+    assert all(config[branch]["device"] is None for branch in BRANCH_DEFAULTS)
+    config["device"] = "cuda"
+    devices = {branch: branch_device(config, branch) for branch in BRANCH_DEFAULTS}
+    assert devices == {"extract": "cuda", "fit": "cuda", "copy_task": "cpu", "attention": "cpu", "feedback": "cpu"}
+    config["device"] = "auto"
+    config["fit"]["device"], config["feedback"]["device"], config["attention"]["device"] = "cpu", "cuda", "auto"
+    devices = {branch: branch_device(config, branch) for branch in BRANCH_DEFAULTS}
+    assert devices == {"extract": "auto", "fit": "cpu", "copy_task": "cpu", "attention": "auto", "feedback": "cuda"}
+    assert requests_gpu("cuda") and not requests_gpu("cpu")
+    assert requests_gpu("auto") == gpu_visible()
+    if not torch.cuda.is_available():
+        assert not gpu_visible()  # this machine cannot run a CUDA job, so auto must not queue for a GPU
+
+
+def test_setting_up_a_cpu_job_changes_none_of_its_numerics(monkeypatch):
+    """setup_device turns TF32 off and deterministic kernels on for CUDA only: a CPU job (the tables'
+    bytes) computes exactly as before, and its record says so. A job that may use CUDA gets cuBLAS's
+    deterministic workspace before CUDA starts."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled())
+    assert setup_device("cpu") == torch.device("cpu")
+    assert (torch.get_float32_matmul_precision(), torch.are_deterministic_algorithms_enabled()) == before
+    record = device_record(torch.device("cpu"), torch.float32)
+    assert record["device"] == "cpu" and record["dtype"] == "float32" and record["device_name"] and record["host"]
+    assert "tf32_matmul" not in record and record["float32_matmul_precision"] == "highest"
+    if not torch.cuda.is_available():
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        with pytest.raises(ConfigError, match="config key 'device' is 'cuda' but no CUDA device is available"):
+            setup_device("cuda")
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

@@ -91,6 +91,8 @@ def test_gram_resilience_matches_the_table_of_seed_004():
 
 
 def test_standard_attention_learns_the_tiny_copy_task_reproducibly():
+    """Bit for bit on CPU, where the copy task runs by default; on CUDA standard attention's fused SDPA
+    backward accumulates with atomics, so a rerun there matches only to a tolerance (uph.device)."""
     curves, final = train(TINY, "standard", seed=0, device=torch.device("cpu"))
     assert curves["step"].tolist() == [0, 50, 100, 150]
     assert {"attention", "seed", "step", "train_loss", "loss", "token_acc", "seq_acc"} <= set(curves.columns)

@@ -26,7 +26,7 @@ from uph.config import (
     job_params,
     validate,
 )
-from uph.device import DEVICES, DTYPES
+from uph.device import BRANCH_DEFAULTS, BRANCH_DEVICES, DEVICES, DTYPES
 from uph.feedback.training import METHODS, SIGNALS, TrainConfig
 from uph.lm.baselines import BASELINES
 from uph.lm.heads import BASES, HEADS, HeadSettings
@@ -50,6 +50,7 @@ REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code
     ("attention", "schedule"): tuple(SCHEDULES),
     ("feedback", "methods"): METHODS,
     ("feedback", "signal"): SIGNALS,
+    **{(branch, "device"): BRANCH_DEVICES for branch in BRANCH_DEFAULTS},  # extract.device, fit.device, ...
 }
 
 

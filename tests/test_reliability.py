@@ -4,7 +4,8 @@ without touching earlier results; diverging training never reaches a table; and 
 reruns exactly the jobs that depend on it.
 
 Every workflow test works on a copy of the shared `tiny_study` (or dry-runs one), which is also the
-uninterrupted reference the resumed runs must equal byte for byte.
+uninterrupted reference the resumed runs must equal byte for byte: on CPU, config/test.yaml's device (on
+CUDA the LM stages use deterministic kernels and would repeat on one GPU model; uph.device).
 """
 
 import contextlib

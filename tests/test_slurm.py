@@ -1,6 +1,7 @@
-"""Cluster execution: the SLURM profile plans the cluster example, runs the tiny study through sbatch
-on a one-node SLURM cluster on localhost (tests/slurm_cluster.py) with the local run's tables, and
-the profiles retry a job that fails once (UPH_FAIL_ONCE, see uph.logs)."""
+"""Cluster execution: each branch asks for a GPU where its device is cuda, the SLURM profile plans the
+cluster example, runs the tiny study through sbatch on a one-node SLURM cluster on localhost
+(tests/slurm_cluster.py) with the local run's tables, and the profiles retry a job that fails once
+(UPH_FAIL_ONCE, see uph.logs)."""
 
 import re
 
@@ -11,6 +12,7 @@ from conftest import REPO, snakemake
 from slurm_cluster import SlurmCluster, missing_programs
 
 from uph.config import validate
+from uph.device import gpu_visible
 
 SLURM_PROFILE = REPO / "profiles/slurm"
 LOCAL_PROFILE = REPO / "profiles/local"
@@ -30,19 +32,10 @@ TEST_CLUSTER = [
     "--max-threads",
     "1",
 ]
-GPU_RULES = {
-    "extract",
-    "fit",
-    "fit_global",
-    "fit_global_unigram",
-    "validate",
-    "fit_others",
-    "cross_user",
-    "cross_user_headline",
-    "copy_task_train",
-    "attention_train",
-    "feedback_train",
-}
+FIT_STAGE = {"fit", "fit_global", "fit_global_unigram", "validate", "fit_others", "cross_user", "cross_user_headline"}
+# With `device: cuda` and no `<branch>.device`: extraction and the fit stage ask for a GPU, the training runs do not.
+GPU_RULES = {"extract", *FIT_STAGE}
+TRAINING_RULES = {"copy_task_train", "attention_train", "feedback_train"}
 
 
 def slurm_profile() -> dict:
@@ -65,6 +58,36 @@ def planned_resources(dry_run: str) -> dict[str, set[str]]:
     return resources
 
 
+def planned_gpus(dry_run: str) -> dict[str, set[int]]:
+    """rule -> the `gpu` resource of its planned jobs (0 where a job's resources do not name it)."""
+    found = {}
+    for rule, lines in planned_resources(dry_run).items():
+        found[rule] = {int(match[1]) if (match := re.search(r"\bgpu=(\d+)", line)) else 0 for line in lines}
+    return found
+
+
+def test_each_branch_asks_for_a_gpu_where_its_device_is_cuda(tmp_path):
+    """The tiny study's dry runs: with `device: cuda` (through the local profile, which gives the run one
+    GPU slot) extraction and the fit stage ask for a GPU and the training runs do not; with `<branch>.device`
+    keys each branch follows its own, auto asking only where this machine could run CUDA (gpu_visible)."""
+    assert yaml.safe_load((LOCAL_PROFILE / "config.v8+.yaml").read_text())["resources"]["gpu"] == 1
+    run = snakemake(tmp_path / "cuda", "-n", "--profile", str(LOCAL_PROFILE), "--config", "device=cuda")
+    assert run.returncode == 0, run.stderr[-3000:]
+    gpus = planned_gpus(run.stdout)
+    assert {rule for rule, counts in gpus.items() if counts == {1}} == GPU_RULES
+    assert all(gpus[rule] == {0} for rule in TRAINING_RULES)
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+    config["device"] = "cpu"
+    config["extract"]["device"], config["copy_task"]["device"], config["feedback"]["device"] = "cuda", "cuda", "auto"
+    (tmp_path / "branches.yaml").write_text(yaml.safe_dump(config))
+    run = snakemake(tmp_path / "branches", "-n", config=str(tmp_path / "branches.yaml"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    gpus = planned_gpus(run.stdout)
+    assert gpus["extract"] == gpus["copy_task_train"] == {1}
+    assert gpus["feedback_train"] == {int(gpu_visible())} and gpus["attention_train"] == {0}
+    assert all(gpus[rule] == {0} for rule in FIT_STAGE)  # fit.device null: the top-level cpu
+
+
 def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
     run = snakemake(tmp_path, "-n", "--profile", str(SLURM_PROFILE), config="config/cluster-example.yaml", timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -81,6 +104,7 @@ def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
     resources = planned_resources(run.stdout)
     for rule, lines in resources.items():
         assert all(("gpu=1" in line) == (rule in GPU_RULES) for line in lines), (rule, lines)
+    assert GPU_RULES <= set(resources) and set(TRAINING_RULES) <= set(resources)  # the training runs: CPU nodes
     policy = slurm_profile()["set-resources"]
     assert all(f"mem_mb={policy['extract']['mem_mb']}," in line for line in resources["extract"])
     assert all(f"runtime={policy['fit_global']['runtime']}" in line for line in resources["fit_global"])
@@ -115,6 +139,8 @@ def slurm(tmp_path_factory):
 
 
 def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(tiny_study, slurm, tmp_path, monkeypatch):
+    """The tables of the sbatch run equal the local run's byte for byte: both on CPU (config/test.yaml). GPU
+    nodes of another model than the local GPU would match it only to rounding (uph.device)."""
     assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
     monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
     monkeypatch.setenv("UPH_FAIL_ONCE", "gram_resilience")

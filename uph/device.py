@@ -1,17 +1,80 @@
-"""Device and compute-dtype selection shared by every stage."""
+"""The device, compute dtype and numerics of every job, and the record of them each job leaves.
+
+Torch is imported inside the functions that compute with it: the DAG build asks `requests_gpu` and
+`branch_device`, and the torch-free jobs (tables, aggregate) write their record with `host_record`,
+neither loading torch.
+
+Where each branch computes. `device` (auto | cpu | cuda; auto: cuda when the job's machine has one)
+is the default of extraction (`extract.device`) and of the fit stage (`fit.device`); the small training
+runs (`copy_task.device`, `attention.device`, `feedback.device`) run on cpu unless their key says
+otherwise: tiny models that would only queue on a GPU. A job whose device is cuda, or auto where the
+machine building the DAG sees a GPU (`gpu_visible`), asks Snakemake for resource `gpu: 1`.
+
+Precision. The personalization effects the study reports are about 1e-3 nats; bfloat16 hidden states
+move a base NLL by 3e-3 to 1e-2, and TF32 matmuls (10 mantissa bits) move float32 NLLs by more than
+the effects. So `extract.dtype` is float32 by default, `auto` means bfloat16 only where the hardware
+computes it natively and float32 elsewhere (never float16), and `setup_device` turns TF32 off on CUDA.
+
+Determinism. On CPU every job repeats bit for bit: the same config and inputs give the same bytes
+(tests/test_aggregate.py runs the tiny study twice; tests/test_reliability.py reruns parts of it). On
+CUDA, extraction and the fit stage run with deterministic kernels (`torch.use_deterministic_algorithms`
+with warn_only: an op without one warns; and `CUBLAS_WORKSPACE_CONFIG=:4096:8`), so they repeat bit for
+bit on one GPU model and software stack (not yet checked on a GPU), and agree with the CPU to rounding
+(float32 sums in another order: tests/test_gpu.py).
+The training runs (copy task, attention study, feedback) train through standard attention's fused SDPA
+backward and embedding backward, which accumulate with atomics on CUDA: there they repeat only to a
+tolerance, not bit for bit, and on cpu (their default) bit for bit.
+"""
 
 from __future__ import annotations
 
-import torch
+import glob
+import os
+import platform
+import socket
+from importlib.util import find_spec
+from pathlib import Path
 
 from uph.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")  # config key `device`
+BRANCH_DEVICES = (None, *DEVICES)  # config keys `<branch>.device`: None is the branch's default
 DTYPES = ("auto", "float32", "bfloat16", "float16")  # config key `extract.dtype`
+# The device of each branch's jobs when its `<branch>.device` key is null: None follows the top-level `device`.
+BRANCH_DEFAULTS = {"extract": None, "fit": None, "copy_task": "cpu", "attention": "cpu", "feedback": "cpu"}
+# Rules whose CUDA kernels include some without a deterministic version (SDPA and embedding backward):
+# they run without torch's deterministic mode and repeat on CUDA only to a tolerance.
+TRAINING_RULES = ("copy_task_train", "attention_train", "feedback_train")
+CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's deterministic workspace (read when its first handle is made)
 
 
-def resolve_device(name: str = "auto") -> torch.device:
+def branch_device(config: dict, branch: str) -> str:
+    """The device `branch`'s jobs compute on (auto | cpu | cuda): its `<branch>.device`, else BRANCH_DEFAULTS."""
+    return config[branch].get("device") or BRANCH_DEFAULTS[branch] or config["device"]
+
+
+def gpu_visible() -> bool:
+    """Whether this machine can run a CUDA job, without importing torch: an NVIDIA device file
+    (/dev/nvidia0, /dev/nvidia1, ...) that CUDA_VISIBLE_DEVICES does not hide (empty or -1), and a
+    CUDA build of torch (torch/lib/libtorch_cuda.so; the CPU wheel has none)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+        return False
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        return False
+    spec = find_spec("torch")
+    folders = spec.submodule_search_locations if spec is not None else None
+    return any(glob.glob(os.path.join(folder, "lib", "libtorch_cuda*")) for folder in folders or [])
+
+
+def requests_gpu(device: str) -> bool:
+    """Whether a job of configured device `device` asks for a GPU: cuda, or auto where `gpu_visible`."""
+    return device == "cuda" or (device == "auto" and gpu_visible())
+
+
+def resolve_device(name: str = "auto"):
     """'auto' -> cuda when present, else cpu; 'cuda' without a GPU is an error naming the key."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -19,14 +82,93 @@ def resolve_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """'auto' -> bfloat16 where the hardware computes it natively, else float32.
+def bfloat16_native(device) -> bool:
+    """Whether `device` computes bfloat16 in hardware: a CUDA GPU with bfloat16 units (Ampere or later,
+    not emulated), or a CPU with AVX512-BF16 or AMX. Elsewhere bfloat16 is emulated, several times
+    slower than float32 on AVX2-only CPUs."""
+    import torch
 
-    CPUs without bfloat16 instructions (AVX512-BF16 or AMX; e.g. AVX2-only machines) emulate it
-    and run bfloat16 matmuls several times slower than float32, so there float32 is the fast choice.
-    """
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+        return any(getattr(torch.cpu, check, lambda: False)() for check in checks)
+    return False
+
+
+def resolve_dtype(name: str, device):
+    """The compute dtype of `extract.dtype` on `device`: 'auto' -> bfloat16 where `bfloat16_native`,
+    else float32 (never float16: its range overflows on large activations)."""
+    import torch
+
     if name == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+        return torch.bfloat16 if bfloat16_native(device) else torch.float32
     return getattr(torch, name)
+
+
+def setup_device(name: str, deterministic: bool = True):
+    """Resolve the configured device `name` and set this process's numerics for it, once per job
+    (uph.logs.rule_logging does, for every job with a `device` param). On CUDA: TF32 off for matmuls
+    and cuDNN, float32 matmuls at 'highest' precision, and with `deterministic` (every job but
+    TRAINING_RULES) torch's deterministic kernels (warn_only: an op without one warns and runs) with
+    cuBLAS's deterministic workspace. On CPU nothing changes (the CPU path's bytes stay as they were)."""
+    if name != "cpu":  # before CUDA makes its first cuBLAS handle
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    device = resolve_device(name)
+    if device.type == "cuda":
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        if deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+    return device
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def host_record() -> dict:
+    """What a job that computes without torch ran on: its host and CPU."""
+    return {"host": socket.gethostname(), "device": "cpu", "device_name": cpu_model()}
+
+
+def device_record(device, dtype=None) -> dict:
+    """What a torch job computes on and how: its host, the device and its name (the GPU's or the
+    CPU's model), the float32 matmul precision, on CUDA whether TF32 and deterministic kernels are on,
+    and the job's compute dtype where it has one."""
+    import torch
+
+    record = {**host_record(), "device": device.type, "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    if device.type == "cuda":
+        record.update(
+            device_name=torch.cuda.get_device_name(device),
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            tf32_cudnn=torch.backends.cudnn.allow_tf32,
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+        )
+    if dtype is not None:
+        record["dtype"] = str(dtype).removeprefix("torch.")
+    return record
+
+
+def describe(record: dict) -> str:
+    """One log line of a job's record."""
+    line = f"on {record['host']}: {record['device']} ({record['device_name']})"
+    if "dtype" in record:
+        line += f", {record['dtype']}"
+    if "float32_matmul_precision" in record:
+        line += f", float32 matmuls at '{record['float32_matmul_precision']}' precision"
+    if record["device"] == "cuda":
+        tf32 = "on" if record["tf32_matmul"] or record["tf32_cudnn"] else "off"
+        kernels = "deterministic" if record["deterministic"] else "nondeterministic"
+        line += f", TF32 {tf32}, {kernels} kernels"
+    return line

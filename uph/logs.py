@@ -1,5 +1,11 @@
 """Logging for workflow scripts: to the rule's log file and the console, one line per bad input.
 
+Every job logs one line saying what it runs on and leaves the same as JSON beside its log,
+`<log>.device.json` (uph.device: host, device and its name, dtype, matmul precision, TF32 and
+determinism on CUDA); results/provenance.json gathers them per rule. A job with a `device` param sets
+up its device first (uph.device.setup_device); any other job records its host and CPU without
+importing torch.
+
 Fault injection for testing retries: with the environment variable UPH_FAIL_ONCE=<rule name>, the
 first attempt of each job of that rule exits 1 before any work and leaves `<its log>.failed-once`
 behind; the next attempt (Snakemake's --retries, locally or on the cluster) finds the marker and runs.
@@ -14,7 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from uph.device import TRAINING_RULES, describe, device_record, host_record, resolve_dtype, setup_device
 from uph.errors import UphError
+from uph.io import write_json
 
 
 @contextlib.contextmanager
@@ -35,11 +43,38 @@ def rule_logging(snakemake):
     fail_once(snakemake, log)
     start = time.perf_counter()
     try:
+        record_device(snakemake, log)
         yield log
     except UphError as error:
         log.error("%s", error)
         sys.exit(1)
     log.info("done in %.1f s", time.perf_counter() - start)
+
+
+def record_device(snakemake, log: logging.Logger) -> dict:
+    """Set up the job's device (a job with a `device` param: uph.device.setup_device, once, before any
+    work), log what the job runs on in one line and write it to `<log>.device.json`. Torch is imported
+    only by a job with a `device` param."""
+    configured = getattr(snakemake.params, "device", None)
+    if configured is None:
+        record = host_record()
+    else:
+        device = setup_device(configured, deterministic=snakemake.rule not in TRAINING_RULES)
+        record = device_record(device, job_dtype(snakemake.params, device))
+    record = {"rule": snakemake.rule, **record}
+    log.info("%s", describe(record))
+    if snakemake.log:
+        write_json(record, f"{snakemake.log[0]}.device.json")
+    return record
+
+
+def job_dtype(params, device):
+    """The compute dtype of a job that has one: extraction's `extract.dtype` as resolved on this
+    machine, the copy task's autocast `copy_task.dtype`; else None."""
+    extract, copy_task = getattr(params, "extract", None), getattr(params, "copy_task", None)
+    if extract is not None:
+        return resolve_dtype(extract["dtype"], device)
+    return None if copy_task is None else copy_task.get("dtype")
 
 
 def fail_once(snakemake, log: logging.Logger) -> None:

@@ -1,5 +1,6 @@
 """Rule provenance: results/provenance.json (config, commit, code per table, versions, model identity,
-seeds, host, device, wall time per rule). Its own benchmark file is left out: it is written after this job."""
+seeds, the hosts and devices each rule's jobs ran on, wall time per rule). Its own benchmark file is
+left out: it is written after this job."""
 
 from pathlib import Path
 
@@ -16,6 +17,7 @@ with rule_logging(snakemake) as log:
         snakemake.params.benchmarks,
         exclude_rule=snakemake.rule,
         tables_dir=Path(snakemake.config["results"]) / "tables",
+        logs_dir=Path(snakemake.config["results"]) / "logs",
     )
     write_json(record, snakemake.output[0])
     older = sorted(name for name, code in record["tables"].items() if code["older_code"])

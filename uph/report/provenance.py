@@ -3,9 +3,11 @@
 The resolved config (defaults filled in), the code's git commit, whether tracked files differed
 from it and a hash of the code files, per table the code version that computed it (flagged
 `older_code` when that is not the code of this run), Python, platform and package versions, the model's identity (source, sizes, weight and
-tokenizer hashes), every seed in the config, the host and its device, and the wall time per rule
-summed over that rule's jobs from the `benchmark:` files present, each file attributed to the rule
-whose benchmark pattern (wildcards and their constraints, as Snakemake matches them) it matches.
+tokenizer hashes), every seed in the config, per rule what its jobs ran on (hosts, devices and their
+names, dtypes, matmul precision, TF32 and determinism on CUDA: the `<log>.device.json` each job writes
+beside its log, uph.logs), the host that wrote the record, and the wall time per rule summed over that
+rule's jobs from the `benchmark:` files present, each file attributed to the rule whose benchmark
+pattern (wildcards and their constraints, as Snakemake matches them) it matches. Torch-free.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
-import torch
 from snakemake.io import regex_from_filepattern
 
 from uph.config import key_path
+from uph.errors import ArtifactError
 from uph.io import code_version, git_state  # noqa: F401 (git_state: part of this module's interface)
 
 PACKAGES = (
@@ -62,16 +64,26 @@ def config_seeds(config: dict, path: tuple = ()) -> dict:
     return seeds
 
 
-def device_name() -> str:
-    """The GPU's name when CUDA is available, else the CPU model."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+def rule_devices(logs_dir: str | Path) -> dict:
+    """rule -> {'jobs': n, and per key of the jobs' records (host, device, device_name, dtype, ...) the
+    distinct values, sorted}, from every `<log>.device.json` under `logs_dir` (uph.logs.record_device).
+    A job run before jobs recorded their device has no record: 'jobs' counts the records."""
+    values, jobs = {}, {}
+    for path in sorted(Path(logs_dir).rglob("*.device.json")):
+        try:
+            record = json.loads(path.read_text())
+            rule = record.pop("rule")
+        except (ValueError, KeyError, AttributeError):
+            raise ArtifactError(
+                f"device record '{path}' is damaged; delete it (its job's device goes unrecorded) or rerun that job"
+            ) from None
+        jobs[rule] = jobs.get(rule, 0) + 1
+        for key, value in record.items():
+            values.setdefault(rule, {}).setdefault(key, set()).add(value)
+    return {
+        rule: {"jobs": jobs[rule], **{key: sorted(seen, key=str) for key, seen in sorted(values[rule].items())}}
+        for rule in sorted(jobs)
+    }
 
 
 def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -> dict:
@@ -111,9 +123,11 @@ def provenance(
     benchmark_patterns: dict,
     exclude_rule: str | None = None,
     tables_dir: str | Path | None = None,
+    logs_dir: str | Path | None = None,
 ) -> dict:
     """The record; `exclude_rule`: the rule writing it, whose benchmark file is not written yet;
-    `tables_dir`: the folder of the tables whose code versions it lists."""
+    `tables_dir`: the folder of the tables whose code versions it lists; `logs_dir`: the folder of the
+    jobs' logs and device records."""
     code = code_version(repo)
     return {
         "written_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -126,7 +140,7 @@ def provenance(
         "packages": package_versions(),
         "model": model_identity,
         "seeds": config_seeds(config),
-        "host": socket.gethostname(),
-        "device": device_name(),
+        "host": socket.gethostname(),  # of this record's job; each rule's jobs: devices_per_rule
+        "devices_per_rule": rule_devices(logs_dir) if logs_dir else {},
         "wall_seconds_per_rule": rule_wall_times(benchmark_patterns, exclude_rule),
     }
