@@ -28,8 +28,9 @@ def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):
     return pd.DataFrame(rows, columns=["user_id", "n_tokens", "train_end", "test_start", "tokens"])
 
 
-def _build_cache(model_dir, path, users, context, dtype=torch.float32, batch_size=3, device=torch.device("cpu")):
+def _build_cache(model_dir, path, users, context, dtype=torch.float32, batch_size=3, device="cpu"):
     """One shard holding every user of `users`, extracted on `device`; returns what a reader of it expects."""
+    device = torch.device(device)
     model = load_model(model_dir, dtype=dtype, device=device)
     expect = {**cache_identity(read_identity(model_dir), dtype, context), **shard_manifest(users, 0, 1)}
     with shard_writer(path, expect, shard_manifest(users, 0, 1)) as write:

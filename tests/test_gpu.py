@@ -22,6 +22,7 @@ from test_fit import BETA_LAM, HEAD_SETTINGS, D
 from tiny_lm import final_hidden, tiny_llama
 
 from uph.attention.self_attention import simplicial_attention, triple_product_attention
+from uph.device import setup_device
 from uph.lm.cache import read_shard
 from uph.lm.fit import Objective, fit_theta
 from uph.lm.heads import HEADS, full_bias_head, make_head
@@ -30,6 +31,15 @@ from uph.lm.solvers import SolverSettings
 from uph.lm.tokens import prepare
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_as_the_jobs_set_it():
+    """TF32 off and deterministic kernels, as uph.logs.rule_logging sets every extract and fit job."""
+    if torch.cuda.is_available():
+        setup_device("cuda")
+
+
 CUDA = torch.device("cuda")
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}  # relative, CUDA against CPU
 
@@ -113,7 +123,7 @@ def test_extraction_on_cuda_caches_the_states_extraction_on_cpu_caches(tiny_mode
     shards = {}
     for device in ("cpu", CUDA):
         path = tmp_path / f"{device}.parquet"
-        expect = _build_cache(model_dir, path, users, context, device=torch.device(device))
+        expect = _build_cache(model_dir, path, users, context, device=device)
         shards[device] = read_shard(path, expect)
     for user, cpu in shards["cpu"].items():
         cuda = shards[CUDA][user]

@@ -39,7 +39,7 @@ from uph.model_identity import read_identity as read_model_identity
 
 SCHEMA_VERSION = 2
 IDENTITY_KEYS = ("schema_version", "weights_sha256", "tokenizer_sha256", "hidden_size", "dtype", "context")
-AUTO_DTYPES = ("bfloat16", "float16", "float32")  # what `extract.dtype: auto` resolves to (uph.device)
+AUTO_DTYPES = ("bfloat16", "float32")  # what `extract.dtype: auto` resolves to (uph.device.resolve_dtype)
 COLUMNS = ("user_id", "split", "position", "target", "hidden")
 SHARD_NAME = re.compile(r"shard-(\d+)\.parquet")
 
