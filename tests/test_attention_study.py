@@ -253,7 +253,8 @@ def test_the_lr_sweep_extends_past_the_end_its_best_lr_sits_at():
 
 
 def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
-    listed = {"models", "attentions"}  # each job is one of them (rules/attention.smk); tasks: its one task
+    # each job is one of them (rules/attention.smk; tasks: its one task); device: its own param (job_device)
+    listed = {"models", "attentions", "device"}
     assert set(AttentionStudyConfig.__dataclass_fields__) == set(schema_defaults("attention")) - listed
 
 

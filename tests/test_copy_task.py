@@ -113,7 +113,7 @@ def test_triple_attentions_train_under_bfloat16_autocast(attention):
 
 
 def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
-    listed = {"attentions", "seeds"}  # each job is one of them (rules/copy_task.smk)
+    listed = {"attentions", "seeds", "device"}  # each job is one of them (rules/copy_task.smk); its own device param
     assert set(CopyTaskConfig.__dataclass_fields__) == set(schema_defaults("copy_task")) - listed
 
 
