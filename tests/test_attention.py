@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
 import uph.attention.self_attention as self_attention
-from uph.attention.model import OneLayerModel
+from uph.attention.model import OneLayerModel, ResidualModel
 from uph.attention.self_attention import (
     ATTENTIONS,
     KINDS,
+    STABILIZERS,
     CausalSelfAttention,
     _SimplicialProbs,
     _TripleProductProbs,
@@ -252,3 +254,121 @@ def test_soft_cap_is_the_capped_tempered_score_and_trains_its_temperature():
     torch.testing.assert_close(layer(x), layer.out(expected.transpose(1, 2).reshape(x.shape)))
     layer(x / 20).square().sum().backward()  # inside the cap, where tanh has slope
     assert layer.log_temperature.grad.abs().min() > 0
+
+
+MATCHED = {"triple_capped": "standard_capped", "triple_qknorm": "standard_qknorm"}  # variant -> its control
+
+
+@pytest.mark.parametrize("variant", MATCHED)
+def test_a_matched_control_is_standard_attention_with_its_variants_stabilizer_and_nothing_else(variant):
+    control = MATCHED[variant]
+    stabilizer = {field: getattr(KINDS[variant], field) for field in STABILIZERS}
+    assert stabilizer == {field: getattr(KINDS[control], field) for field in STABILIZERS}
+    assert any(value not in (None, False) for value in stabilizer.values())
+    for kind, plain in ((control, "standard"), (variant, "triple")):  # without it, each is its plain kind
+        unstabilized = {field: getattr(KINDS[plain], field) for field in (*STABILIZERS, "kernel")}
+        assert replace(KINDS[kind], **unstabilized) == KINDS[plain]
+
+
+def test_the_controls_attend_as_written_out():
+    """standard_qknorm: softmax(τ q̂·k̂ / sqrt(D)) v with q, k rescaled to norm sqrt(D) before loudness;
+    standard_capped: softmax(50 tanh(τ q·k / (50 sqrt(D)))) v; τ per head, learned."""
+    torch.manual_seed(0)
+    x, loud = torch.randn(2, 10, 16, dtype=torch.float64), torch.tensor([[1.0] * 9 + [8.0]] * 2, dtype=torch.float64)
+    for kind in MATCHED.values():
+        layer = CausalSelfAttention(16, 2, kind).double()
+        with torch.no_grad():
+            layer.log_temperature.copy_(torch.tensor([0.3, -0.2]))
+        q, k, v = (t.transpose(1, 2) for t in layer.proj(x).view(2, 10, 3, 2, 8).unbind(2))
+        q, k = rope(torch.stack((q, k)))
+        if kind == "standard_qknorm":
+            q, k = (t * 8**0.5 / t.norm(dim=-1, keepdim=True) for t in (q, k))
+        k = k * loud[:, None, :, None]
+        s = q @ k.transpose(-1, -2) / 8**0.5 * layer.log_temperature.exp()[:, None, None]
+        if kind == "standard_capped":
+            s = 50 * torch.tanh(s / 50)
+        s = s.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), -math.inf)
+        expected = layer.out((torch.softmax(s, -1) @ v).transpose(1, 2).reshape(2, 10, 16))
+        torch.testing.assert_close(layer(x, loud), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_diff_attends_as_written_out():
+    """diff: (1 - λ_init) RMSNorm(A_1 v - λ A_2 v) per head, A_a = causal softmax(q_a·k_a / sqrt(D/2)) over the
+    halves of q and k, each half turned by RoPE on its own, a loud token's factor on the whole k, v of width D,
+    λ = exp(λ_q1·λ_k1) - exp(λ_q2·λ_k2) + λ_init, λ_init = 0.8 - 0.6 exp(-0.3 (l - 1)) for layer l = 3."""
+    torch.manual_seed(0)
+    B, T, C, H, D = 2, 10, 16, 2, 8
+    layer = CausalSelfAttention(C, H, "diff", layer=2).double()
+    x, loud = torch.randn(B, T, C, dtype=torch.float64), torch.ones(B, T, dtype=torch.float64)
+    loud[:, 6] = 8.0
+    q, k, v = (t.transpose(1, 2) for t in layer.proj(x).view(B, T, 3, H, D).unbind(2))  # [B, H, T, D]
+    q1, q2, k1, k2 = (rope(half) for t in (q, k) for half in (t[..., : D // 2], t[..., D // 2 :]))
+    k1, k2 = k1 * loud[:, None, :, None], k2 * loud[:, None, :, None]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    A1, A2 = (
+        torch.softmax((torch.einsum("bhid,bhjd->bhij", qa, ka) / math.sqrt(D / 2)).masked_fill(future, -math.inf), -1)
+        for qa, ka in ((q1, k1), (q2, k2))
+    )
+    init = 0.8 - 0.6 * math.exp(-0.3 * 2)
+    lambda_q1, lambda_k1, lambda_q2, lambda_k2 = layer.lambdas
+    lam = torch.exp((lambda_q1 * lambda_k1).sum()) - torch.exp((lambda_q2 * lambda_k2).sum()) + init
+    y = torch.einsum("bhij,bhjd->bhid", A1, v) - lam * torch.einsum("bhij,bhjd->bhid", A2, v)
+    y = (1 - init) * y / torch.sqrt(y.square().mean(-1, keepdim=True) + 1e-5)
+    expected = layer.out(y.transpose(1, 2).reshape(B, T, C))
+    assert layer.lambda_init == pytest.approx(init) and layer.lambdas.shape == (4, D // 2)
+    torch.testing.assert_close(layer(x, loud), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_diff_takes_its_layers_lambda_init_and_standards_projections():
+    """Block l of the residual model has λ_init(l), the one-layer model l = 1 (0.2); diff adds the four λ
+    vectors of width D/2 to standard's parameters and nothing else."""
+    model = ResidualModel(vocab=11, d_model=32, n_head=4, attention="diff", n_layer=3)
+    inits = [block.attention.lambda_init for block in model.blocks]
+    assert inits == pytest.approx([0.8 - 0.6 * math.exp(-0.3 * (l - 1)) for l in (1, 2, 3)])
+    assert OneLayerModel(vocab=11, d_model=32, n_head=4, attention="diff").attention.lambda_init == pytest.approx(0.2)
+    sizes = {
+        kind: sum(p.numel() for p in CausalSelfAttention(32, 4, kind).parameters()) for kind in ("standard", "diff")
+    }
+    assert sizes["diff"] - sizes["standard"] == 4 * 4
+    with pytest.raises(ValueError, match="multiple of 4"):
+        CausalSelfAttention(12, 2, "diff")  # halves of width 3: RoPE turns pairs
+
+
+def test_diff_equals_transformers_diffllama_attention_on_the_same_weights():
+    """DiffLlamaAttention with 2 n_head heads of width D/2 pairs head h (q1, k1) with head n_head + h (q2, k2)
+    and gives the pair the value [v_h | v_(n_head + h)]: our head h's halves, in that order. Its RoPE
+    (rotate_half) turns the pairs (m, m + D/4) of a half, ours (seed 004's) the pairs (2m, 2m + 1) and writes
+    them back as [first components | second]: with each half's q and k weight rows put in the order
+    [even | odd], its turned q and k are ours, so the whole layer, RoPE with real positions included, is
+    compared. DiffLlama sums λ's dot products in float32, hence the tolerance."""
+    from transformers import DiffLlamaConfig
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention, DiffLlamaRotaryEmbedding
+
+    torch.manual_seed(0)
+    B, T, C, H, D = 2, 12, 32, 2, 16
+    layer = CausalSelfAttention(C, H, "diff", layer=1).double()
+    config = DiffLlamaConfig(
+        hidden_size=C,
+        num_attention_heads=2 * H,
+        num_key_value_heads=2 * H,
+        head_dim=D // 2,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    config._attn_implementation = "eager"
+    theirs = DiffLlamaAttention(config, layer_idx=1).double()
+    Wq, Wk, Wv = layer.proj.weight.view(3, H, 2, D // 2, C)  # [head, half, row, C]
+    turn = torch.cat((torch.arange(0, D // 2, 2), torch.arange(1, D // 2, 2)))
+    with torch.no_grad():  # their head half * H + head is our head's half
+        theirs.q_proj.weight.copy_(Wq[:, :, turn].transpose(0, 1).reshape(C, C))
+        theirs.k_proj.weight.copy_(Wk[:, :, turn].transpose(0, 1).reshape(C, C))
+        theirs.v_proj.weight.copy_(Wv.transpose(0, 1).reshape(C, C))
+        theirs.o_proj.weight.copy_(layer.out.weight)
+        for name, row in zip(("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"), layer.lambdas):
+            getattr(theirs, name).copy_(row)
+    x = torch.randn(B, T, C, dtype=torch.float64)
+    position_embeddings = DiffLlamaRotaryEmbedding(config)(x, torch.arange(T)[None])
+    mask = torch.zeros(T, T, dtype=torch.float64).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+    expected, _ = theirs(x, position_embeddings, attention_mask=mask[None, None])
+    assert theirs.lambda_init == pytest.approx(layer.lambda_init)
+    torch.testing.assert_close(layer(x), expected, rtol=1e-6, atol=1e-6)

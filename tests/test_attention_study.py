@@ -16,7 +16,7 @@ from conftest import REPO, snakemake
 import uph.attention.self_attention as self_attention
 from uph.attention.model import ResidualModel, attention_stats, build_model
 from uph.attention.self_attention import ATTENTIONS, AttentionKind
-from uph.attention.study_config import AttentionStudyConfig, eval_lengths
+from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
 from uph.attention.training import (
     PROGRESS,
@@ -265,6 +265,11 @@ def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
         ({"pairs": [2, 9]}, "config key 'attention.pairs': mqar with 9 pairs needs attention.train_len >= 27"),
         ({"sweep_seeds": 6}, "config key 'attention.sweep_seeds': 6 is more than the 5 attention.seeds"),
         ({"d_model": 12, "n_head": 4}, "config key 'attention.d_model': 12 must split"),
+        (
+            {"d_model": 24, "n_head": 4, "attentions": ["standard", "diff"]},
+            "config key 'attention.d_model': 24 must split into attention.n_head=4 heads of a width that is a "
+            "multiple of 4 (diff",
+        ),
         ({"ms": []}, "config key 'attention.ms'"),
     ],
 )
@@ -341,6 +346,25 @@ def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_it
     )
     assert progress["steps_run"] == 40 and progress["at_step_limit"] and len(rows) == 8
     assert list(progress) == PROGRESS
+
+
+def test_a_run_still_improving_at_max_steps_trains_on_to_max_steps_extended_at_the_last_lr():
+    """patience never met: the run goes past max_steps (20) to max_steps_extended (35, a logged step at the
+    limit too), at the schedule's last lr; the same run without extension stops at 20, and both runs'
+    first 20 steps are the same run (the schedule up to max_steps does not change)."""
+    cfg = dataclasses.replace(CELL, max_steps=20, log_every=10, patience=100, schedule="cosine", warmup=0.1)
+    device = torch.device("cpu")
+    _, plain, _, _, progress = train_run(cfg, "mqar", "residual", "standard", 0.01, 0, device)
+    assert progress["steps_run"] == 20 and progress["at_step_limit"]
+    extended = dataclasses.replace(cfg, max_steps_extended=35)
+    _, rows, _, _, progress = train_run(extended, "mqar", "residual", "standard", 0.01, 0, device)
+    assert [row["step"] for row in rows] == [10, 20, 30, 35] and progress["steps_run"] == 35
+    assert progress["at_step_limit"] and rows[:2] == plain
+    factor = schedule(extended)
+    assert factor(19) > 0 and factor(20) == 0.0 == factor(34)  # cosine ends at 0 at max_steps and stays there
+    patient = dataclasses.replace(extended, patience=1, min_delta=100.0)  # patience met at max_steps: no extension
+    _, rows, _, _, progress = train_run(patient, "mqar", "residual", "standard", 0.01, 0, device)
+    assert progress["steps_run"] == 20 and not progress["at_step_limit"]
 
 
 def test_sample_efficiency_is_the_first_logged_step_at_the_accuracy():

@@ -359,12 +359,7 @@ def _check_across_keys(config: dict) -> None:
                 raise ConfigError(f"config key 'fit.{key}[{i}]': solver '{point['solver']}' is not in fit.solvers")
     if config["fit"]["on_cache"] and "unigram" not in config["fit"]["baselines"]:
         raise ConfigError("config key 'fit.on_cache': the heads fit on the unigram cache; add unigram to fit.baselines")
-    copy_task = config["copy_task"]
-    if copy_task["d_model"] % copy_task["n_head"] or (copy_task["d_model"] // copy_task["n_head"]) % 2:
-        raise ConfigError(
-            f"config key 'copy_task.d_model': {copy_task['d_model']} must split into "
-            f"copy_task.n_head={copy_task['n_head']} heads of even width (RoPE turns pairs)"
-        )
+    _check_head_width("copy_task", config["copy_task"])
     _check_attention(config["attention"])
     corpus, context = config["corpus"], config["extract"]["context"]
     cut = corpus["max_tokens"] is not None and corpus["max_tokens"] < corpus["min_tokens"]
@@ -388,13 +383,25 @@ def _check_across_keys(config: dict) -> None:
         ) from None
 
 
+def _check_head_width(branch: str, section: dict) -> None:
+    """d_model splits into n_head heads that RoPE can turn: of even width (pairs), a multiple of 4 where
+    `diff` runs (RoPE turns each half of its q and k)."""
+    d_model, n_head = section["d_model"], section["n_head"]
+    diff = "diff" in section["attentions"]
+    if d_model % n_head or (d_model // n_head) % (4 if diff else 2):
+        raise ConfigError(
+            f"config key '{branch}.d_model': {d_model} must split into {branch}.n_head={n_head} heads of "
+            + (
+                "a width that is a multiple of 4 (diff: RoPE turns pairs in each half of q and k)"
+                if diff
+                else "even width (RoPE turns pairs)"
+            )
+        )
+
+
 def _check_attention(study: dict) -> None:
     """The attention study's sizes fit together (uph.attention.tasks)."""
-    if study["d_model"] % study["n_head"] or (study["d_model"] // study["n_head"]) % 2:
-        raise ConfigError(
-            f"config key 'attention.d_model': {study['d_model']} must split into "
-            f"attention.n_head={study['n_head']} heads of even width (RoPE turns pairs)"
-        )
+    _check_head_width("attention", study)
     if study["sweep_seeds"] > len(study["seeds"]):
         raise ConfigError(
             f"config key 'attention.sweep_seeds': {study['sweep_seeds']} is more than the "

@@ -7,7 +7,8 @@ ResidualModel (L blocks, RoPE inside the attention, no positional embedding):
     logits = unembed(rmsnorm(x_L)),   mlp(x) = W_2 gelu(W_1 x), W_1: C -> 4C.
 
 A loud token's factor multiplies its key vectors in every attention layer (CausalSelfAttention), so
-the pre-norm cannot erase it.
+the pre-norm cannot erase it. Block l's attention is told its 0-based index l - 1 (diff's λ_init
+reads it); the one-layer model's is 0.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ class OneLayerModel(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, attention: str):
+    def __init__(self, d_model: int, n_head: int, attention: str, layer: int = 0):
         super().__init__()
         self.norm_attention, self.norm_mlp = nn.RMSNorm(d_model), nn.RMSNorm(d_model)
-        self.attention = CausalSelfAttention(d_model, n_head, attention)
+        self.attention = CausalSelfAttention(d_model, n_head, attention, layer)
         self.mlp = nn.Sequential(
             nn.Linear(d_model, 4 * d_model, bias=False), nn.GELU(), nn.Linear(4 * d_model, d_model, bias=False)
         )
@@ -55,7 +56,7 @@ class ResidualModel(nn.Module):
     def __init__(self, vocab: int, d_model: int, n_head: int, attention: str, n_layer: int):
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, attention) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d_model, n_head, attention, layer) for layer in range(n_layer))
         self.norm = nn.RMSNorm(d_model)
         self.unembed = nn.Linear(d_model, vocab, bias=False)
 

@@ -49,9 +49,29 @@ family, how many head vectors it projects, which RoPE turns, which a loud token 
 them (blocks of causal scores, also what mean |score| reads), its fused kernel if any, any step before
 loudness or between loudness and scoring, a soft cap, and whether loudness divides out by
 construction. Beside the seed's `triple`, three stabilized variants keep its score: `triple_normed`
-(normalized after loudness, so m divides out: it cannot test loudness), `triple_qknorm` (normalized
-before loudness: the loud key keeps its m) and `triple_capped` (a learned temperature and a tanh cap). Adding a kind is one entry and its score function; with no kernel it attends by a
-softmax over the keys of its one score block.
+(normalized after loudness, so m divides out: it cannot test loudness), `triple_qknorm` (QK-norm:
+normalized before loudness, so the loud key keeps its m, with a learned per-head scale) and
+`triple_capped` (a learned temperature and a tanh cap). `standard_qknorm` and `standard_capped` are
+their matched controls: standard attention with the same stabilizer and nothing else changed, so a
+resilience the triple variant shows can be told from the stabilizer's. Adding a kind is one entry and
+its score function; with no kernel it attends by a softmax over the keys of its one score block.
+
+`diff` is differential attention (Ye et al. 2024, "Differential Transformer"; DiffLlama in
+transformers). Each of the n_head heads is one differential head: its q and k of width D split into
+halves q = [q1 | q2], k = [k1 | k2] of width D/2, its v keeps the full width D, so the projections are
+standard's (q, k, v of d_model each) and only the four λ vectors are added. This is the paper's layout
+(h = d_model / 2d heads, W_Q, W_K, W_V: d_model -> 2d per head) and DiffLlama's, whose 2 n_head heads of
+width D/2 pair head h with head n_head + h and share the value [v_h | v_(n_head + h)] between them:
+
+    A_a = causal softmax(q_a k_a^T / sqrt(D/2)) (a = 1, 2),   y = (1 - λ_init) RMSNorm(A_1 v - λ A_2 v),
+    λ = exp(λ_q1·λ_k1) - exp(λ_q2·λ_k2) + λ_init,   λ_init = 0.8 - 0.6 exp(-0.3 (l - 1)),
+
+scaled by the halves' width as both, the RMSNorm per head over its D outputs without affine (eps 1e-5,
+the paper's and DiffLlama's groupnorm), λ one scalar per layer shared by its heads, λ_q1 .. λ_k2 of width
+D/2 drawn from N(0, 0.1), l the layer's 1-based index (CausalSelfAttention's `layer` + 1). RoPE turns
+each half on its own (frequencies of width D/2), as the paper turns its 2h heads of width d: turning the
+whole vector would put all first pair components in q1 and all second ones in q2. A loud token's factor
+multiplies the whole k, so both key halves.
 """
 
 from __future__ import annotations
@@ -67,6 +87,7 @@ import torch.nn.functional as F
 SIMPLICIAL_BLOCK = 2**22  # most score entries in one block of queries of the 2-simplicial kernel (16 MiB in float32)
 SIMPLICIAL_QUERIES = 8  # most queries in one block
 ROPE_BASE = 10000.0
+DIFF_EPS = 1e-5  # diff's per-head RMSNorm epsilon (the paper's and DiffLlama's default)
 
 
 def rope(x: torch.Tensor) -> torch.Tensor:
@@ -243,9 +264,49 @@ def simplicial_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> list
     return [s.masked_fill(c == 0, -math.inf) for *_, s, c in _simplicial_blocks(*(_flat(x).float() for x in (q, k, r)))]
 
 
+def differential_scores(q: torch.Tensor, k: torch.Tensor, r: None = None) -> list[torch.Tensor]:
+    """diff's two score maps q_a·k_a / sqrt(D/2) over the halves (a = 1, 2), -inf above the diagonal: two blocks."""
+    return [standard_scores(qa, ka)[0] for qa, ka in zip(q.chunk(2, -1), k.chunk(2, -1))]
+
+
+def halves_turned(vectors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """diff's RoPE: each half of q and k turned on its own, as a head vector of width D/2."""
+    turned = rope(torch.stack([half for t in vectors for half in t.chunk(2, -1)]))  # q1, q2, k1, k2
+    return [torch.cat((turned[i], turned[i + 1]), dim=-1) for i in range(0, len(turned), 2)]
+
+
+def lambda_init(layer: int) -> float:
+    """diff's λ_init = 0.8 - 0.6 exp(-0.3 (l - 1)) for the 0-based `layer` = l - 1 (0.2 for the first)."""
+    return 0.8 - 0.6 * math.exp(-0.3 * layer)
+
+
+def differential_lambda(lambdas: torch.Tensor, init: float) -> torch.Tensor:
+    """λ = exp(λ_q1·λ_k1) - exp(λ_q2·λ_k2) + λ_init, a scalar; `lambdas` [4, D/2]: rows λ_q1, λ_k1, λ_q2, λ_k2."""
+    q1, k1, q2, k2 = lambdas
+    return (q1 @ k1).exp() - (q2 @ k2).exp() + init
+
+
+def differential_attention(q, k, v, lam: torch.Tensor, init: float) -> torch.Tensor:
+    """Causal (1 - λ_init) RMSNorm(A_1 v - λ A_2 v) [..., T, D], A_a = softmax(q_a·k_a / sqrt(D/2)) over the
+    halves q = [q1 | q2], k = [k1 | k2] (RoPE already applied to each), v of the full width D. q_a·k_a is
+    the dot of q with its other half zeroed and the whole k: SDPA's fused kernels want v as wide as q and k."""
+    first = torch.arange(q.shape[-1], device=q.device) < q.shape[-1] // 2  # q1's components
+    scale = (q.shape[-1] // 2) ** -0.5
+    A1v, A2v = (F.scaled_dot_product_attention(q * half, k, v, is_causal=True, scale=scale) for half in (first, ~first))
+    y = A1v - lam.to(v.dtype) * A2v
+    return (1 - init) * F.rms_norm(y, y.shape[-1:], eps=DIFF_EPS)
+
+
 def normalized(vectors: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every vector rescaled to norm sqrt(D) (triple_normed): the triple score is then bounded to [-D^1.5, 0]."""
     return [t * (t.shape[-1] ** 0.5 / t.norm(dim=-1, keepdim=True).clamp_min(1e-6)) for t in vectors]
+
+
+def tempered(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """τ s per head (τ [n_head], s [B, n_head, T, T]), -inf kept off the causal entries (QK-norm's
+    learned scale); the masked entries are 0 while multiplied, else τ's gradient would take -inf x 0."""
+    masked = scores == -math.inf
+    return (scores.masked_fill(masked, 0) * temperature[:, None, None]).masked_fill(masked, -math.inf)
 
 
 def soft_capped(scores: torch.Tensor, temperature: torch.Tensor, cap: float) -> torch.Tensor:
@@ -267,20 +328,34 @@ class AttentionKind:
     loud: tuple[int, ...]  # the key-side vectors a loud token's factor multiplies (1: k, 2: r)
     scores: Callable  # (q, k, r) -> blocks of scores, -inf off the causal entries (mean |score| reads them)
     kernel: Callable | None = None  # (q, k, r, v) -> y, a fused kernel; None: softmax over keys of the one block
-    before_loud: Callable | None = None  # [q, k(, r)] -> the same after RoPE, before loudness
+    before_loud: Callable | None = None  # [q, k(, r)] -> the same after RoPE, before loudness (diff: its RoPE)
     prepare: Callable | None = None  # [q, k(, r)] -> the same after loudness, before scoring
-    soft_cap: float | None = None  # scores pass soft_capped with a learned per-head temperature
+    temperature: bool = False  # scores times a learned per-head temperature tau (1 at the start)
+    soft_cap: float | None = None  # then cap tanh(tau s / cap) (soft_capped); needs `temperature`
     loudness_invariant: bool = False  # a loud key's factor m divides out of its scores (by construction)
+    differential: bool = False  # a learned λ per layer; attends by differential_attention (diff)
 
-    def attend(self, q, k, r, v, temperature: torch.Tensor | None = None) -> torch.Tensor:
+    def attend(self, q, k, r, v, temperature=None, lam: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+        if self.differential:  # lam: (λ, λ_init) of the layer
+            return differential_attention(q, k, v, *lam)
         if self.kernel is not None:
             return self.kernel(q, k, r, v)
         (scores,) = self.scores(q, k, r)
         if self.soft_cap is not None:
             scores = soft_capped(scores, temperature, self.soft_cap)
+        elif self.temperature:
+            scores = tempered(scores, temperature)
         return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
+STANDARD = AttentionKind(
+    family="standard",
+    vectors=2,
+    turned=2,
+    loud=(1,),
+    scores=standard_scores,
+    kernel=lambda q, k, r, v: standard_attention(q, k, v),
+)
 TRIPLE = AttentionKind(
     family="triple",
     vectors=3,
@@ -289,27 +364,40 @@ TRIPLE = AttentionKind(
     scores=lambda q, k, r: [triple_scores(q, k, r)],
     kernel=triple_product_attention,
 )
+# The stabilizers, each given to the triple score and, as its matched control, to the standard one with
+# nothing else changed (STABILIZERS: a test holds each pair to the same fields): Gemma 2's soft cap after a
+# learned per-head temperature, and QK-norm (every head vector rescaled to norm sqrt(D) before loudness,
+# so a loud key keeps its factor m) with the learned per-head scale QK-norm is used with.
+CAPPED = {"kernel": None, "temperature": True, "soft_cap": 50.0}
+QKNORM = {"kernel": None, "temperature": True, "before_loud": normalized}
+STABILIZERS = ("temperature", "soft_cap", "before_loud", "prepare")  # the fields a stabilizer sets
 KINDS = {
-    "standard": AttentionKind(
-        family="standard",
-        vectors=2,
-        turned=2,
-        loud=(1,),
-        scores=standard_scores,
-        kernel=lambda q, k, r, v: standard_attention(q, k, v),
-    ),
+    "standard": STANDARD,
     "triple": TRIPLE,  # seed 004's score as it is
     # triple_normed: q, k, r rescaled to norm sqrt(D) after loudness; m divides out, so it cannot test loudness
     "triple_normed": replace(TRIPLE, prepare=normalized, loudness_invariant=True),
-    # triple_capped: seed 004's score, then a learned per-head temperature and Gemma 2's soft cap at 50; the
-    # score's form, RoPE on q, k, r and the loud key's scaling are the seed's, only its range is bounded
-    "triple_capped": replace(TRIPLE, kernel=None, soft_cap=50.0),
-    # triple_qknorm: q, k, r rescaled to norm sqrt(D) before loudness (QK-norm), so a loud key has norm
-    # m sqrt(D) and its Gram determinant grows with m^2: the seed's score and its claim that a loud
-    # mismatched key scores lower stay; the activations' sixth power no longer sets the scores' scale
-    "triple_qknorm": replace(TRIPLE, before_loud=normalized),
+    # triple_capped: seed 004's score, then the cap; the score's form, RoPE on q, k, r and the loud key's
+    # scaling are the seed's, only its range is bounded
+    "triple_capped": replace(TRIPLE, **CAPPED),
+    "standard_capped": replace(STANDARD, **CAPPED),  # triple_capped's matched control
+    # triple_qknorm: a loud key has norm m sqrt(D) and its Gram determinant grows with m^2: the seed's score
+    # and its claim that a loud mismatched key scores lower stay; the activations' sixth power no longer sets
+    # the scores' scale
+    "triple_qknorm": replace(TRIPLE, **QKNORM),
+    "standard_qknorm": replace(STANDARD, **QKNORM),  # triple_qknorm's matched control
     "simplicial": AttentionKind(
         family="simplicial", vectors=3, turned=2, loud=(1, 2), scores=simplicial_scores, kernel=simplicial_attention
+    ),
+    # diff: differential attention; RoPE turns q's and k's halves on their own (halves_turned, so none on the
+    # whole vector), the loud factor scales the whole k, the two score maps are the mean |score|'s blocks
+    "diff": AttentionKind(
+        family="differential",
+        vectors=2,
+        turned=0,
+        loud=(1,),
+        scores=differential_scores,
+        before_loud=halves_turned,
+        differential=True,
     ),
 }
 ATTENTIONS = tuple(KINDS)
@@ -331,10 +419,11 @@ class CausalSelfAttention(nn.Module):
     `before_loud` (triple_qknorm's normalization), before its `prepare` (triple_normed's): a loud token's k (and r, the second key, for
     simplicial) grow by its factor, as the loud mismatch of seed 004's resilience table (|k| = m); its
     query and value stay as they are. With `measure_scores` set, each forward stores the mean |score|
-    over causal entries in `score_abs` (an extra score computation; for probes only).
+    over causal entries in `score_abs` (an extra score computation; for probes only). `layer`: the
+    layer's 0-based index in its model (diff's λ_init reads it).
     """
 
-    def __init__(self, d_model: int, n_head: int, kind: str):
+    def __init__(self, d_model: int, n_head: int, kind: str, layer: int = 0):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"attention kind {kind!r} is not one of {tuple(KINDS)}")
@@ -342,8 +431,15 @@ class CausalSelfAttention(nn.Module):
         self.n_proj = KINDS[kind].vectors + 1
         self.proj = nn.Linear(d_model, self.n_proj * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
-        if KINDS[kind].soft_cap is not None:  # log of the learned per-head temperature τ, τ = 1 at the start
+        if KINDS[kind].temperature:  # log of the learned per-head temperature τ, τ = 1 at the start
             self.log_temperature = nn.Parameter(torch.zeros(n_head))
+        if KINDS[kind].differential:  # diff's λ_q1, λ_k1, λ_q2, λ_k2 of width D/2, N(0, 0.1), and its λ_init
+            if d_model // n_head % 4:
+                raise ValueError(
+                    f"diff needs a head width that is a multiple of 4 (RoPE turns its halves), not {d_model // n_head}"
+                )
+            self.lambdas = nn.Parameter(0.1 * torch.randn(4, d_model // n_head // 2))
+            self.lambda_init = lambda_init(layer)
         self.measure_scores, self.score_abs = False, None
 
     def heads(self, x: torch.Tensor, loud: torch.Tensor | None = None):
@@ -367,6 +463,8 @@ class CausalSelfAttention(nn.Module):
         q, k, r, v = self.heads(x, loud)
         if self.measure_scores:
             self.score_abs = score_magnitude(self.kind, q, k, r)
-        temperature = self.log_temperature.exp() if KINDS[self.kind].soft_cap is not None else None
-        y = KINDS[self.kind].attend(q, k, r, v, temperature)
+        kind = KINDS[self.kind]
+        temperature = self.log_temperature.exp() if kind.temperature else None
+        lam = (differential_lambda(self.lambdas, self.lambda_init), self.lambda_init) if kind.differential else None
+        y = kind.attend(q, k, r, v, temperature, lam)
         return self.out(y.transpose(1, 2).reshape(x.shape))

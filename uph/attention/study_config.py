@@ -36,6 +36,7 @@ class AttentionStudyConfig:
     n_head: int
     n_layer: int
     max_steps: int
+    max_steps_extended: int | None
     patience: int
     min_delta: float
     grad_clip: float
@@ -50,6 +51,11 @@ class AttentionStudyConfig:
         return cls(**dataclass_fields(cls, section))
 
 
+def step_limit(cfg: AttentionStudyConfig) -> int:
+    """The most steps a run takes: max_steps_extended for a run still improving at max_steps, if set."""
+    return max(cfg.max_steps, cfg.max_steps_extended or cfg.max_steps)
+
+
 def eval_lengths(cfg: AttentionStudyConfig) -> list[int]:
     return [cfg.train_len * factor for factor in [1, *cfg.eval_factors]]
 
@@ -61,10 +67,11 @@ SCHEDULES = {  # config key attention.schedule: lr multiplier after warmup, at f
 
 
 def schedule(cfg: AttentionStudyConfig):
-    """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then SCHEDULES[schedule]."""
+    """lr multiplier of step s (0-based): warmup from 1/W to 1 over W steps, then SCHEDULES[schedule] to
+    max_steps, and its last value beyond (a run extended past max_steps: step_limit)."""
     steps, warmup, decay = cfg.max_steps, max(1, round(cfg.warmup * cfg.max_steps)), SCHEDULES[cfg.schedule]
 
     def factor(step: int) -> float:
-        return (step + 1) / warmup if step < warmup else decay((step - warmup) / max(1, steps - warmup))
+        return (step + 1) / warmup if step < warmup else decay(min(1.0, (step - warmup) / max(1, steps - warmup)))
 
     return factor

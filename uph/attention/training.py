@@ -14,7 +14,8 @@ seed * STREAM + 1, the test set of (length, level index i) from seed * STREAM + 
 AdamW, linear warmup over `warmup` of `max_steps`, then constant or cosine decay to 0 at max_steps
 (`schedule`), every kind's gradient clipped to global norm `grad_clip`; the loss is the mean
 cross-entropy over scored targets. A run trains to convergence: it stops once its validation loss has
-not fallen by `min_delta` for `patience` evaluations, or at `max_steps` (`at_step_limit`), and keeps
+not fallen by `min_delta` for `patience` evaluations, or at its step limit (`at_step_limit`): `max_steps`,
+or for a run still improving there `max_steps_extended` (it trains on at the schedule's last lr), and keeps
 the weights of its best evaluation; its rows report the steps run, the best step and the first logged
 steps at 0.9 and 0.99 validation token accuracy (sample efficiency; NaN if never). Every `log_every` steps a curve row holds
 the mean training loss since the last row, the validation loss and token accuracy, the mean
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 
 from uph.attention.model import attention_grad_norm, attention_stats, build_model
 from uph.attention.self_attention import KINDS
-from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule
+from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
 from uph.errors import TrainingDivergedError
 
@@ -87,14 +88,15 @@ def train_run(
     probe = Batch(*(t[: cfg.probe_size] for t in val))
     rows, running = [], []
     best, best_state, waited = None, None, 0  # best: the row of the lowest validation loss so far
-    for step in range(1, cfg.max_steps + 1):
+    limit = step_limit(cfg)
+    for step in range(1, limit + 1):
         batch = _on(make_batch(task, cfg, cfg.batch_size, L, batches), device)
         logits = model(batch.inputs, batch.loud)
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         running.append(loss.detach())
-        logging_step = step % cfg.log_every == 0 or step == cfg.max_steps
+        logging_step = step % cfg.log_every == 0 or step in (cfg.max_steps, limit)
         grad_norm = attention_grad_norm(model) if logging_step else math.nan  # before clipping
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
