@@ -16,11 +16,13 @@ import pandas as pd
 import pytest
 from conftest import REPO, snakemake, without_modules
 
-from uph.attention.self_attention import KINDS
+from uph.attention.self_attention import ATTENTIONS, KINDS, AttentionKind
 from uph.device import cpu_model
 from uph.errors import ArtifactError
 from uph.io import read_table, write_json, write_table
 from uph.report.answers import (
+    MATCHED_CONTROLS,
+    QUESTIONS,
     Answer,
     answers_html,
     answers_markdown,
@@ -32,6 +34,7 @@ from uph.report.answers import (
     head_against_baselines,
     head_on_cache,
     little_text,
+    loud_copy_against_differential,
     loud_copy_resilience,
     own_theta_on_own_text,
     personal_beyond_global,
@@ -41,6 +44,7 @@ from uph.report.figures import pixel_size
 from uph.report.provenance import config_seeds, git_state, rule_devices
 from uph.report.study import Study
 from uph.report.summary import (
+    attention_loud_copy_finding,
     capacity_finding,
     cross_user_finding,
     dose_response_finding,
@@ -98,7 +102,9 @@ def test_summary_opens_with_the_answers_and_links_every_figure_and_table(tiny_st
     summary = (results / "summary.md").read_text()
     answers_table = summary[summary.index("## Answers") : summary.index("## Figures")]
     rows = [line for line in answers_table.splitlines() if line.startswith("| ")][2:]
-    assert len(rows) == 13 and all(re.search(r"\| \*\*(yes|no|not shown|untested)\*\* \|", row) for row in rows)
+    assert len(rows) == len(QUESTIONS) and all(
+        re.search(r"\| \*\*(yes|no|not shown|untested)\*\* \|", row) for row in rows
+    )
     assert summary.index("## Answers") < summary.index("## Figures") < summary.index("## Tables")
     # the report's Summary category shows the same answers
     page = (results / "answers.html").read_text()
@@ -562,37 +568,186 @@ def test_attention_answers_compare_each_kind_with_standard_paired_over_seeds():
     assert ask(study()).answer == "untested"
 
 
+def test_every_task_question_picks_its_kinds_from_the_table():
+    """The matched controls and diff count as any other kind against standard."""
+    standard = [0.50, 0.60, 0.55, 0.52, 0.58]
+    for kind in ("standard_capped", "standard_qknorm", "diff"):
+        rows = {"standard": standard, "triple": standard, kind: [a + 0.2 for a in standard]}
+        for task in ("offset_copy", "mqar"):
+            answer = attention_task(task)(study(attention=attention_rows(rows, task)))
+            assert answer.answer == "yes" and answer.rests_on.startswith(
+                f"best other kind {kind} minus standard: +0.200"
+            )
+
+
+def loud_table(at_1: dict, at_64: dict) -> pd.DataFrame:
+    return pd.concat([attention_rows(at_1, "loud_copy", 1.0), attention_rows(at_64, "loud_copy", 64.0)])
+
+
+FLAT = [0.99, 0.98, 0.99, 0.97, 0.98]  # token accuracy at m = 1: every kind learned
+
+
+def minus(values, drops) -> list[float]:
+    drops = [drops] * len(values) if np.isscalar(drops) else drops
+    return [a - d for a, d in zip(values, drops)]
+
+
+def test_each_matched_control_is_its_variant_with_the_standard_score():
+    """MATCHED_CONTROLS pairs a triple variant with the standard kind that agrees on every field but the
+    score's, and every stabilized triple variant that keeps m has its control there."""
+    score = {"family", "vectors", "turned", "loud", "scores", "kernel"}
+    same = [field.name for field in fields(AttentionKind) if field.name not in score]
+    assert set(MATCHED_CONTROLS) | set(MATCHED_CONTROLS.values()) <= set(ATTENTIONS)
+    for variant, control in MATCHED_CONTROLS.items():
+        assert (KINDS[variant].family, KINDS[control].family) == ("triple", "standard")
+        assert all(getattr(KINDS[variant], f) == getattr(KINDS[control], f) for f in same), (variant, control)
+    plain = {f: getattr(KINDS["triple"], f) for f in same}
+    for name, kind in KINDS.items():
+        if kind.family == "triple" and not kind.loudness_invariant and {f: getattr(kind, f) for f in same} != plain:
+            assert name in MATCHED_CONTROLS, f"{name} is stabilized but has no matched control"
+
+
 def test_the_resilience_answer_counts_only_triple_kinds_that_learned_and_keep_m():
-    """Drop from m = 1 to m = 64 per seed, against standard's, paired: a triple kind that keeps m and
-    learned the task answers; one that divides m out (triple_normed) or did not learn (triple) does not."""
-    flat = [0.99, 0.98, 0.99, 0.97, 0.98]
-    kinds_at_1 = {"standard": flat, "triple": [0.2] * 5, "triple_normed": flat, "triple_qknorm": flat}
+    """Drop from m = 1 to m = 64 per seed, paired: a triple kind that keeps m and learned the task answers;
+    one that divides m out (triple_normed) or did not learn (triple) does not. With no matched control in
+    the table, the comparison is with plain standard, and the answer says so."""
+    kinds_at_1 = {"standard": FLAT, "triple": [0.2] * 5, "triple_normed": FLAT, "triple_qknorm": FLAT}
     kinds_at_64 = {
         "standard": [0.2, 0.3, 0.25, 0.15, 0.2],
         "triple": [0.2] * 5,
-        "triple_normed": flat,
-        "triple_qknorm": [a - 0.01 for a in flat],
+        "triple_normed": FLAT,
+        "triple_qknorm": minus(FLAT, 0.01),
     }
-    loud = pd.concat([attention_rows(kinds_at_1, "loud_copy", 1.0), attention_rows(kinds_at_64, "loud_copy", 64.0)])
+    loud = loud_table(kinds_at_1, kinds_at_64)
     answer = loud_copy_resilience(study(attention=loud))
     assert (answer.answer, answer.n) == ("yes", "5 seeds") and "(m = 64 against m = 1" in answer.question
+    assert answer.question.endswith("than its matched control, standard attention with the same stabilizer?")
     assert answer.rests_on.startswith(
-        "triple_qknorm's accuracy drop minus standard's: -0.752 (95 % t CI -0.819 to -0.685)"
+        "triple_qknorm vs plain standard (its matched control standard_qknorm did not run), accuracy drop minus "
+        "standard's: -0.752 (95 % t CI -0.819 to -0.685)"
     )
     # two kinds that learned and keep m: the smaller drop is picked, its interval Bonferroni's over the two
-    capped = {**kinds_at_1, "triple_capped": flat}, {**kinds_at_64, "triple_capped": [a - 0.2 for a in flat]}
-    two = pd.concat([attention_rows(capped[0], "loud_copy", 1.0), attention_rows(capped[1], "loud_copy", 64.0)])
-    picked = loud_copy_resilience(study(attention=two))
+    capped = {**kinds_at_1, "triple_capped": FLAT}, {**kinds_at_64, "triple_capped": minus(FLAT, 0.2)}
+    picked = loud_copy_resilience(study(attention=loud_table(*capped)))
     drops = np.array(kinds_at_1["triple_qknorm"]) - kinds_at_64["triple_qknorm"]
-    low, high = t_interval(drops - (np.array(flat) - kinds_at_64["standard"]), 1 - 0.05 / 2)
+    low, high = t_interval(drops - (np.array(FLAT) - kinds_at_64["standard"]), 1 - 0.05 / 2)
     assert picked.rests_on.startswith(
-        f"triple_qknorm's accuracy drop minus standard's: -0.752 (95 % t CI, Bonferroni over 2, {low:+.3f} to {high:+.3f})"
+        "triple_qknorm vs plain standard (its matched control standard_qknorm did not run), accuracy drop minus "
+        f"standard's: -0.752 (95 % t CI, Bonferroni over 2, {low:+.3f} to {high:+.3f})"
     )
     no_keeper = loud[loud["attention"] != "triple_qknorm"]
     answer = loud_copy_resilience(study(attention=no_keeper))
     assert answer.answer == "not shown"
     assert answer.rests_on == "no triple-product kind that keeps m reached 0.9 at m = 1 (most steps run: triple 1000)"
     assert loud_copy_resilience(study(attention=loud[loud["level"] == 1.0])).answer == "untested"
+    no_triple = loud[loud["attention"].isin(["standard", "triple_normed"])]
+    assert loud_copy_resilience(study(attention=no_triple)).answer == "untested"
+
+
+def test_the_resilience_answer_compares_a_variant_with_its_matched_control():
+    """triple_capped against standard_capped, not plain standard: planted small drop for the variant and a
+    large one for its control answers yes on the control's numbers; a control as resilient as the variant
+    answers not shown, one more resilient no, though plain standard collapses in every case."""
+    at_1 = {"standard": FLAT, "triple": FLAT, "triple_capped": FLAT, "standard_capped": FLAT}
+    at_64 = {
+        "standard": [0.2, 0.3, 0.25, 0.15, 0.2],
+        "triple": [0.2, 0.3, 0.25, 0.15, 0.2],  # no more resilient than plain standard
+        "triple_capped": minus(FLAT, 0.01),
+    }
+    fragile_control = loud_copy_resilience(
+        study(attention=loud_table(at_1, {**at_64, "standard_capped": minus(FLAT, 0.5)}))
+    )
+    assert (fragile_control.answer, fragile_control.n) == ("yes", "5 seeds")
+    assert fragile_control.rests_on == (
+        "triple_capped vs its matched control standard_capped, accuracy drop minus standard_capped's: "
+        "-0.490 (95 % t CI, Bonferroni over 2, -0.490 to -0.490) token accuracy, lower on 5 of 5 seeds"
+    )
+    resilient_control = {**at_64, "standard_capped": minus(FLAT, [0.0, 0.02, 0.01, 0.03, 0.0])}
+    answer = loud_copy_resilience(study(attention=loud_table(at_1, resilient_control)))
+    assert answer.answer == "not shown"
+    assert answer.rests_on.startswith(
+        "triple_capped vs its matched control standard_capped, accuracy drop minus standard_capped's: -0.002"
+    )
+    sturdier_control = {**at_64, "triple_capped": minus(FLAT, [0.01, 0.02, 0.01, 0.02, 0.015]), "standard_capped": FLAT}
+    sturdier = loud_table(at_1, sturdier_control).query("attention != 'triple'")  # triple_capped the one candidate
+    answer = loud_copy_resilience(study(attention=sturdier))
+    assert answer.answer == "no" and answer.rests_on.startswith("triple_capped vs its matched control standard_capped")
+
+
+def test_the_resilience_answer_falls_back_to_plain_standard_without_a_matched_control():
+    """The seed's triple has no stabilizer to match; a control that did not learn cannot serve: both are
+    compared with plain standard, and the answer says which and why."""
+    at_1 = {"standard": FLAT, "triple": FLAT}
+    at_64 = {"standard": minus(FLAT, 0.5), "triple": minus(FLAT, 0.1)}
+    answer = loud_copy_resilience(study(attention=loud_table(at_1, at_64)))
+    assert answer.answer == "yes"
+    assert answer.rests_on.startswith(
+        "triple vs plain standard (no matched control: triple adds no stabilizer), accuracy drop minus standard's: "
+        "-0.400 (95 % t CI -0.400 to -0.400)"
+    )
+    unlearned = {"standard": FLAT, "triple_capped": FLAT, "standard_capped": [0.3] * 5}
+    answer = loud_copy_resilience(
+        study(
+            attention=loud_table(
+                unlearned,
+                {"standard": minus(FLAT, 0.5), "triple_capped": minus(FLAT, 0.1), "standard_capped": [0.3] * 5},
+            )
+        )
+    )
+    assert answer.answer == "yes" and answer.rests_on.startswith(
+        "triple_capped vs plain standard (its matched control standard_capped did not reach 0.9 at m = 1), "
+        "accuracy drop minus standard's: -0.400"
+    )
+    # nothing to compare with: no reference learned, or none ran
+    lost = loud_table({"standard": [0.3] * 5, "triple_capped": FLAT}, {"standard": [0.3] * 5, "triple_capped": FLAT})
+    answer = loud_copy_resilience(study(attention=lost))
+    assert (answer.answer, answer.rests_on) == ("not shown", "standard did not reach 0.9 at m = 1")
+    alone = loud_copy_resilience(study(attention=lost[lost["attention"] == "triple_capped"]))
+    assert (alone.answer, alone.rests_on) == ("untested", "needs standard or standard_capped (attention.attentions)")
+
+
+def test_the_loud_copy_finding_lists_each_drop_and_the_matched_pairs():
+    at_1 = {"standard": FLAT, "triple_capped": FLAT, "standard_capped": FLAT, "diff": FLAT}
+    at_64 = {
+        "standard": minus(FLAT, 0.5),
+        "triple_capped": minus(FLAT, 0.01),
+        "standard_capped": minus(FLAT, 0.4),
+        "diff": minus(FLAT, 0.3),
+    }
+    table = loud_table(at_1, at_64).assign(seq_acc=0.5, lr_at_edge="", steps_to_99=np.nan, at_step_limit=False)
+    facts = lines(attention_loud_copy_finding(study(attention=table)))
+    assert (
+        "token accuracy drop from m = 1 to m = 64 at the training length (residual model), mean over seeds, "
+        "smallest first: triple_capped 0.010, diff 0.300, standard_capped 0.400, standard 0.500" in facts
+    )
+    assert "matched pairs, variant vs its control: triple_capped 0.010 vs standard_capped 0.400" in facts
+
+
+def test_the_best_triple_variant_is_compared_with_differential_attention():
+    at_1 = {"standard": FLAT, "triple_qknorm": FLAT, "triple_capped": FLAT, "diff": FLAT}
+    at_64 = {"standard": minus(FLAT, 0.5), "triple_qknorm": minus(FLAT, 0.01), "triple_capped": minus(FLAT, 0.1)}
+    answer = loud_copy_against_differential(study(attention=loud_table(at_1, {**at_64, "diff": minus(FLAT, 0.3)})))
+    assert (answer.answer, answer.n, answer.figure) == ("yes", "5 seeds", "attention_loud_copy")
+    assert answer.question == (
+        "Loud-distractor copy: is the best triple-product kind hurt less by loud distractors (m = 64 against m = 1, "
+        "trained at m = 1) than differential attention (diff)?"
+    )
+    assert answer.rests_on == (
+        "triple_qknorm's accuracy drop minus diff's: -0.290 (95 % t CI, Bonferroni over 2, -0.290 to -0.290) "
+        "token accuracy, lower on 5 of 5 seeds"
+    )
+    as_resilient = {**at_64, "diff": minus(FLAT, [0.0, 0.02, 0.01, 0.03, 0.0])}
+    assert loud_copy_against_differential(study(attention=loud_table(at_1, as_resilient))).answer == "not shown"
+    sturdier = {**at_64, "diff": FLAT}
+    assert loud_copy_against_differential(study(attention=loud_table(at_1, sturdier))).answer == "no"
+    unlearned = loud_table({**at_1, "diff": [0.3] * 5}, {**at_64, "diff": [0.3] * 5})
+    answer = loud_copy_against_differential(study(attention=unlearned))
+    assert (answer.answer, answer.rests_on) == ("not shown", "diff did not reach 0.9 at m = 1")
+    no_diff = loud_copy_against_differential(study(attention=loud_table(at_1, at_64).query("attention != 'diff'")))
+    assert no_diff.answer == "untested" and no_diff.rests_on.startswith("needs diff")
+    # the resilience row is unchanged by diff: diff is no triple kind and no reference
+    resilience = loud_copy_resilience(study(attention=loud_table(at_1, {**at_64, "diff": minus(FLAT, 0.3)})))
+    assert resilience.rests_on.startswith("triple_qknorm vs plain standard")
 
 
 def test_copy_task_answers_and_the_gram_table():

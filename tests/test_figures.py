@@ -20,7 +20,7 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from uph.report.catalog import FIGURES, TABLES
-from uph.report.figures import STYLE, literal, render
+from uph.report.figures import ATTENTIONS, STYLE, attention_styles, literal, render
 from uph.report.study import Study, load_study
 
 TOLERANCE = 1.0  # pixels
@@ -214,6 +214,22 @@ def no_cross_user(study: Study) -> Study:
     return replace(study, cross_user=study.cross_user.iloc[:0])
 
 
+def every_attention_kind(study: Study) -> Study:
+    """The attention tables and the copy-task curves with every kind (nine, the matched controls and diff
+    among them) and, in the attention study, both models: the legends must stay readable."""
+
+    def every(table: pd.DataFrame, models=()) -> pd.DataFrame:
+        copies = [table.assign(attention=kind) for kind in ATTENTIONS]
+        return pd.concat([frame.assign(model=model) for frame in copies for model in models] or copies)
+
+    return replace(
+        study,
+        attention=every(study.attention, ("residual", "seed")),
+        attention_curves=every(study.attention_curves, ("residual", "seed")),
+        copy_task_curves=every(study.copy_task_curves),
+    )
+
+
 VARIANTS = {
     "test config": lambda study: study,
     "one user": one_user,
@@ -223,6 +239,7 @@ VARIANTS = {
     "odd user ids": odd_user_ids,
     "41 users": many_users,
     "no cross-user point": no_cross_user,
+    "every attention kind": every_attention_kind,
 }
 
 
@@ -249,3 +266,18 @@ def test_the_cross_user_figure_names_every_user_as_it_is_and_outlines_the_diagon
     fig = render("cross_user", many_users(tiny_tables))
     (ax,) = [ax for ax in fig.axes if ax.images]
     assert not ax.get_xticks().size and len([p for p in ax.patches if not p.get_fill()]) == 41
+
+
+def test_a_matched_control_is_dashed_in_its_variants_colour(tiny_tables):
+    styles = attention_styles(ATTENTIONS)
+    assert styles["standard_capped"] == {**styles["triple_capped"], "linestyle": "--", "markerfacecolor": "none"}
+    assert styles["standard_qknorm"] == {**styles["triple_qknorm"], "linestyle": "--", "markerfacecolor": "none"}
+    leaders = [kind for kind in ATTENTIONS if kind not in ("standard_capped", "standard_qknorm")]
+    assert len({styles[kind]["color"] for kind in leaders}) == len(leaders)  # diff its own colour among them
+    fig = render("attention_loud_copy", every_attention_kind(tiny_tables))
+    (legend,) = fig.legends
+    shown = {text.get_text(): handle for text, handle in zip(legend.get_texts(), legend.legend_handles)}
+    assert len(shown) == len(ATTENTIONS) + 3  # the kinds, the two models and the training length
+    capped, control = shown["triple_capped"], shown["standard_capped"]
+    assert capped.get_color() == control.get_color() and control.get_linestyle() == "--"
+    assert control.get_markerfacecolor() == "none" and capped.get_linestyle() == "-"

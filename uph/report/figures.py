@@ -28,6 +28,7 @@ from matplotlib.patches import Rectangle
 
 from uph.config import schema_enum
 from uph.io import atomic_path
+from uph.report.answers import MATCHED_CONTROLS
 from uph.report.catalog import FIGURES
 from uph.report.study import MILLI, Study, baselines_at, headline_solver, ordered, over_seeds, split_baselines
 from uph.stats import diagonal_dominance
@@ -71,6 +72,26 @@ def literal(label) -> str:
 def palette(names, order) -> dict:
     """name -> colour, by position in the known `order` so colours agree across figures."""
     return {name: OKABE_ITO[i % len(OKABE_ITO)] for i, name in enumerate(ordered(names, order))}
+
+
+CONTROL_STYLE = {"linestyle": "--", "markerfacecolor": "none"}  # a matched control: dashed, open markers
+ATTENTION_COLORS = [*(c for c in OKABE_ITO if c != "#F0E442"), "#F0E442"]  # the pale yellow last: 7 kinds need 7
+
+
+def attention_styles(names) -> dict[str, dict]:
+    """attention kind -> its line style, for the kinds in `names` in ATTENTIONS order. A kind's colour is
+    fixed by its place in ATTENTIONS, whichever kinds ran, so it keeps its colour in every attention
+    figure; a matched control (uph.report.answers.MATCHED_CONTROLS) takes its triple variant's colour,
+    dashed with open markers (CONTROL_STYLE), so each pair reads at a glance. The nine kinds need seven
+    colours."""
+    variant_of = {control: variant for variant, control in MATCHED_CONTROLS.items()}
+    kinds = ordered(names, ATTENTIONS)
+    leaders = list(dict.fromkeys(variant_of.get(kind, kind) for kind in [*ATTENTIONS, *kinds]))
+    colors = {kind: ATTENTION_COLORS[i % len(ATTENTION_COLORS)] for i, kind in enumerate(leaders)}
+    return {
+        kind: {"color": colors[variant_of.get(kind, kind)], **(CONTROL_STYLE if kind in variant_of else {})}
+        for kind in kinds
+    }
 
 
 def _log2_axis(ax, ticks) -> None:
@@ -419,51 +440,63 @@ def gram_resilience(fig: Figure, study: Study) -> None:
 
 
 LEVELS = {"loud_copy": "distractor loudness m", "mqar": "key-value pairs"}  # the swept quantity of a task
-MODEL_STYLES = {"residual": "-", "seed": "--"}
+MODEL_MARKERS = {"residual": "o", "seed": "s"}  # several models: one marker each (line styles mark the controls)
 
 
 def _interval(ax, stats: pd.DataFrame, x: str, color, label=None, **style) -> None:
     """Mean over seeds with its 95 % Student-t interval (uph.report.study.over_seeds)."""
     yerr = [stats["mean"] - stats["ci_low"], stats["ci_high"] - stats["mean"]]
-    ax.errorbar(stats[x], stats["mean"], yerr=yerr, color=color, marker="o", capsize=2, label=label, **style)
+    ax.errorbar(stats[x], stats["mean"], yerr=yerr, color=color, capsize=2, label=label, **{"marker": "o", **style})
 
 
 def _attention_task(fig: Figure, study: Study, task: str) -> None:
     """Test token accuracy of `task` against the evaluation length (mean over its levels) and, for a
-    task with levels, against the level at the training length; sequence accuracy otherwise."""
+    task with levels, against the level at the training length; sequence accuracy otherwise. A kind's
+    colour and line style come from attention_styles (a matched control dashed in its variant's colour);
+    with several models, each model has its marker."""
     table = study.attention[study.attention["task"] == task] if study.attention is not None else pd.DataFrame()
     axes = fig.subplots(1, 2)
     if table.empty:
         for ax in axes:
             ax.text(0.5, 0.5, f"{task} not run (attention.tasks)", ha="center", va="center", transform=ax.transAxes)
         return
-    colors = palette(table["attention"], ATTENTIONS)
+    styles = attention_styles(table["attention"])
     lengths = sorted(table["eval_len"].unique())
     at_train = table[table["eval_len"] == table["train_len"]]
     right = ("level", "token_acc", at_train, LEVELS[task]) if task in LEVELS else ("eval_len", "seq_acc", table, None)
-    models = ordered(table["model"], list(MODEL_STYLES))
-    for model, attention in ((m, a) for a in colors for m in models):
-        rows = table[(table["model"] == model) & (table["attention"] == attention)]
-        if rows.empty:
-            continue
-        i, n = list(colors).index(attention), len(colors)
-        style = {"color": colors[attention], "linestyle": MODEL_STYLES.get(model, "-")}
-        label = literal(attention if table["model"].nunique() == 1 else f"{attention} ({model})")
+    models = ordered(table["model"], list(MODEL_MARKERS))
+    markers = {model: MODEL_MARKERS.get(model, "^") if len(models) > 1 else "o" for model in models}
+    handles = []
+    for i, (attention, kind_style) in enumerate(styles.items()):
+        rows = table[table["attention"] == attention]
+        label = literal(attention)
         if task == "loud_copy" and rows.get("loudness_invariant", pd.Series([False])).any():
             label += " (m divides out)"
-        stats = over_seeds(rows, ["eval_len"], "token_acc")
-        _interval(
-            axes[0], stats.assign(eval_len=stats["eval_len"] * _dodge(i, n, 0.05)), "eval_len", label=label, **style
-        )
-        x, metric, source, _ = right
-        stats = over_seeds(source[(source["model"] == model) & (source["attention"] == attention)], [x], metric)
-        if x == "eval_len":
-            stats[x] = stats[x] * _dodge(i, n, 0.05)
-        _interval(axes[1], stats, x, **style)
+        handles.append(Line2D([], [], marker="o", label=label, **kind_style))
+        for model in models:
+            runs = rows[rows["model"] == model]
+            if runs.empty:
+                continue
+            style = {**kind_style, "marker": markers[model]}
+            stats = over_seeds(runs, ["eval_len"], "token_acc")
+            dodged = stats.assign(eval_len=stats["eval_len"] * _dodge(i, len(styles), 0.05))
+            _interval(axes[0], dodged, "eval_len", **style)
+            x, metric, source, _ = right
+            stats = over_seeds(source[(source["model"] == model) & (source["attention"] == attention)], [x], metric)
+            if x == "eval_len":
+                stats[x] = stats[x] * _dodge(i, len(styles), 0.05)
+            _interval(axes[1], stats, x, **style)
+    if len(models) > 1:
+        handles += [
+            Line2D([], [], color="0.3", marker=markers[model], linestyle="none", label=f"{literal(model)} model")
+            for model in models
+        ]
     for ax in axes:
         ax.set_ylim(-0.02, 1.02)
     _log2_axis(axes[0], lengths)
-    axes[0].axvline(at_train["train_len"].iloc[0], color="0.4", linestyle="--", linewidth=0.8, label="training length")
+    train_len = at_train["train_len"].iloc[0]
+    axes[0].axvline(train_len, color="0.4", linestyle=":", linewidth=0.8)
+    handles.append(Line2D([], [], color="0.4", linestyle=":", linewidth=0.8, label="training length"))
     axes[0].set_xlabel("evaluation length (tokens)")
     axes[0].set_ylabel("test token accuracy")
     if right[0] == "level":
@@ -477,7 +510,7 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
         _log2_axis(axes[1], lengths)
         axes[1].set_xlabel("evaluation length (tokens)")
         axes[1].set_ylabel("whole-sequence accuracy")
-    fig.legend(loc="outside right center")
+    fig.legend(handles=handles, loc="outside right center")
     fig.suptitle(
         f"{literal(task)}: mean and 95 % Student-t interval over {_seeds(table)}, each kind at its best validation lr"
     )
@@ -501,15 +534,15 @@ def attention_dynamics(fig: Figure, study: Study) -> None:
     axes = fig.subplots(2, 2, sharex="row")
     study_curves = study.attention_curves if study.attention_curves is not None else pd.DataFrame()
     task = ordered(study_curves["task"], ["offset_copy"])[0] if not study_curves.empty else None
-    rows = (
-        (study.copy_task_curves, "seed 004 copy task"),
-        (
-            study_curves[study_curves["task"] == task] if task else study_curves,
-            f"{literal(task)}, {_seeds(study_curves)}",
-        ),
-    )
+    task_curves = study_curves[study_curves["task"] == task] if task else study_curves
+    title = f"{literal(task)}, {_seeds(study_curves)}"
+    if "model" in task_curves and task_curves["model"].nunique() > 1:  # one model, as the answers read
+        model = "residual" if "residual" in set(task_curves["model"]) else sorted(task_curves["model"].unique())[0]
+        task_curves = task_curves[task_curves["model"] == model]
+        title = f"{literal(task)}, {literal(model)} model, {_seeds(task_curves)}"
+    rows = ((study.copy_task_curves, "seed 004 copy task"), (task_curves, title))
     names = pd.concat([curves["attention"] for curves, _ in rows if not curves.empty])
-    colors, labeled = palette(names, ATTENTIONS), set()
+    styles, labeled = attention_styles(names), set()
     for (curves, title), (score_ax, grad_ax) in zip(rows, axes):
         if curves.empty or "score_abs" not in curves:
             score_ax.text(0.5, 0.5, "no curves", ha="center", va="center", transform=score_ax.transAxes)
@@ -518,8 +551,9 @@ def attention_dynamics(fig: Figure, study: Study) -> None:
             run = curves[curves["attention"] == attention].dropna(subset=["attention_grad_norm"])
             label = None if attention in labeled else literal(attention)
             labeled.add(attention)
-            _mean_and_spread(score_ax, run, "step", "score_abs", colors[attention], label=label)
-            _mean_and_spread(grad_ax, run, "step", "attention_grad_norm", colors[attention])
+            color, linestyle = styles[attention]["color"], styles[attention].get("linestyle", "-")
+            _mean_and_spread(score_ax, run, "step", "score_abs", color, label=label, linestyle=linestyle)
+            _mean_and_spread(grad_ax, run, "step", "attention_grad_norm", color, linestyle=linestyle)
         for ax in (score_ax, grad_ax):
             ax.set_yscale("log")
             ax.yaxis.set_major_formatter("{x:g}")

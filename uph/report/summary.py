@@ -16,6 +16,7 @@ import pandas as pd
 
 from uph.feedback.comparison import paired_difference
 from uph.report.answers import (
+    MATCHED_CONTROLS,
     POINT,
     Answer,
     answers_markdown,
@@ -25,6 +26,7 @@ from uph.report.answers import (
     cross_user_at_headline,
     delta_with_ci,
     dose_curve,
+    loud_copy,
     milli,
     paired_text,
     point_label,
@@ -361,11 +363,28 @@ def _levels(table: pd.DataFrame, name: str) -> list[str]:
     ]
 
 
+def _drops(study: Study) -> list[str]:
+    """Each kind's token accuracy drop from the lowest m to the highest at the training length, mean over
+    seeds, smallest first, and each triple variant beside its matched control (what the answers compare)."""
+    loud = loud_copy(study)
+    if loud is None:
+        return []
+    drops = loud.drop.mean().sort_values(kind="stable")
+    facts = [
+        f"token accuracy drop from m = {loud.low:g} to m = {loud.high:g} at the training length ({loud.model} "
+        "model), mean over seeds, smallest first: " + ", ".join(f"{kind} {drop:.3f}" for kind, drop in drops.items())
+    ]
+    pairs = [
+        f"{v} {drops[v]:.3f} vs {c} {drops[c]:.3f}" for v, c in MATCHED_CONTROLS.items() if {v, c} <= set(drops.index)
+    ]
+    return facts + (["matched pairs, variant vs its control: " + ", ".join(pairs)] if pairs else [])
+
+
 def attention_loud_copy_finding(study: Study) -> list[str]:
     table = attention_rows(study, "loud_copy")
     if table.empty:
         return ["not run (attention.tasks)"]
-    return _levels(table, "loudness m") + _lengths(table) + _steps(table)
+    return _levels(table, "loudness m") + _drops(study) + _lengths(table) + _steps(table)
 
 
 def attention_mqar_finding(study: Study) -> list[str]:
