@@ -372,3 +372,16 @@ def test_diff_equals_transformers_diffllama_attention_on_the_same_weights():
     expected, _ = theirs(x, position_embeddings, attention_mask=mask[None, None])
     assert theirs.lambda_init == pytest.approx(layer.lambda_init)
     torch.testing.assert_close(layer(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_learned_scale_on_the_triple_score_is_its_temperature_times_the_score():
+    """triple_qknorm keeps the fused kernel: τ s(q, k, r) = s(sqrt(τ) q, k, r), det Gram being quadratic in q."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 10, 16, dtype=torch.float64)
+    layer = CausalSelfAttention(16, 2, "triple_qknorm").double()
+    with torch.no_grad():
+        layer.log_temperature.copy_(torch.tensor([0.4, -0.3]))
+    q, k, r, v = layer.heads(x)
+    scores = triple_scores(q, k, r) * layer.log_temperature.exp()[:, None, None]
+    expected = layer.out((torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(2, 10, 16))
+    torch.testing.assert_close(layer(x), expected, rtol=1e-10, atol=1e-12)

@@ -302,13 +302,6 @@ def normalized(vectors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t * (t.shape[-1] ** 0.5 / t.norm(dim=-1, keepdim=True).clamp_min(1e-6)) for t in vectors]
 
 
-def tempered(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """τ s per head (τ [n_head], s [B, n_head, T, T]), -inf kept off the causal entries (QK-norm's
-    learned scale); the masked entries are 0 while multiplied, else τ's gradient would take -inf x 0."""
-    masked = scores == -math.inf
-    return (scores.masked_fill(masked, 0) * temperature[:, None, None]).masked_fill(masked, -math.inf)
-
-
 def soft_capped(scores: torch.Tensor, temperature: torch.Tensor, cap: float) -> torch.Tensor:
     """cap tanh(τ s / cap) per head (τ [n_head], s [B, n_head, T, T]), -inf kept off the causal entries:
     Gemma 2's logit soft cap after a learned temperature. Near 0 it is τ s; it never leaves (-cap, cap)."""
@@ -331,6 +324,7 @@ class AttentionKind:
     before_loud: Callable | None = None  # [q, k(, r)] -> the same after RoPE, before loudness (diff: its RoPE)
     prepare: Callable | None = None  # [q, k(, r)] -> the same after loudness, before scoring
     temperature: bool = False  # scores times a learned per-head temperature tau (1 at the start)
+    q_degree: int = 1  # s(c q, k, r) = c^q_degree s(q, k, r): tau s is the score of tau^(1/q_degree) q
     soft_cap: float | None = None  # then cap tanh(tau s / cap) (soft_capped); needs `temperature`
     loudness_invariant: bool = False  # a loud key's factor m divides out of its scores (by construction)
     differential: bool = False  # a learned λ per layer; attends by differential_attention (diff)
@@ -338,13 +332,13 @@ class AttentionKind:
     def attend(self, q, k, r, v, temperature=None, lam: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
         if self.differential:  # lam: (λ, λ_init) of the layer
             return differential_attention(q, k, v, *lam)
+        if self.temperature and self.soft_cap is None:  # τ s(q, k, r) = s(τ^(1 / q_degree) q, k, r): the kernel stays
+            q = q * temperature[:, None, None] ** (1 / self.q_degree)
         if self.kernel is not None:
             return self.kernel(q, k, r, v)
         (scores,) = self.scores(q, k, r)
         if self.soft_cap is not None:
             scores = soft_capped(scores, temperature, self.soft_cap)
-        elif self.temperature:
-            scores = tempered(scores, temperature)
         return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
@@ -363,13 +357,14 @@ TRIPLE = AttentionKind(
     loud=(1,),
     scores=lambda q, k, r: [triple_scores(q, k, r)],
     kernel=triple_product_attention,
+    q_degree=2,  # det Gram(c q, k, r) = c^2 det Gram(q, k, r)
 )
 # The stabilizers, each given to the triple score and, as its matched control, to the standard one with
 # nothing else changed (STABILIZERS: a test holds each pair to the same fields): Gemma 2's soft cap after a
 # learned per-head temperature, and QK-norm (every head vector rescaled to norm sqrt(D) before loudness,
 # so a loud key keeps its factor m) with the learned per-head scale QK-norm is used with.
 CAPPED = {"kernel": None, "temperature": True, "soft_cap": 50.0}
-QKNORM = {"kernel": None, "temperature": True, "before_loud": normalized}
+QKNORM = {"temperature": True, "before_loud": normalized}
 STABILIZERS = ("temperature", "soft_cap", "before_loud", "prepare")  # the fields a stabilizer sets
 KINDS = {
     "standard": STANDARD,
