@@ -32,6 +32,7 @@ from conftest import REPO, snakemake, snakemake_command
 
 from uph.attention.copy_task import CopyTaskConfig
 from uph.attention.copy_task import train as train_copy_task
+from uph.attention.self_attention import ATTENTIONS
 from uph.config import check_results_folder, job_params, validate
 from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDivergedError
 from uph.feedback.char_lm import char_corpus
@@ -483,7 +484,7 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
     ),
     "unknown-attention": (
         lambda c, tmp: c["copy_task"].update(attentions=["standard", "linear"]),
-        "config key 'copy_task.attentions[1]': 'linear' is not one of ['standard', 'triple', 'triple_normed', 'triple_capped', 'triple_qknorm', 'simplicial']",
+        f"config key 'copy_task.attentions[1]': 'linear' is not one of {list(ATTENTIONS)}",
     ),
     "missing-corpus-file": (
         lambda c, tmp: c["corpus"].update(source=f"{tmp}/users.jsonl"),
