@@ -227,11 +227,27 @@ def paired_text(difference: PairedDifference, unit: str, digits: int = 3) -> str
     return f"{f.format(difference.mean)}{interval} {unit}, lower on {difference.lower} of {seeds(difference.n)}{sign}"
 
 
-def _verdict(difference: PairedDifference, higher_is_better: bool) -> str:
+def paired_answer(
+    question: str, what: str, difference: PairedDifference, unit: str, figure: str, higher_is_better: bool
+) -> Answer:
+    """The answer a paired difference over seeds gives: yes or no where its interval decides (higher or
+    lower is better), else not shown; `what` names the difference."""
     verdict = difference.verdict()
-    if verdict in ("one seed", "undecided"):
-        return "not shown"
-    return "yes" if (verdict == "higher") == higher_is_better else "no"
+    decided = verdict not in ("one seed", "undecided")
+    answer = ("yes" if (verdict == "higher") == higher_is_better else "no") if decided else "not shown"
+    return Answer(question, answer, f"{what}: {paired_text(difference, unit)}", seeds(difference.n), figure)
+
+
+def picked_pair(differences: dict[str, pd.Series], pick=max) -> tuple[str, PairedDifference] | None:
+    """Of kind -> per-seed differences, the kind whose mean difference `pick` (max or min) chooses (ties:
+    by name), with its paired difference over the seeds it has (Bonferroni over the kinds it was picked
+    from); None where no kind has a seed."""
+    differences = {kind: d.dropna() for kind, d in differences.items()}
+    differences = {kind: d for kind, d in differences.items() if len(d)}
+    if not differences:
+        return None
+    kind = pick(differences, key=lambda k: (differences[k].mean(), k))
+    return kind, paired_over_seeds(differences[kind], picked_of=len(differences))
 
 
 def versus_standard(table: pd.DataFrame, metric: str = "token_acc") -> tuple[str, PairedDifference] | None:
@@ -241,14 +257,7 @@ def versus_standard(table: pd.DataFrame, metric: str = "token_acc") -> tuple[str
     per_seed = table.groupby(["attention", "seed"])[metric].mean().unstack("attention")
     if "standard" not in per_seed or len(per_seed.columns) < 2:
         return None
-    differences = {
-        kind: (per_seed[kind] - per_seed["standard"]).dropna() for kind in per_seed.columns if kind != "standard"
-    }
-    differences = {kind: d for kind, d in differences.items() if len(d)}
-    if not differences:
-        return None
-    kind = max(differences, key=lambda k: (differences[k].mean(), k))
-    return kind, paired_over_seeds(differences[kind], picked_of=len(differences))
+    return picked_pair({kind: per_seed[kind] - per_seed["standard"] for kind in per_seed.columns if kind != "standard"})
 
 
 def _beats_standard(question: str, table: pd.DataFrame, figure: str, untested: str) -> Answer:
@@ -256,13 +265,8 @@ def _beats_standard(question: str, table: pd.DataFrame, figure: str, untested: s
     if compared is None:
         return Answer(question, "untested", untested, "", figure)
     kind, difference = compared
-    return Answer(
-        question,
-        _verdict(difference, higher_is_better=True),
-        f"best other kind {kind} minus standard: {paired_text(difference, 'token accuracy')}",
-        seeds(difference.n),
-        figure,
-    )
+    what = f"best other kind {kind} minus standard"
+    return paired_answer(question, what, difference, "token accuracy", figure, higher_is_better=True)
 
 
 def copy_task_at_train_length(study: Study) -> Answer:
@@ -416,13 +420,8 @@ def _reference(loud: LoudCopy, kind: str) -> tuple[str | None, str]:
 
 def _least_drop(loud: LoudCopy, references: dict[str, str]) -> tuple[str, PairedDifference] | None:
     """The kind whose drop minus its reference's (kind -> reference) is the smallest on average, paired
-    over seeds, Bonferroni over the kinds it was picked from; None without a seed both ran."""
-    differences = {kind: (loud.drop[kind] - loud.drop[reference]).dropna() for kind, reference in references.items()}
-    differences = {kind: d for kind, d in differences.items() if len(d)}
-    if not differences:
-        return None
-    kind = min(differences, key=lambda k: (differences[k].mean(), k))
-    return kind, paired_over_seeds(differences[kind], picked_of=len(differences))
+    over seeds, Bonferroni over the kinds it was picked from (picked_pair); None without a seed both ran."""
+    return picked_pair({kind: loud.drop[kind] - loud.drop[reference] for kind, reference in references.items()}, min)
 
 
 def loud_copy_resilience(study: Study) -> Answer:
@@ -467,13 +466,8 @@ def loud_copy_resilience(study: Study) -> Answer:
         return Answer(question, "not shown", f"{_names(ran)} did not reach {LEARNED} at m = {loud.low:g}", "", figure)
     kind, difference = least
     reference, named = references[kind]
-    return Answer(
-        question,
-        _verdict(difference, higher_is_better=False),
-        f"{named}, accuracy drop minus {reference}'s: {paired_text(difference, 'token accuracy')}",
-        seeds(difference.n),
-        figure,
-    )
+    what = f"{named}, accuracy drop minus {reference}'s"
+    return paired_answer(question, what, difference, "token accuracy", figure, higher_is_better=False)
 
 
 def loud_copy_against_differential(study: Study) -> Answer:
@@ -504,13 +498,8 @@ def loud_copy_against_differential(study: Study) -> Answer:
     if least is None:
         return Answer(question, "untested", f"no seed that {DIFFERENTIAL} and a triple kind both ran", "", figure)
     kind, difference = least
-    return Answer(
-        question,
-        _verdict(difference, higher_is_better=False),
-        f"{kind}'s accuracy drop minus {DIFFERENTIAL}'s: {paired_text(difference, 'token accuracy')}",
-        seeds(difference.n),
-        figure,
-    )
+    what = f"{kind}'s accuracy drop minus {DIFFERENTIAL}'s"
+    return paired_answer(question, what, difference, "token accuracy", figure, higher_is_better=False)
 
 
 def feedback_beats(reference: str):
@@ -523,13 +512,8 @@ def feedback_beats(reference: str):
             return Answer(
                 question, "untested", f"needs feedback_learned and {reference} (feedback.methods)", "", "feedback"
             )
-        return Answer(
-            question,
-            _verdict(difference, higher_is_better=False),
-            f"feedback_learned minus {reference}: {paired_text(difference, 'nats/character')}",
-            seeds(difference.n),
-            "feedback",
-        )
+        what = f"feedback_learned minus {reference}"
+        return paired_answer(question, what, difference, "nats/character", "feedback", higher_is_better=False)
 
     return answer
 
