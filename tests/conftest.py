@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_lm import final_hidden, tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
@@ -98,3 +99,20 @@ def tiny_model_dir(tmp_path_factory):
         return made[arch]
 
     return make
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """A tiny random Llama in float64 (tests/tiny_lm.py)."""
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def lm(model):
+    """(h [n, H], targets [n], W, b, svd) of `model` in float64, for the fit engine's tests (test_fit,
+    test_gpu); n = 300 is no multiple of the chunks used."""
+    ids = torch.randint(0, model.config.vocab_size, (5, 61), generator=torch.Generator().manual_seed(1))
+    h = final_hidden(model, ids[:, :-1]).reshape(-1, model.config.hidden_size)
+    W = model.get_output_embeddings().weight.detach()
+    b = 0.1 * torch.randn(W.shape[0], dtype=W.dtype, generator=torch.Generator().manual_seed(2))
+    return h, ids[:, 1:].reshape(-1), W, b, torch.linalg.svd(W, full_matrices=False)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_lm import final_hidden, sample_text, tiny_llama, user_split
+from tiny_lm import sample_text, user_split
 
 import uph.lm.fit
 import uph.lm.solvers
@@ -26,21 +26,6 @@ D = 8
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
 
 BETA_LAM = (SolverSettings.defaults().beta, SolverSettings.defaults().lam)  # the schema's beta and lam
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-@pytest.fixture(scope="module")
-def lm(model):
-    """(h [n, H], targets [n], W, b, svd) in float64; n = 300 is no multiple of the chunks used."""
-    ids = torch.randint(0, model.config.vocab_size, (5, 61), generator=torch.Generator().manual_seed(1))
-    h = final_hidden(model, ids[:, :-1]).reshape(-1, model.config.hidden_size)
-    W = model.get_output_embeddings().weight.detach()
-    b = 0.1 * torch.randn(W.shape[0], dtype=W.dtype, generator=torch.Generator().manual_seed(2))
-    return h, ids[:, 1:].reshape(-1), W, b, torch.linalg.svd(W, full_matrices=False)
 
 
 def seed_objective(head, h, y, W, b, theta, beta, lam):

@@ -19,7 +19,6 @@ import pytest
 import torch
 from test_extract import _build_cache, _users
 from test_fit import BETA_LAM, HEAD_SETTINGS, D
-from tiny_lm import final_hidden, tiny_llama
 
 from uph.attention.self_attention import simplicial_attention, triple_product_attention
 from uph.device import setup_device
@@ -42,17 +41,6 @@ def cuda_as_the_jobs_set_it():
 
 CUDA = torch.device("cuda")
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}  # relative, CUDA against CPU
-
-
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    """(h [n, H], targets [n], W, b, svd) in float64 from a tiny real model; n = 300 spans several chunks."""
-    model = tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-    ids = torch.randint(0, model.config.vocab_size, (5, 61), generator=torch.Generator().manual_seed(1))
-    h = final_hidden(model, ids[:, :-1]).reshape(-1, model.config.hidden_size)
-    W = model.get_output_embeddings().weight.detach()
-    b = 0.1 * torch.randn(W.shape[0], dtype=W.dtype, generator=torch.Generator().manual_seed(2))
-    return h, ids[:, 1:].reshape(-1), W, b, torch.linalg.svd(W, full_matrices=False)
 
 
 def heads(lm):
