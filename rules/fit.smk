@@ -2,9 +2,10 @@
 # (uph.lm.capacity). The per-user work runs in fit.jobs jobs, users balanced by train tokens
 # (uph.lm.partition), whatever the cache's shards and the run's cores. fit_global walks one method's global
 # path of radii on the pooled users' fit parts, chooses on their validation parts and refits;
-# fit_global_unigram counts the pooled unigram and chooses its lambdas; each validate job walks its users'
-# personal and residual paths (p0 computed once per user) and keeps every ball's warm start; capacity
-# chooses every arm's radius (and unigram lambda) from all of them; each fit job refits its users' arms at
+# fit_global_unigram counts the pooled unigram and chooses its lambdas; fit_global_neural_cache pools the
+# neural cache's datastore (capped like the global theta's tokens) and chooses its temperatures and lambdas;
+# each validate job walks its users' personal and residual paths (p0 computed once per user) and keeps
+# every ball's warm start; capacity chooses every arm's radius (and the caches' knobs) from all of them; each fit job refits its users' arms at
 # their choices on all train tokens, warm from the path's ball there, and scores them on test; fit_others
 # scores its users' texts with the mean of the other users' residual thetas (the control a personal gain
 # must beat); cross_user scores every residual theta on its users' texts at the listed points
@@ -70,10 +71,37 @@ rule fit_global_unigram:
         "../workflow_scripts/fit_global_unigram.py"
 
 
+rule fit_global_neural_cache:
+    input:
+        shards=shard_paths(),
+        users=rules.corpus.output.users,
+        model=rules.model.output.identity,
+        basis=rules.svd_basis.output[0],
+    output:
+        settings=f"{GLOBAL_NEURAL_CACHE}/neural_cache.parquet",
+        datastore=f"{GLOBAL_NEURAL_CACHE}/datastore.parquet",
+        validation=f"{GLOBAL_NEURAL_CACHE}/validation.parquet",
+    log:
+        results("logs", "fit", "global-neural_cache.log"),
+    benchmark:
+        results("benchmarks", "fit-global-neural_cache.tsv")
+    priority: LM_PRIORITY
+    threads: 1
+    resources:
+        mem_mb=4000,
+        gpu=gpus("fit"),
+    params:
+        fit=FIT_GLOBAL,
+        cache=CACHE_IDENTITY,
+        device=job_device("fit"),
+    script:
+        "../workflow_scripts/fit_global_neural_cache.py"
+
+
 rule validate:
     input:
         global_fit=global_paths("thetas.parquet"),
-        unigram=rules.fit_global_unigram.output.unigram,
+        **CACHE_BASELINES,
         shards=shard_paths(),
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
@@ -101,8 +129,12 @@ rule validate:
 
 rule capacity:
     input:
-        validation=[*global_paths("validation.parquet"), rules.fit_global_unigram.output.validation]
-        + fit_job_paths("validation.parquet"),
+        validation=[
+            *global_paths("validation.parquet"),
+            rules.fit_global_unigram.output.validation,
+            rules.fit_global_neural_cache.output.validation,
+            *fit_job_paths("validation.parquet"),
+        ],
         model=rules.model.output.identity,
     output:
         results("fit", "capacity.parquet"),
@@ -119,7 +151,7 @@ rule capacity:
 rule fit:
     input:
         global_fit=global_paths("thetas.parquet"),
-        unigram=rules.fit_global_unigram.output.unigram,
+        **CACHE_BASELINES,
         capacity=rules.capacity.output[0],
         warm=rules.validate.output.warm,
         shards=shard_paths(),
@@ -150,7 +182,7 @@ rule fit:
 rule fit_others:
     input:
         global_fit=global_paths("thetas.parquet"),
-        unigram=rules.fit_global_unigram.output.unigram,
+        **CACHE_BASELINES,
         fits=fit_job_paths("fits.parquet"),
         shards=shard_paths(),
         users=rules.corpus.output.users,

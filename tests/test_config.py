@@ -78,7 +78,22 @@ def test_shipped_configs_are_valid_and_get_defaults(config):
                 on_cache=[{"head": c["fit"]["heads"][0], "alpha": c["fit"]["alphas"][0], "d": c["fit"]["ds"][0]}],
                 baselines=["full_bias"],
             ),
-            "config key 'fit.on_cache': the heads fit on the unigram cache; add unigram to fit.baselines",
+            "config key 'fit.on_cache[0]': the head fits on the unigram cache; add unigram to fit.baselines",
+        ),
+        (
+            lambda c: c["fit"].update(
+                on_cache=[
+                    {"head": c["fit"]["heads"][0], "alpha": c["fit"]["alphas"][0], "d": c["fit"]["ds"][0]},
+                    {
+                        "head": c["fit"]["heads"][0],
+                        "alpha": c["fit"]["alphas"][0],
+                        "d": c["fit"]["ds"][0],
+                        "cache": "neural_cache",
+                    },
+                ],
+                baselines=["unigram"],
+            ),
+            "config key 'fit.on_cache[1]': the head fits on the neural_cache cache; add neural_cache to fit.baselines",
         ),
     ],
 )

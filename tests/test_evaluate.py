@@ -25,6 +25,7 @@ from uph.lm.heads import HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings
 from uph.lm.sweep import (
+    CacheBaselines,
     FitConfig,
     FitJob,
     Point,
@@ -45,6 +46,7 @@ from uph.lm.sweep import (
 from uph.lm.tokens import pool, prepare
 
 D = 8
+NO_CACHES = CacheBaselines(None, None)
 SHARED = 2.0 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(20)), dim=0)
 OWN = 2.5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(21)), dim=0)
 
@@ -123,7 +125,7 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
     point, fit = Point.of("svd_cvh", 1.0, D), planted_fit_config()
     theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", SolverSettings.defaults())
     thetas_g = {(point, "exact"): theta_g.double()}
-    validated = {user: validate_user(user, trains[user], {point: head}, thetas_g, None, fit, 0) for user in trains}
+    validated = {user: validate_user(user, trains[user], {point: head}, thetas_g, NO_CACHES, fit, 0) for user in trains}
     validation = pd.DataFrame([row for rows, _ in validated.values() for row in rows])
     assert set(validation["capacity"]) == {0.5, 5.0, 50.0} and set(validation["arm"]) == {"personal", "residual"}
     choices = capacity_choices(validation)
@@ -131,7 +133,7 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
     starts = warm_starts(pd.DataFrame([row for _, warm in validated.values() for row in warm]))
     assert len(starts) == len(validation)  # every ball of every path hands on its theta and BFGS model
     rows = {
-        user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, choices, None, fit, starts)
+        user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, choices, NO_CACHES, fit, 0, starts)
         for user in trains
     }
     residuals = {}
@@ -169,9 +171,10 @@ def test_no_choice_moves_when_the_test_tokens_change(planted):
         job = FitJob(layer, users, heads, torch.device("cpu"), gap=4)
         thetas, validation = fit_global(job, fit)
         unigram, unigram_validation = global_unigram(job, fit)
-        per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), unigram, fit)
+        caches = CacheBaselines(unigram, None)
+        per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit)
         choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
-        fits, _ = fit_users(job, global_thetas(thetas), choices, unigram, fit, warm_starts(warm))
+        fits, _ = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm))
         return choices, fits
 
     users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
@@ -317,7 +320,8 @@ def test_a_head_on_the_unigram_cache_scores_against_the_mixture_written_out(plan
             assert HeldOut(test, tilted)(theta)["nll"] == pytest.approx(float(F.cross_entropy(logits, y)), rel=1e-5)
     assert all(mixed.p0 is model.p0 for mixed, model in zip(test.chunks, tests["romeo"].chunks))  # no second p0
     # the logits the exact path recomputes where a cached partition sum underflows: the mixture's log
-    torch.testing.assert_close(test.base_logits(h).T.double(), log_mixture, rtol=0, atol=1e-5)
+    logits = torch.cat([test.base_logits(chunk, torch.arange(len(chunk.targets))) for chunk in test.chunks], 1)
+    torch.testing.assert_close(logits.T.double(), log_mixture, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="already have a mixture base"):
         test.mixed(cache_mixture(pooled, own, lam_g, lam_r))
 
@@ -337,7 +341,8 @@ def test_others_on_the_cache_score_the_other_users_mean_cache_theta_on_the_users
     residuals = {u: torch.zeros(D, dtype=torch.float64) for u in users}
     job = FitJob(layer, users, {point: head}, torch.device("cpu"), gap=0)
     thetas_g = {(point, "exact"): torch.zeros(D, dtype=torch.float64)}
-    table = others(job, thetas_g, {(point, "exact"): residuals}, {(point, "exact"): caches}, unigram)
+    cache_thetas = {"unigram": {(point, "exact"): caches}}
+    table = others(job, thetas_g, {(point, "exact"): residuals}, cache_thetas, CacheBaselines(unigram, None))
     for user, states in users.items():
         own = torch.bincount(states.train_targets, minlength=V).double()
         test = prepare(states.test_hidden, states.test_targets, layer).mixed(cache_mixture(pooled, own, 0.1, 0.3))
@@ -375,9 +380,10 @@ def test_every_tokens_of_a_fit_job_shares_its_one_output_layer(planted, monkeypa
     assert job.layer.W.dtype == torch.float32 and torch.equal(job.layer.W, stored.W.float())
     thetas, validation = fit_global(job, fit)
     unigram, unigram_validation = global_unigram(job, fit)
-    per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), unigram, fit)
+    caches = CacheBaselines(unigram, None)
+    per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit)
     choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
-    fits, _ = fit_users(job, global_thetas(thetas), choices, unigram, fit, warm_starts(warm))
+    fits, _ = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm))
     residuals = residual_thetas(fits)
     cross_user(job, point, global_thetas(thetas)[point, "exact"], residuals[point, "exact"])
     others(job, global_thetas(thetas), residuals)

@@ -173,7 +173,9 @@ def test_capacity_table_marks_the_chosen_point_of_every_curve():
             for i, u in enumerate(USERS)
         ]
     )
-    choice = pd.DataFrame([{**POINT, "arm": "personal", "train_tokens": np.nan, "capacity": 5.0, "at_edge": ""}])
+    choice = pd.DataFrame(
+        [{**POINT, "arm": "personal", "train_tokens": np.nan, "temperature": np.nan, "capacity": 5.0, "at_edge": ""}]
+    )
     table = capacity_table("m", validation, choice)
     assert table["chosen"].tolist() == [False, True, False] and table["n_users"].tolist() == [3, 3, 3]
     assert table["validation_nll"].tolist() == pytest.approx([2.01, 1.91, 1.96])

@@ -229,7 +229,7 @@ SWEEP_KEYS = (
     *HEAD_KEYS,
     *SOLVER_KEYS,
 )  # every method, every solver
-CAPACITY_KEYS = ("radii", "lambdas", "validation_fraction")  # the grids and the split (uph.lm.capacity)
+CAPACITY_KEYS = ("radii", "lambdas", "temperatures", "validation_fraction")  # the grids and the split (uph.lm.capacity)
 FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
 FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.validate_users
 FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.fit_users (the choices come as a file)
@@ -357,8 +357,12 @@ def _check_across_keys(config: dict) -> None:
                 )
             if point["solver"] not in config["fit"]["solvers"]:
                 raise ConfigError(f"config key 'fit.{key}[{i}]': solver '{point['solver']}' is not in fit.solvers")
-    if config["fit"]["on_cache"] and "unigram" not in config["fit"]["baselines"]:
-        raise ConfigError("config key 'fit.on_cache': the heads fit on the unigram cache; add unigram to fit.baselines")
+    for i, point in enumerate(config["fit"]["on_cache"]):
+        if point["cache"] not in config["fit"]["baselines"]:
+            raise ConfigError(
+                f"config key 'fit.on_cache[{i}]': the head fits on the {point['cache']} cache; "
+                f"add {point['cache']} to fit.baselines"
+            )
     _check_head_width("copy_task", config["copy_task"])
     _check_attention(config["attention"])
     corpus, context = config["corpus"], config["extract"]["context"]

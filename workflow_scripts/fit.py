@@ -1,11 +1,19 @@
 """Rule fit: every method's personal and residual arms at their chosen radii, the dose-response and the
-unigram arms, for the users of one fit job (each user's base distribution computed once), each refit warm
+cache baselines' arms, for the users of one fit job (each user's base distribution computed once), each refit warm
 from its validation path's ball at the chosen radius."""
 
 import torch
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.sweep import FitConfig, fit_users, global_thetas, job_users, load_methods, warm_starts
+from uph.lm.sweep import (
+    FitConfig,
+    fit_users,
+    global_thetas,
+    job_users,
+    load_methods,
+    read_cache_baselines,
+    warm_starts,
+)
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
@@ -13,13 +21,14 @@ with rule_logging(snakemake) as log:
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
     thetas_g = global_thetas(FIT_FILE.read_tables(snakemake.input.global_fit, record))
     choices = FIT_FILE.read_table(snakemake.input.capacity, record)
-    unigram = FIT_FILE.read_table(snakemake.input.unigram, record)
     fit = FitConfig.from_config(snakemake.params.fit)
     users = job_users(snakemake.input.users, snakemake.wildcards.job, snakemake.params.jobs)
     job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, users)
     log.info("%d users x %d methods x solvers %s", len(job.users), len(job.heads), fit.solvers)
     starts = warm_starts(FIT_FILE.read_table(snakemake.input.warm, record))
     log.info("%d warm starts from the validation paths", len(starts))
-    fits, dose = fit_users(job, thetas_g, choices, None if unigram.empty else unigram, fit, starts)
+    fits, dose = fit_users(
+        job, thetas_g, choices, read_cache_baselines(snakemake.input, record, job.device), fit, starts
+    )
     write_recorded(fits, snakemake.output.fits, record)
     write_recorded(dose, snakemake.output.dose, record)

@@ -15,8 +15,10 @@ mixture is also the base a head can be fitted on (`cache_mixture`: does a rank-d
 Everything is in log space (logaddexp of log weights), so a p_model that underflows, or a token the
 cache never saw, never gives -inf.
 
-The full-vocabulary bias (uph.lm.heads.full_bias_head) is the other baseline: a free logit per
-vocabulary entry, fitted by the engine like any head (the d = V limit of the unconditional heads).
+The full-vocabulary bias (uph.lm.heads.full_bias_head) is another baseline: a free logit per
+vocabulary entry, fitted by the engine like any head (the d = V limit of the unconditional heads). The
+neural cache (uph.lm.neural_cache) is the third: the same arms and mixture, with q the cache's
+distribution over the next tokens of the stored hidden states nearest the position's own.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import torch
 
 from uph.lm.tokens import Mixture, Tokens
 
-BASELINES = ("unigram", "full_bias")  # config key fit.baselines
+BASELINES = ("unigram", "full_bias", "neural_cache")  # config key fit.baselines
 UNIGRAM = "unigram"
+NEURAL_CACHE = "neural_cache"  # uph.lm.neural_cache
 
 
 def targets_of(tokens: Tokens) -> torch.Tensor:

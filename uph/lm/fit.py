@@ -156,7 +156,7 @@ class Objective:
         """log Σ_v exp(z0_tv - max z0_t + s_tv) [k] and P^T p_t [k, d] (p_t itself for P = I) for the
         tokens `rows` of `chunk`, tilt s [k, V], in log space from their logits: the fallback where
         the fast path's partition sum underflows."""
-        z0 = self.tokens.base_logits(chunk.hidden[rows]).T  # [k, V]
+        z0 = self.tokens.base_logits(chunk, rows).T  # [k, V]
         logits = z0 - z0.amax(dim=1, keepdim=True) + tilt
         log_z = torch.logsumexp(logits, dim=1)
         p = (logits - log_z[:, None]).exp()

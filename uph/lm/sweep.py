@@ -12,8 +12,9 @@ row per (user, point, solver):
 Each arm's capacity, the radius of its ball, is chosen on validation (uph.lm.capacity): every radius
 of fit.radii is fitted on the users' fit parts (warm along the path, uph.lm.fit.fit_path) and scored
 on their validation parts, the best mean is chosen, and the arm is refitted on all train tokens at it.
-The unigram mixtures (uph.lm.baselines) choose their lambda the same way. The heads of fit.on_cache are
-also fitted on the unigram residual arm's mixture as their base (a fourth arm, "cache").
+The cache baselines choose their knobs the same way: the unigram mixtures (uph.lm.baselines) their lambda,
+the neural cache (uph.lm.neural_cache) its temperature and lambda. The heads of fit.on_cache are also
+fitted on a cache's residual-arm mixture as their base (a fourth arm, "cache" or "neural_cache").
 
 Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all its methods; the
 per-user ones hold the users of one fit job (fit.jobs of them, balanced by train tokens: uph.lm.partition),
@@ -21,12 +22,13 @@ and a user's rows do not depend on which job holds it. `fit_global` (one job per
 path on the pooled fit parts (each user's first ceil(global_max_tokens / N) tokens, so its memory does not
 grow with the number of users), scores it on every user's validation part, chooses, and refits on the
 pooled train tokens (the same tokens when the cap leaves every fit part longer than its share);
-`global_unigram` counts the pooled unigram and chooses the unigram's three lambdas
-(`unigram_validation`). `validate_users` walks the personal and residual paths (and the dose-response's,
-on each prefix's own tail, and the cache arm's) of a job's users; `capacity_choices` chooses;
-`fit_users` refits each arm at its choice (`fit_arms`, `fit_on_cache`), the dose-response
-(`fit_dose_response`) and the unigram arms (`unigram_arms`) and scores them on test; `others` and
-`cross_user` score the residual thetas on a job's users' held-out text (no fits).
+`global_unigram` counts the pooled unigram and chooses the unigram's three lambdas, `global_neural_cache`
+pools the neural cache's datastore and chooses its three (T, lambda) (both `mixture_validation`).
+`validate_users` walks the personal and residual paths (and the dose-response's, on each prefix's own
+tail, and the cache arms') of a job's users; `capacity_choices` chooses; `fit_users` refits each arm at
+its choice (`fit_arms`, `fit_on_cache`), the dose-response (`fit_dose_response`) and the caches' arms
+(`unigram_arms`, `neural_cache_arms`) and scores them on test; `others` and `cross_user` score the
+residual thetas on a job's users' held-out text (no fits), `others` the neural cache's control too.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from uph.artifacts import USERS_FILE
+from uph.artifacts import FIT_FILE, USERS_FILE
 from uph.config import sweep_points
 from uph.device import resolve_device
 from uph.errors import ConfigError
 from uph.lm.baselines import (
+    NEURAL_CACHE,
     UNIGRAM,
     arm_nll,
     cache_mixture,
@@ -58,11 +61,12 @@ from uph.lm.baselines import (
 )
 from uph.lm.basis import load_basis
 from uph.lm.cache import UserStates, read_users
-from uph.lm.capacity import choose, chosen, chosen_row
+from uph.lm.capacity import KNOBS, choose, chosen, chosen_row
 from uph.lm.evaluate import HeldOut
 from uph.lm.fit import FitResult, HeadOnTokens, WarmStart, fit_path, fit_theta
 from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer, read_output_layer
+from uph.lm.neural_cache import Datastore, NeuralCache, datastore_table, log_cache_probabilities, pooled_datastore
 from uph.lm.partition import users_of_job
 from uph.lm.solvers import SolverSettings
 from uph.lm.splits import split_lengths
@@ -111,15 +115,18 @@ class DoseResponse:
 
 @dataclass(frozen=True)
 class Capacity:
-    """fit.radii, fit.lambdas and fit.validation_fraction: the grids and the split of uph.lm.capacity."""
+    """fit.radii, fit.lambdas, fit.temperatures and fit.validation_fraction: the grids and the split of
+    uph.lm.capacity."""
 
     radii: tuple[float, ...]
     lambdas: tuple[float, ...]
+    temperatures: tuple[float, ...]
     validation_fraction: float
 
     @classmethod
     def from_config(cls, fit: dict) -> Capacity:
-        return cls(tuple(sorted(fit["radii"])), tuple(sorted(fit["lambdas"])), fit["validation_fraction"])
+        grids = (tuple(sorted(fit[key])) for key in ("radii", "lambdas", "temperatures"))
+        return cls(*grids, fit["validation_fraction"])
 
 
 @dataclass(frozen=True)
@@ -137,7 +144,7 @@ class FitConfig:
     capacity: Capacity | None
     global_max_tokens: int | None
     dose_response: DoseResponse | None
-    on_cache: tuple[tuple[Point, str], ...] | None  # (point, solver): fitted on the unigram cache's mixture
+    on_cache: tuple[tuple[Point, str, str], ...] | None  # (point, solver, cache): fitted on a cache's mixture
 
     @classmethod
     def from_config(cls, fit: dict) -> FitConfig:
@@ -154,7 +161,7 @@ class FitConfig:
             None if dose is None else DoseResponse.from_config(dose),
             None
             if on_cache is None
-            else tuple((Point.of(p["head"], p["alpha"], p["d"]), p["solver"]) for p in on_cache),
+            else tuple((Point.of(p["head"], p["alpha"], p["d"]), p["solver"], p["cache"]) for p in on_cache),
         )
 
 
@@ -245,15 +252,17 @@ def _choice_columns(point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS
 
 
 UNIGRAM_METHOD = {"head": UNIGRAM, "alpha": math.nan, "d": math.nan, "solver": "exact"}  # no point, no solver
+NEURAL_CACHE_METHOD = {**UNIGRAM_METHOD, "head": NEURAL_CACHE}
+CACHES = {UNIGRAM: "cache", NEURAL_CACHE: "neural_cache"}  # fit.on_cache's caches: their arm, column prefix
 
 
-def _unigram_columns(arm: str) -> dict:
-    return {**UNIGRAM_METHOD, "arm": arm, "train_tokens": ALL_TOKENS}
+def _baseline_columns(method: dict, arm: str) -> dict:
+    return {**method, "arm": arm, "train_tokens": ALL_TOKENS}
 
 
 def capacity_choices(validation: pd.DataFrame) -> pd.DataFrame:
     """Every (method, arm, train_tokens)'s choice from the validation rows of every job (uph.lm.capacity)."""
-    return choose(validation, CHOICE_KEYS, "capacity")
+    return choose(validation, CHOICE_KEYS, KNOBS)
 
 
 def _radius(choices: pd.DataFrame, point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> float:
@@ -270,26 +279,32 @@ def _pooled(job: FitJob, ends: dict[str, int]) -> Tokens:
     )
 
 
-def unigram_validation(at_targets: dict, lambdas) -> list[dict]:
-    """The unigram arms' validation rows: every lambda of the global arm, then (on the global lambda
-    chosen from them) the personal and residual arms'. `at_targets`: user -> per-token log probabilities
-    at the validation targets (the model's, the pooled fit parts' unigram, the user's fit part's)."""
+def mixture_validation(method: dict, at_targets: dict, temperatures, lambdas) -> list[dict]:
+    """A cache baseline's validation rows (the unigram's, or the neural cache's, `method`): every
+    (temperature, lambda) of the global arm, then (on the global choice from them) the personal and
+    residual arms'. `at_targets`: user -> per-token log probabilities at the validation targets: the
+    model's, and temperature -> the pooled fit parts' cache's and the user's fit part's (the unigram
+    has one temperature, None, recorded as NaN)."""
 
-    def rows(arm: str, lam_global=None) -> list[dict]:
+    def rows(arm: str, chosen_global=(None, None)) -> list[dict]:
+        t_g, lam_g = chosen_global
         return [
             {
-                **_unigram_columns(arm),
+                **_baseline_columns(method, arm),
                 "user": user,
+                "temperature": math.nan if t is None else t,
                 "capacity": lam,
-                "validation_nll": arm_nll(arm, lam, *logs, lam_global),
+                "validation_nll": arm_nll(arm, lam, model, pooled[t if t_g is None else t_g], own[t], lam_g),
             }
-            for user, logs in at_targets.items()
+            for user, (model, pooled, own) in at_targets.items()
+            for t in temperatures
             for lam in lambdas
         ]
 
     global_rows = rows("global")
-    lam_global = chosen(capacity_choices(pd.DataFrame(global_rows)), "capacity", **_unigram_columns("global"))
-    return global_rows + rows("personal") + rows("residual", lam_global)
+    choice = chosen_row(capacity_choices(pd.DataFrame(global_rows)), **_baseline_columns(method, "global"))
+    t_g = None if math.isnan(choice["temperature"]) else float(choice["temperature"])
+    return global_rows + rows("personal") + rows("residual", (t_g, float(choice["capacity"])))
 
 
 def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -300,9 +315,7 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame]
     residual paths). A method's choice reads its own rows only, so the methods split into jobs freely."""
     capacity, n_users = fit.capacity, len(job.users)
     splits = _validation_splits(job, capacity)
-    share = math.inf if fit.global_max_tokens is None else math.ceil(fit.global_max_tokens / n_users)
-    fit_ends = {user: min(share, fit_end) for user, (fit_end, _) in splits.items()}
-    train_ends = {user: min(share, len(states.train_targets)) for user, states in job.users.items()}
+    fit_ends, train_ends = _pool_ends(job, fit, splits)
     train = _pooled(job, fit_ends)
     log.info("global paths on %d pooled fit-part tokens of %d users, radii %s", train.n, n_users, capacity.radii)
     paths = {
@@ -353,10 +366,18 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame]
     return pd.DataFrame(rows), validation
 
 
+def _pool_ends(job: FitJob, fit: FitConfig, splits: dict) -> tuple[dict[str, int], dict[str, int]]:
+    """How many of each user's first train tokens the pooled (global) arm takes, from its fit part and
+    from all its train tokens: ceil(fit.global_max_tokens / N) at most (all where the cap is null)."""
+    share = math.inf if fit.global_max_tokens is None else math.ceil(fit.global_max_tokens / len(job.users))
+    fit_ends = {user: min(share, fit_end) for user, (fit_end, _) in splits.items()}
+    return fit_ends, {user: min(share, len(states.train_targets)) for user, states in job.users.items()}
+
+
 def global_unigram(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pooled unigram, validation rows): the pooled unigram counts every fit part's tokens (`counts_fit`)
     and every train token (`counts`), uncapped; its three arms' lambdas are chosen on every user's
-    validation part (unigram_validation). Rule fit_global_unigram, beside the methods' fit_global jobs."""
+    validation part (mixture_validation). Rule fit_global_unigram, beside the methods' fit_global jobs."""
     splits, vocab_size = _validation_splits(job, fit.capacity), job.layer.W.shape[0]
     fit_counts = {
         user: count(states.train_targets[: splits[user][0]], vocab_size) for user, states in job.users.items()
@@ -368,10 +389,10 @@ def global_unigram(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFr
     for user, states in tqdm(job.users.items(), desc="unigram validation", unit="user", mininterval=5):
         held = _validation_part(job, states, splits[user][1])
         y = targets_of(held)
-        at_targets[user] = (model_log_probs(held), pooled_fit[y], log_unigram(fit_counts[user])[y])
-    validation = pd.DataFrame(unigram_validation(at_targets, fit.capacity.lambdas))
+        at_targets[user] = (model_log_probs(held), {None: pooled_fit[y]}, {None: log_unigram(fit_counts[user])[y]})
+    validation = pd.DataFrame(mixture_validation(UNIGRAM_METHOD, at_targets, [None], fit.capacity.lambdas))
     choices = capacity_choices(validation)
-    lams = {arm: chosen(choices, "capacity", **_unigram_columns(arm)) for arm in ARMS}
+    lams = {arm: chosen(choices, "capacity", **_baseline_columns(UNIGRAM_METHOD, arm)) for arm in ARMS}
     unigram = pd.DataFrame(
         [
             {
@@ -382,6 +403,37 @@ def global_unigram(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFr
         ]
     )
     return unigram, validation
+
+
+def global_neural_cache(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(chosen settings, pooled datastore, validation rows) of the neural cache (uph.lm.neural_cache): the
+    pooled datastore holds each user's first train tokens up to the global theta's cap (its fit-part
+    share marked); each arm's (T, lambda) is chosen on every user's validation part from the pooled fit
+    parts' datastore and the user's own fit part (mixture_validation). Rule fit_global_neural_cache."""
+    splits = _validation_splits(job, fit.capacity)
+    fit_ends, train_ends = _pool_ends(job, fit, splits)
+    datastore = datastore_table(job.users, train_ends, fit_ends)
+    _, fit_pool, owners = pooled_datastore(datastore, job.device)
+    temperatures = fit.capacity.temperatures
+    log.info("neural cache: %d pooled fit-part entries of %d users, T %s", len(fit_pool), len(owners), temperatures)
+    at_targets = {}  # user -> (log p_model, T -> log p_pool, T -> log p_own) at the validation targets
+    for user, states in tqdm(job.users.items(), desc="neural cache validation", unit="user", mininterval=5):
+        (fit_end, start), held = splits[user], _validation_part(job, states, splits[user][1])
+        hidden, y = states.train_hidden[start:].to(job.device), targets_of(held)
+        own = Datastore.of_user(states.train_hidden[:fit_end], states.train_targets[:fit_end], owners[user], job.device)
+        at_targets[user] = (
+            model_log_probs(held),
+            log_cache_probabilities(fit_pool, hidden, y, temperatures),
+            log_cache_probabilities(own, hidden, y, temperatures),
+        )
+    validation = mixture_validation(NEURAL_CACHE_METHOD, at_targets, temperatures, fit.capacity.lambdas)
+    validation = pd.DataFrame(validation)
+    choices = capacity_choices(validation)
+    settings = {}
+    for arm in ARMS:
+        choice = chosen_row(choices, **_baseline_columns(NEURAL_CACHE_METHOD, arm))
+        settings |= {f"temperature_{arm}": choice["temperature"], f"lambda_{arm}": choice["capacity"]}
+    return pd.DataFrame([settings]), datastore, validation
 
 
 def _validation_splits(job: FitJob, capacity: Capacity) -> dict[str, tuple[int, int]]:
@@ -407,12 +459,12 @@ def global_thetas(table: pd.DataFrame, column: str = "theta") -> dict[tuple[Poin
 def residual_thetas(
     fits: pd.DataFrame, column: str = "theta_residual"
 ) -> dict[tuple[Point, str], dict[str, torch.Tensor]]:
-    """(point, solver) -> user -> residual theta_r, from the fit jobs' rows (`theta_cache`: the heads fitted
-    on the unigram cache, for the points of fit.on_cache)."""
+    """(point, solver) -> user -> residual theta_r, from the fit jobs' rows (`theta_<prefix>`: the heads
+    fitted on a cache, CACHES, for the points of fit.on_cache)."""
     thetas: dict[tuple[Point, str], dict[str, torch.Tensor]] = {}
     if column not in fits:
         return thetas
-    rows = fits[(fits["head"] != UNIGRAM) & fits[column].notna()].sort_values("user", kind="stable")
+    rows = fits[~fits["head"].isin(CACHES) & fits[column].notna()].sort_values("user", kind="stable")
     for row in rows.itertuples():  # in user order, whatever the fit jobs' cut: sums over users add alike
         key = (Point.of(row.head, row.alpha, row.d), row.solver)
         thetas.setdefault(key, {})[row.user] = torch.tensor(getattr(row, column), dtype=torch.float64)
@@ -433,14 +485,14 @@ def validate_user(
     train: Tokens,
     heads: dict[Point, Head],
     thetas_g_fit: dict,
-    unigram: pd.DataFrame | None,
+    caches: CacheBaselines,
     fit: FitConfig,
     gap: int,
-) -> list[dict]:
+) -> tuple[list[dict], list[dict]]:
     """One user's validation rows: the personal and residual paths of every method and solver on the fit
     part, scored on the validation part; the dose-response's residual paths on each prefix k's own fit
-    part and tail; the paths of fit.on_cache's heads on the unigram cache's mixture (the residual arm's,
-    from the fit part's counts; `unigram`: fit_global's lambdas and counts). Returns (validation rows,
+    part and tail; the paths of fit.on_cache's heads on their cache's mixture (the residual arm's, from
+    the fit part: CacheBaselines.on_cache). Returns (validation rows,
     warm-start rows: every ball's theta and BFGS model, for the refit at the radius chosen, _warm_rows)."""
     capacity = fit.capacity
     fit_part, held = validation_split(train, capacity.validation_fraction, gap)
@@ -465,12 +517,12 @@ def validate_user(
                 fit_k, held_k = _dose_split(train, k, capacity.validation_fraction, gap)
                 path = fit_path(fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label)
                 scored(HeldOut(held_k, head), path, theta_g, _choice_columns(point, solver, "residual", k))
-    if fit.on_cache:
-        cache = _cache_mixture(unigram, "counts_fit", targets_of(fit_part))
-        fit_cache, held_cache = fit_part.mixed(cache), held.mixed(cache)
-        for point, solver in fit.on_cache:
+    for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # each cache's mixture once
+        on_cache = caches.on_cache(cache, user, hidden_of(fit_part), targets_of(fit_part), True, gap)
+        fit_cache, held_cache = on_cache(fit_part, own=True), on_cache(held)
+        for point, solver in [(point, solver) for point, solver, name in fit.on_cache if name == cache]:
             path = fit_path(fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label)
-            scored(HeldOut(held_cache, heads[point]), path, None, _choice_columns(point, solver, "cache"))
+            scored(HeldOut(held_cache, heads[point]), path, None, _choice_columns(point, solver, CACHES[cache]))
     return rows, warm
 
 
@@ -506,14 +558,14 @@ def warm_starts(table: pd.DataFrame) -> dict[tuple, WarmStart]:
 
 
 def validate_users(
-    job: FitJob, thetas_g_fit: dict, unigram: pd.DataFrame | None, fit: FitConfig
+    job: FitJob, thetas_g_fit: dict, caches: CacheBaselines, fit: FitConfig
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every user of one fit job: (the validation rows that capacity_choices chooses from, the warm starts
     the fit job's refits read at the radii chosen) (validate_user)."""
     rows, warm = [], []
     for user, states in job.users.items():
         train = prepare(states.train_hidden, states.train_targets, job.layer, device=job.device)
-        user_rows, user_warm = validate_user(user, train, job.heads, thetas_g_fit, unigram, fit, job.gap)
+        user_rows, user_warm = validate_user(user, train, job.heads, thetas_g_fit, caches, fit, job.gap)
         rows += user_rows
         warm += user_warm
         log.info("%s: validated %d train tokens", user, train.n)
@@ -599,6 +651,46 @@ def _cache_mixture(unigram: pd.DataFrame, counts: str, targets: torch.Tensor) ->
     return cache_mixture(pooled, count(targets, len(pooled)), lam_global, lam_residual)
 
 
+@dataclass(frozen=True)
+class CacheBaselines:
+    """The cache baselines' global outputs as a per-user job reads them (None: not in fit.baselines):
+    fit_global_unigram's lambdas and counts, fit_global_neural_cache's settings and datastore."""
+
+    unigram: pd.DataFrame | None
+    neural: NeuralCache | None
+
+    def on_cache(self, cache: str, user: str, hidden: torch.Tensor, targets: torch.Tensor, fit_part: bool, gap: int):
+        """tokens, own -> those tokens on `cache`'s residual-arm mixture for `user`, whose store is its train
+        tokens `hidden`, `targets` (its fit part at validation: `fit_part`, with the pooled fit parts' cache);
+        `own`: the tokens are those train tokens, each leaving its neighbourhood out of the neural cache."""
+        if cache == UNIGRAM:
+            mixture = _cache_mixture(self.unigram, "counts_fit" if fit_part else "counts", targets.cpu())
+            return lambda tokens, own=False: tokens.mixed(mixture)
+        store, owner = self.neural.own(user, hidden, targets), self.neural.owners[user]
+        return lambda tokens, own=False: self.neural.mixed(tokens, store, fit_part, owner if own else None, gap)
+
+
+def read_cache_baselines(inputs, record: dict, device: torch.device) -> CacheBaselines:
+    """The cache baselines' global tables a rule's `inputs` name (unigram; neural_cache and datastore),
+    checked against `record`; an empty table (the baseline not in fit.baselines) is None."""
+    unigram, settings = (FIT_FILE.read_table(path, record) for path in (inputs.unigram, inputs.neural_cache))
+    neural = None
+    if not settings.empty:
+        neural = NeuralCache.from_tables(settings, FIT_FILE.read_table(inputs.datastore, record), device)
+    return CacheBaselines(None if unigram.empty else unigram, neural)
+
+
+def hidden_of(tokens: Tokens) -> torch.Tensor:
+    return torch.cat([chunk.hidden for chunk in tokens.chunks])
+
+
+def neural_cache_arms(user: str, train: Tokens, test: Tokens, cache: NeuralCache) -> dict:
+    """One user's neural cache mixtures in the three arms at their chosen (T, lambda), scored on test: the
+    columns of a fits row (uph.lm.neural_cache)."""
+    nlls = cache.arm_nlls(test, cache.own(user, hidden_of(train), targets_of(train)))
+    return {"base_nll": test.base_nll, **{f"{arm}_nll": nll for arm, nll in nlls.items()}}
+
+
 def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
     """One user's unigram mixtures in the three arms at their chosen lambdas, scored on test: the columns
     of a fits row (uph.lm.baselines)."""
@@ -625,17 +717,18 @@ def fit_on_cache(
     user: str,
     label: str,
     start: WarmStart | None = None,
+    prefix: str = "cache",
 ) -> dict:
-    """A head fitted on the unigram cache (`train` and `test` on the residual arm's mixture, Tokens.mixed)
-    at its chosen radius, scored on test against the mixture alone: the columns cache_nll, cache_head_nll,
-    the fit's and theta_cache."""
+    """A head fitted on a cache (`train` and `test` on its residual arm's mixture, Tokens.mixed) at its
+    chosen radius, scored on test against the mixture alone: the columns <prefix>_nll, <prefix>_head_nll,
+    the fit's and theta_<prefix> (`prefix`: the cache's, CACHES)."""
     theta, result = fit_theta(train, head, solver, fit.solver, radius, user=user, label=label, start=start)
     held_out = HeldOut(test, head)
     return {
-        "cache_nll": held_out.base_nll,
-        "cache_head_nll": held_out(theta)["nll"],
-        **_fit_columns("cache", result),
-        "theta_cache": theta.double().tolist(),
+        f"{prefix}_nll": held_out.base_nll,
+        f"{prefix}_head_nll": held_out(theta)["nll"],
+        **_fit_columns(prefix, result),
+        f"theta_{prefix}": theta.double().tolist(),
     }
 
 
@@ -646,22 +739,23 @@ def fit_user(
     heads: dict[Point, Head],
     thetas_g: dict,
     choices: pd.DataFrame,
-    unigram: pd.DataFrame | None,
+    caches: CacheBaselines,
     fit: FitConfig,
+    gap: int,
     starts: dict[tuple, WarmStart] | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """One user's rows: (every method x solver with its three arms, and the unigram's; dose-response).
-    The heads of fit.on_cache are also fitted on the unigram residual arm's mixture (fit_on_cache).
+    """One user's rows: (every method x solver with its three arms, and the cache baselines'; dose-response).
+    The heads of fit.on_cache are also fitted on their cache's residual-arm mixture (fit_on_cache).
     `starts`: the validate job's warm starts (warm_starts); a refit without one starts cold."""
     starts = starts or {}
 
     def start(point: Point, solver: str, arm: str, radius: float, k: int | None = None) -> WarmStart | None:
         return starts.get((point, solver, arm, k, user, float(radius)))
 
-    dose_points, on_cache = dict(fit.dose_response.points), set(fit.on_cache)
-    if on_cache:  # every head on the cache shares the user's mixed tokens
-        mixture = _cache_mixture(unigram, "counts", targets_of(train))
-        on_mixture = (train.mixed(mixture), test.mixed(mixture))
+    dose_points, on_mixture = dict(fit.dose_response.points), {}
+    for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # every head on a cache shares its tokens
+        on_cache = caches.on_cache(cache, user, hidden_of(train), targets_of(train), False, gap)
+        on_mixture[cache] = (on_cache(train, own=True), on_cache(test))
     fits, dose = [], []
     user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
     for point, head in heads.items():
@@ -671,10 +765,12 @@ def fit_user(
             radii = tuple(_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
             warm = (start(point, solver, "personal", radii[0]), start(point, solver, "residual", radii[1]))
             arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm)
-            if (point, solver) in on_cache:
-                radius = _radius(choices, point, solver, "cache")
-                cache_start = start(point, solver, "cache", radius)
-                arms |= fit_on_cache(*on_mixture, head, radius, solver, fit, user, point.label, cache_start)
+            for cache in [cache for at, by, cache in fit.on_cache if (at, by) == (point, solver)]:
+                prefix = CACHES[cache]
+                radius = _radius(choices, point, solver, prefix)
+                warm_cache = start(point, solver, prefix, radius)
+                tokens = on_mixture[cache]
+                arms |= fit_on_cache(*tokens, head, radius, solver, fit, user, point.label, warm_cache, prefix)
             fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
             if dose_points.get(point) == solver:
                 ks = [k for k in fit.dose_response.train_tokens if k < train.n]
@@ -702,14 +798,24 @@ def fit_user(
             fits[-1]["residual_nll"] - fits[-1]["global_nll"],
             fits[-1]["personal_nll"] - fits[-1]["base_nll"],
         )
-    if unigram is not None:
+    if caches.unigram is not None:
         vocab_and_lambda = train.layer.W.shape[0] + 1
         fits.append(
             {
                 **UNIGRAM_METHOD,
                 **user_columns,
                 "params_per_user": vocab_and_lambda,
-                **unigram_arms(train, test, unigram),
+                **unigram_arms(train, test, caches.unigram),
+            }
+        )
+    if caches.neural is not None:
+        store = train.n * (train.layer.W.shape[1] + 1)  # the user's states and next tokens
+        fits.append(
+            {
+                **NEURAL_CACHE_METHOD,
+                **user_columns,
+                "params_per_user": store,
+                **neural_cache_arms(user, train, test, caches.neural),
             }
         )
     return fits, dose
@@ -719,7 +825,7 @@ def fit_users(
     job: FitJob,
     thetas_g: dict,
     choices: pd.DataFrame,
-    unigram: pd.DataFrame | None,
+    caches: CacheBaselines,
     fit: FitConfig,
     starts: dict[tuple, WarmStart] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -728,8 +834,9 @@ def fit_users(
     tables = ([], [])
     for user, states in job.users.items():
         train, test = prepared(states, job.layer, job.device)
-        for table, rows in zip(tables, fit_user(user, train, test, job.heads, thetas_g, choices, unigram, fit, starts)):
-            table.extend(rows)
+        rows = fit_user(user, train, test, job.heads, thetas_g, choices, caches, fit, job.gap, starts)
+        for table, user_rows in zip(tables, rows):
+            table.extend(user_rows)
     return tuple(pd.DataFrame(rows) for rows in tables)
 
 
@@ -767,8 +874,8 @@ def others(
     job: FitJob,
     thetas_g: dict,
     residuals: dict[tuple[Point, str], dict[str, torch.Tensor]],
-    caches: dict[tuple[Point, str], dict[str, torch.Tensor]] | None = None,
-    unigram: pd.DataFrame | None = None,
+    cache_thetas: dict[str, dict[tuple[Point, str], dict[str, torch.Tensor]]] | None = None,
+    caches: CacheBaselines = CacheBaselines(None, None),
 ) -> pd.DataFrame:
     """The control with a residual's capacity that is not the user's own: per (point, solver, user u) the
     global theta plus the mean of the other users' residual thetas, scored on u's held-out text,
@@ -776,29 +883,41 @@ def others(
         theta_others(u) = theta_g + (Σ_v theta_r(v) - theta_r(u)) / (N - 1)      (others_nll)
 
     A personal gain is the own residual beating it; a residual that only extends a direction every user
-    shares does as well in others' hands. The heads on the unigram cache (`caches`: their thetas, fit.on_cache)
-    have the same control: the mean of the other users' cache thetas on u's held-out text over u's own
-    mixture (`unigram`: fit_global's lambdas and counts), cache_others_nll. One text's held-out p0 in memory
-    at a time; the texts are the job's users', the thetas every user's; no rows for N < 2."""
-    columns = ["head", "alpha", "d", "solver", "user", "others_nll", "cache_others_nll"]
+    shares does as well in others' hands. The heads on a cache (`cache_thetas`: cache -> their thetas,
+    fit.on_cache) have the same control: the mean of the other users' thetas on that cache, on u's
+    held-out text over u's own mixture (`caches`), <prefix>_others_nll. The neural cache's own control
+    is its residual arm with a store of the same size drawn from the other users' (NeuralCache), its
+    others_nll. One text's held-out p0 in memory at a time; the texts are the job's users', the thetas
+    every user's; no rows for N < 2."""
+    cache_thetas = {cache: thetas for cache, thetas in (cache_thetas or {}).items() if thetas}
+    columns = ["head", "alpha", "d", "solver", "user", "others_nll", *(f"{p}_others_nll" for p in CACHES.values())]
     n_users = max((len(thetas) for thetas in residuals.values()), default=0)
     if n_users < 2:
         log.info("the 'others' control needs 2 users or more; this study has %d", n_users)
         return pd.DataFrame(columns=columns)
-    caches = caches or {}
     totals = {key: sum(thetas.values()) for key, thetas in residuals.items()}
-    cache_totals = {key: sum(thetas.values()) for key, thetas in caches.items()}
+    cache_totals = {
+        (cache, key): sum(thetas.values()) for cache, by_key in cache_thetas.items() for key, thetas in by_key.items()
+    }
     rows = []
     for user, states in tqdm(job.users.items(), desc="others", unit="text", mininterval=5):
         test = prepare(states.test_hidden, states.test_targets, job.layer, device=job.device)
         held_out = {point: HeldOut(test, head) for point, head in job.heads.items()}
-        if caches:
-            on_mixture = test.mixed(_cache_mixture(unigram, "counts", states.train_targets))
+        on_mixture = {
+            cache: caches.on_cache(cache, user, states.train_hidden, states.train_targets, False, job.gap)(test)
+            for cache in cache_thetas
+        }
         for (point, solver), thetas in residuals.items():
             theta = thetas_g[(point, solver)] + _others_mean(thetas, totals[point, solver], user)
             row = {**point.columns, "solver": solver, "user": user, "others_nll": held_out[point](theta)["nll"]}
-            if (point, solver) in caches:
-                theta = _others_mean(caches[point, solver], cache_totals[point, solver], user)
-                row["cache_others_nll"] = HeldOut(on_mixture, job.heads[point])(theta)["nll"]
+            for cache, by_key in cache_thetas.items():
+                if (point, solver) in by_key:
+                    theta = _others_mean(by_key[point, solver], cache_totals[cache, (point, solver)], user)
+                    row[f"{CACHES[cache]}_others_nll"] = HeldOut(on_mixture[cache], job.heads[point])(theta)["nll"]
             rows.append(row)
+        if caches.neural is not None:
+            control = caches.neural.others(user, len(states.train_targets))
+            rows.append(
+                {**NEURAL_CACHE_METHOD, "user": user, "others_nll": caches.neural.arm_nlls(test, control)["residual"]}
+            )
     return pd.DataFrame(rows, columns=columns)

@@ -1,6 +1,7 @@
 """The personalization study's tables from the fit jobs' per-user rows (rule personalization_table).
 
-personalization: per method (head, alpha, d; the baselines full_bias and unigram with no alpha, d) and
+personalization: per method (head, alpha, d; the baselines full_bias, unigram and neural_cache with no
+alpha, d) and
 solver, the arms on the users' held-out text, each uph.stats.compare of per-user NLLs (paired bootstrap
 interval, users improved, sign test), each at its capacity chosen on validation (uph.lm.capacity):
 
@@ -14,10 +15,13 @@ interval, users improved, sign test), each at its capacity chosen on validation 
                       (fit.on_cache: does a rank-d head add anything to a cache?)
     cache others      the mean of the other users' cache thetas on the user's mixture, against the mixture
     cache own vs others  the own cache theta against the others' (is what a head adds to a cache personal?)
+    neural cache+head, neural cache others, neural cache own vs others: the same on the neural cache
 
-The unigram mixtures' arms are the pooled, the personal and the personal-on-pooled unigram (uph.lm.
-baselines). Each arm's row has its chosen `capacity` (radius, or lambda), `at_edge` and the share of
-users whose theta lies on its ball. capacity: every validation curve, its chosen point marked.
+The cache baselines' arms are the pooled, the personal and the personal-on-pooled cache (uph.lm.
+baselines, uph.lm.neural_cache); the neural cache's others control is its residual arm with a store of
+the same size drawn from the other users'. Each arm's row has its chosen `capacity` (radius, or lambda;
+the neural cache's `temperature` beside it), `at_edge` and the share of users whose theta lies on its
+ball; `params_per_user` is the mean over users (the neural cache stores a user's every train state). capacity: every validation curve, its chosen point marked.
 dose_response: the gain beyond global of residuals fitted on each user's first k train tokens at the
 radius chosen for k, the all-tokens rows standing at their mean count. cross_user: every residual theta
 on every user's text, as the cross_user jobs scored them.
@@ -34,7 +38,7 @@ from uph.lm.solvers import on_ball
 from uph.stats import COMPARISON_COLUMNS, compare
 
 KEYS = ["head", "alpha", "d", "solver"]
-BASELINES = ("full_bias", "unigram")  # rows with no alpha, d: the baselines, not prior heads
+BASELINES = ("full_bias", "unigram", "neural_cache")  # rows with no alpha, d: the baselines, not prior heads
 ARMS = (  # control, its arm (uph.lm.capacity), held-out NLL, the reference it is compared with, its KL column
     ("global", "global", "global_nll", "base_nll", "global_kl"),
     ("personal", "personal", "personal_nll", "base_nll", "personal_kl"),
@@ -44,10 +48,18 @@ OTHERS = (  # control, its held-out NLL, the reference: the comparisons that rea
     ("others", "others_nll", "global_nll"),
     ("own vs others", "residual_nll", "others_nll"),
 )
-CACHE_OTHERS = (  # the same for the heads on the unigram cache (fit.on_cache)
-    ("cache others", "cache_others_nll", "cache_nll"),
-    ("cache own vs others", "cache_head_nll", "cache_others_nll"),
-)
+CACHE_CONTROLS = {"cache": "cache", "neural_cache": "neural cache"}  # a cache's column prefix: its rows' name
+
+
+def cache_others(prefix: str) -> tuple:
+    """The others comparisons of the heads on a cache (fit.on_cache), as OTHERS."""
+    name = CACHE_CONTROLS[prefix]
+    return (
+        (f"{name} others", f"{prefix}_others_nll", f"{prefix}_nll"),
+        (f"{name} own vs others", f"{prefix}_head_nll", f"{prefix}_others_nll"),
+    )
+
+
 DOSE_RESPONSE_COLUMNS = [
     "model",
     *KEYS,
@@ -104,8 +116,8 @@ def personalization_table(
         method = dict(zip(KEYS, key))
         baseline = method["head"] in BASELINES
         shown = {**method, "alpha": np.nan, "d": np.nan} if baseline else method
-        params = users["params_per_user"].iloc[0]
-        global_fit = global_fits.loc[key] if key in global_fits.index else None  # the unigram fits no theta
+        params = round(users["params_per_user"].mean())
+        global_fit = global_fits.loc[key] if key in global_fits.index else None  # the caches fit no theta
         for control, arm, nll, reference, kl in ARMS:
             choice = chosen_row(choices, **method, arm=arm, train_tokens=np.nan)
             rows.append(
@@ -113,6 +125,7 @@ def personalization_table(
                     **_comparison(model, shown, users, control, nll, reference, n_boot),
                     "params_per_user": params,
                     "capacity": choice["capacity"],
+                    "temperature": choice.get("temperature", np.nan),
                     "at_edge": choice["at_edge"],
                     "kl": users[kl].mean() if kl in users else np.nan,
                     **_fitted(users, global_fit, arm, choice["capacity"]),
@@ -125,29 +138,33 @@ def personalization_table(
             rows += [
                 {**_comparison(model, shown, users, *control, n_boot), "params_per_user": params} for control in OTHERS
             ]
-        if "cache_head_nll" in users and users["cache_head_nll"].notna().all():  # fit.on_cache
-            choice = chosen_row(choices, **method, arm="cache", train_tokens=np.nan)
+        for prefix, name in CACHE_CONTROLS.items():  # fit.on_cache
+            if f"{prefix}_head_nll" not in users or users[f"{prefix}_head_nll"].isna().any():
+                continue
+            choice = chosen_row(choices, **method, arm=prefix, train_tokens=np.nan)
             rows.append(
                 {
-                    **_comparison(model, shown, users, "cache+head", "cache_head_nll", "cache_nll", n_boot),
+                    **_comparison(model, shown, users, f"{name}+head", f"{prefix}_head_nll", f"{prefix}_nll", n_boot),
                     "params_per_user": params,
                     "capacity": choice["capacity"],
                     "at_edge": choice["at_edge"],
-                    **_fitted(users, None, "cache", choice["capacity"]),
+                    **_fitted(users, None, prefix, choice["capacity"]),
                 }
             )
-            if "cache_others_nll" in users and users["cache_others_nll"].notna().all():
+            if f"{prefix}_others_nll" in users and users[f"{prefix}_others_nll"].notna().all():
                 rows += [
                     {**_comparison(model, shown, users, *control, n_boot), "params_per_user": params}
-                    for control in CACHE_OTHERS
+                    for control in cache_others(prefix)
                 ]
     return pd.DataFrame(rows)
 
 
 def capacity_table(model: str, validation: pd.DataFrame, choices: pd.DataFrame) -> pd.DataFrame:
-    """Every validation curve: per (method, arm, train_tokens, capacity) the mean validation NLL over the
+    """Every validation curve: per (method, arm, train_tokens, temperature, capacity) the mean validation NLL over the
     users, the share of their thetas on the ball, and whether it is the chosen point (at a grid edge?)."""
-    keys = [*KEYS, "arm", "train_tokens"]
+    keys = [*KEYS, "arm", "train_tokens", "temperature"]
+    if "temperature" not in validation:
+        validation = validation.assign(temperature=np.nan)
     curves = (
         validation.assign(
             on_ball=on_ball(validation["theta_norm"], validation["capacity"]) if "theta_norm" in validation else np.nan

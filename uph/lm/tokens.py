@@ -23,41 +23,69 @@ def chunk_size(device: torch.device | str) -> int:
     return CHUNK if torch.device(device).type == "cpu" else GPU_CHUNK
 
 
+@dataclass(frozen=True)
+class CacheFloor:
+    """A chunk's neural-cache part of a mixture base (Mixture; uph.lm.neural_cache.cache_floor): rows
+    `support` [U] (sorted) of the vocabulary, `values` [U, c] the weighted cache probabilities of each of
+    the chunk's c tokens, zero off the support. Only tokens some datastore entry holds get mass, so U is
+    far below V: the floor costs U/V of the chunk's p0."""
+
+    support: torch.Tensor
+    values: torch.Tensor
+
+    def columns(self, index) -> CacheFloor:
+        return CacheFloor(self.support, self.values[:, index])
+
+    def at(self, targets: torch.Tensor) -> torch.Tensor:
+        """The floor at each token's target [c] (float64; 0 off the support)."""
+        index = torch.searchsorted(self.support, targets).clamp_(max=len(self.support) - 1)
+        picked = self.values.gather(0, index[None, :]).squeeze(0).double()
+        return picked.masked_fill(self.support[index] != targets, 0)
+
+
 @dataclass
 class Chunk:
     hidden: torch.Tensor  # [c, H] as given (float32 or bfloat16)
     targets: torch.Tensor  # [c] next-token ids
     nll0: torch.Tensor  # [c] base cross-entropy per token
     p0: torch.Tensor | None  # [V, c] the model's probabilities up to a factor per token; None: recomputed
+    floor: CacheFloor | None = None  # a neural cache's part of a mixture base, per token (Tokens.mixed)
 
 
 @dataclass(frozen=True)
 class Mixture:
-    """A base distribution that mixes the model with a fixed distribution over the vocabulary, a
-    unigram cache: p(v) = weight p_model(v) + floor(v), floor >= 0 summing to 1 - weight. Its log is
-    a base logit like any other, so the fit objective stays convex and the engine the same."""
+    """A base distribution that mixes the model with caches: p_t(v) = weight p_model(v | h_t) + floor(v)
+    + floor_t(v), where `floor` [V] is a unigram cache's share (None: none) and floor_t a neural cache's,
+    which differs per token (the chunk's CacheFloor). The floors are >= 0 and sum with `weight` to 1.
+    Its log is a base logit like any other, so the fit objective stays convex and the engine the same."""
 
     weight: float
-    floor: torch.Tensor  # [V]
+    floor: torch.Tensor | None  # [V]
 
-    def probabilities(self, p0: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The mixture [V, c] from the model's p0 [V, c] (up to a factor per token), normalized (into `out`)."""
-        out = torch.div(p0, p0.sum(dim=0, keepdim=True), out=out)
-        return out.mul_(self.weight).add_(self.floor.to(p0)[:, None])
+    def probabilities(self, p0: torch.Tensor, out: torch.Tensor | None = None, floor: CacheFloor | None = None):
+        """The mixture [V, c] from the model's p0 [V, c] (up to a factor per token) and the chunk's
+        neural-cache `floor`, normalized (into `out`)."""
+        out = torch.div(p0, p0.sum(dim=0, keepdim=True), out=out).mul_(self.weight)
+        if self.floor is not None:
+            out.add_(self.floor.to(p0)[:, None])
+        return out if floor is None else out.index_add_(0, floor.support, floor.values.to(p0))
 
-    def nll(self, nll0: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def nll(self, nll0: torch.Tensor, targets: torch.Tensor, floor: CacheFloor | None = None) -> torch.Tensor:
         """-log p(y_t) [c] from the model's NLL of the targets, in log space (a model probability that
         underflows leaves the floor)."""
-        floor = self.floor.to(nll0.device, torch.float64)[targets].log()
-        return -torch.logaddexp(torch.log(torch.tensor(self.weight, dtype=torch.float64)) - nll0.double(), floor).to(
-            nll0.dtype
-        )
+        mass = torch.zeros(len(targets), dtype=torch.float64, device=nll0.device)
+        if self.floor is not None:
+            mass += self.floor.to(nll0.device, torch.float64)[targets]
+        if floor is not None:
+            mass += floor.at(targets)
+        log_weight = torch.log(torch.tensor(self.weight, dtype=torch.float64))
+        return -torch.logaddexp(log_weight - nll0.double(), mass.log()).to(nll0.dtype)
 
 
 @dataclass
 class Tokens:
     """A split's tokens with the base distribution of each token, cached within a memory budget: the
-    model's (p0), or its mixture with a unigram cache (`mixture`: see Mixture)."""
+    model's (p0), or its mixture with caches (`mixture`: see Mixture)."""
 
     chunks: list[Chunk]
     layer: OutputLayer  # on the tokens' device, in the compute dtype
@@ -89,25 +117,28 @@ class Tokens:
             if self.mixture is not None:
                 if block is None:
                     block = p0.new_empty(p0.shape[0] * max(len(each.targets) for each in self.chunks))
-                p0 = self.mixture.probabilities(p0, out=block[: p0.numel()].view(p0.shape))
+                p0 = self.mixture.probabilities(p0, block[: p0.numel()].view(p0.shape), chunk.floor)
             yield chunk, p0
 
-    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The base's logits [V, c] of hidden states [c, H]: the model's, or the log of the mixture."""
-        z = base_logits(hidden, self.layer)
+    def base_logits(self, chunk: Chunk, rows: torch.Tensor) -> torch.Tensor:
+        """The base's logits [V, k] of a chunk's tokens `rows`: the model's, or the log of the mixture."""
+        z = base_logits(chunk.hidden[rows], self.layer)
         if self.mixture is None:
             return z
-        return self.mixture.probabilities(z.sub_(z.amax(dim=0, keepdim=True)).exp_()).log_()
+        floor = None if chunk.floor is None else chunk.floor.columns(rows)
+        return self.mixture.probabilities(z.sub_(z.amax(dim=0, keepdim=True)).exp_(), floor=floor).log_()
 
-    def mixed(self, mixture: Mixture) -> Tokens:
-        """The same tokens on the base `mixture` of the model with a unigram cache: they share the model's p0
-        cache, mixed as it is read (`probabilities`)."""
+    def mixed(self, mixture: Mixture, floors: list[CacheFloor] | None = None) -> Tokens:
+        """The same tokens on the base `mixture` of the model with caches (`floors`: each chunk's neural
+        cache part, uph.lm.neural_cache.floors): they share the model's p0 cache, mixed as it is read
+        (`probabilities`)."""
         if self.mixture is not None:
             raise ValueError("these tokens already have a mixture base")
-        mixture = Mixture(mixture.weight, mixture.floor.to(self.device))  # read with every chunk: on its device
+        floor = None if mixture.floor is None else mixture.floor.to(self.device)  # read with every chunk
+        mixture, floors = Mixture(mixture.weight, floor), floors or [None] * len(self.chunks)
         chunks = [
-            Chunk(chunk.hidden, chunk.targets, mixture.nll(chunk.nll0, chunk.targets), chunk.p0)
-            for chunk in self.chunks
+            Chunk(chunk.hidden, chunk.targets, mixture.nll(chunk.nll0, chunk.targets, cache), chunk.p0, cache)
+            for chunk, cache in zip(self.chunks, floors, strict=True)
         ]
         return Tokens(chunks, self.layer, mixture)
 
@@ -123,7 +154,8 @@ class Tokens:
             a, b = max(start - offset, 0), min(stop - offset, c)
             if a < b:
                 p0 = None if chunk.p0 is None else chunk.p0[:, a:b]
-                chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0))
+                floor = None if chunk.floor is None else chunk.floor.columns(slice(a, b))
+                chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0, floor))
             offset += c
         return Tokens(chunks, self.layer, self.mixture)
 

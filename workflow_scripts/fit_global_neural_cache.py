@@ -1,0 +1,25 @@
+"""Rule fit_global_neural_cache: the pooled datastore of the neural cache and its three arms' temperature
+and lambda chosen on every user's validation part (no rows when fit.baselines leaves it out)."""
+
+import pandas as pd
+import torch
+
+from uph.artifacts import job_record, write_recorded
+from uph.lm.baselines import NEURAL_CACHE
+from uph.lm.sweep import FitConfig, global_neural_cache, load_fit_job
+from uph.logs import rule_logging
+
+with rule_logging(snakemake) as log:
+    torch.set_num_threads(snakemake.threads)
+    record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    fit = FitConfig.from_config(snakemake.params.fit)
+    settings, datastore, validation = pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
+    if NEURAL_CACHE in fit.baselines:
+        job = load_fit_job(snakemake.input, [], fit.heads, snakemake.params.cache, snakemake.params.device)
+        settings, datastore, validation = global_neural_cache(job, fit)
+        log.info("chosen: %s", settings.iloc[0].to_dict())
+    else:
+        log.info("fit.baselines leaves the neural cache out: no rows")
+    write_recorded(settings, snakemake.output.settings, record)
+    write_recorded(datastore, snakemake.output.datastore, record)
+    write_recorded(validation, snakemake.output.validation, record)
