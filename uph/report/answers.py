@@ -156,7 +156,10 @@ def head_against_baselines(study: Study) -> Answer:
     """The best head (base -> personal) against every baseline's row, by their intervals: yes when the
     head's lies wholly below every baseline's, no when wholly above one's (intervals of two separate
     paired comparisons with the base model: separated intervals are a conservative test)."""
-    question = "Does the best personal head beat the per-user baselines (unigram interpolation, full-vocabulary bias)?"
+    question = (
+        "Does the best personal head beat the per-user baselines "
+        "(unigram interpolation, full-vocabulary bias, neural cache)?"
+    )
     solver, table = heads_at_headline(study.personalization)
     baselines = baselines_at(study.personalization, solver)
     if baselines.empty:
@@ -179,35 +182,41 @@ def head_against_baselines(study: Study) -> Answer:
     )
 
 
-def head_on_cache(study: Study) -> Answer:
-    """The heads fitted on the unigram cache (fit.on_cache) against the cache alone: the best of K points,
-    yes only if its interval lies below 0 and its sign test survives Bonferroni over the K."""
-    question = "Does a rank-d head add anything to a per-user unigram cache (the head fitted on the cache's mixture)?"
-    _, table = heads_at_headline(study.personalization)
-    rows = table[table["control"] == "cache+head"]
-    if rows.empty:
-        return Answer(question, "untested", "no head on the cache (fit.on_cache)", "", "personalization")
-    best, points = rows.loc[rows["delta_nll"].idxmin()], len(rows)
-    answer = _by_interval(best["delta_nll_ci_low"], best["delta_nll_ci_high"])
-    if answer == "yes" and bonferroni(best, points) >= SIGNIFICANCE:
-        answer = "not shown"
-    own = table[(table["control"] == "cache own vs others") & (table["head"] == best["head"])]
-    personal = (
-        f"; personal? own cache θ against the other users' mean cache θ {delta_with_ci(own.iloc[0])}, "
-        f"{_by_interval(own.iloc[0]['delta_nll_ci_low'], own.iloc[0]['delta_nll_ci_high'])}"
-        if not own.empty
-        else "; no others control (one user), so personal and shared are not told apart"
-    )
-    return Answer(
-        question,
-        answer,
-        f"{delta_with_ci(best)} × 10⁻³ nats/token against the cache alone at the best of {points} points "
-        f"({point_label(best)}, radius {best['capacity']:g}); {int(best['n_users_improved'])} users improved, "
-        f"sign test p = {best['sign_test_p']:.2g} ({bonferroni(best, points):.2g} after Bonferroni over {points})"
-        f"{personal}",
-        f"{int(best['n_users'])} users",
-        "personalization",
-    )
+def head_on_cache(cache: str):
+    """The heads fitted on `cache` (fit.on_cache: "unigram cache" or "neural cache") against the cache
+    alone: the best of K points, yes only if its interval lies below 0 and its sign test survives
+    Bonferroni over the K."""
+
+    def answer(study: Study) -> Answer:
+        question = f"Does a rank-d head add anything to a per-user {cache} (the head fitted on the cache's mixture)?"
+        name = "cache" if cache == "unigram cache" else cache  # its personalization.csv controls' name
+        _, table = heads_at_headline(study.personalization)
+        rows = table[table["control"] == f"{name}+head"]
+        if rows.empty:
+            return Answer(question, "untested", f"no head on the {cache} (fit.on_cache)", "", "personalization")
+        best, points = rows.loc[rows["delta_nll"].idxmin()], len(rows)
+        answer = _by_interval(best["delta_nll_ci_low"], best["delta_nll_ci_high"])
+        if answer == "yes" and bonferroni(best, points) >= SIGNIFICANCE:
+            answer = "not shown"
+        own = table[(table["control"] == f"{name} own vs others") & (table["head"] == best["head"])]
+        personal = (
+            f"; personal? own cache θ against the other users' mean cache θ {delta_with_ci(own.iloc[0])}, "
+            f"{_by_interval(own.iloc[0]['delta_nll_ci_low'], own.iloc[0]['delta_nll_ci_high'])}"
+            if not own.empty
+            else "; no others control (one user), so personal and shared are not told apart"
+        )
+        return Answer(
+            question,
+            answer,
+            f"{delta_with_ci(best)} × 10⁻³ nats/token against the cache alone at the best of {points} points "
+            f"({point_label(best)}, radius {best['capacity']:g}); {int(best['n_users_improved'])} users improved, "
+            f"sign test p = {best['sign_test_p']:.2g} ({bonferroni(best, points):.2g} after Bonferroni over {points})"
+            f"{personal}",
+            f"{int(best['n_users'])} users",
+            "personalization",
+        )
+
+    return answer
 
 
 def seeds(n: int) -> str:
@@ -523,7 +532,8 @@ QUESTIONS = (  # in the order of the table
     own_theta_on_own_text,
     little_text,
     head_against_baselines,
-    head_on_cache,
+    head_on_cache("unigram cache"),
+    head_on_cache("neural cache"),
     copy_task_at_train_length,
     copy_task_beyond_train_length,
     gram_resilience,

@@ -134,7 +134,17 @@ def _errorbar(ax, rows: pd.DataFrame, x, color, label=None, **style) -> None:
     ax.errorbar(x, y, yerr=yerr, color=color, capsize=2, label=label, **{"marker": "o", **style})
 
 
-BASELINE_MARKERS = {"unigram": "D", "full_bias": "s"}  # the baselines beside the heads, at their parameters
+BASELINE_MARKERS = {"unigram": "D", "full_bias": "s", "neural_cache": "^"}  # the baselines, at their parameters
+
+
+def _apart(values, factor: float = 2.0) -> list[int]:
+    """The distinct `values` a log axis can label: each at least `factor` times the last kept (V + 1 is
+    not labelled beside V)."""
+    kept = []
+    for value in sorted({int(v) for v in values}):
+        if not kept or value >= factor * kept[-1]:
+            kept.append(value)
+    return kept
 
 
 def personalization(fig: Figure, study: Study) -> None:
@@ -142,16 +152,16 @@ def personalization(fig: Figure, study: Study) -> None:
     parameters per user, each method at its chosen capacity with its 95 % paired bootstrap interval over
     users: base -> global theta, base -> personal theta, global -> global + residual theta, and the others'
     mean residual -> the own residual (both on top of the global theta). The heads are lines over d; the
-    baselines (the full bias, V parameters, and the unigram, V + 1) are grey points in the arms they have."""
+    baselines (the full bias, V parameters, the unigram, V + 1, and the neural cache, the user's stored
+    train states) are grey points in the arms they have."""
     solver = headline_solver(study.personalization)
     heads, _ = split_baselines(study.personalization)
     table = heads[heads["solver"] == solver]
     baselines = {control: baselines_at(study.personalization, solver, control) for control in COMPARISONS}
     alphas = sorted(table["alpha"].unique())
-    baseline_params = [int(p) for rows in baselines.values() for p in rows["params_per_user"]]
     ticks = sorted(
-        {int(d) for d in table["d"]} | ({min(baseline_params)} if baseline_params else set())
-    )  # V + 1 beside V
+        {int(d) for d in table["d"]} | set(_apart(p for rows in baselines.values() for p in rows["params_per_user"]))
+    )
     colors = palette(table["head"], HEADS)
     axes = fig.subplots(len(alphas), len(COMPARISONS), sharex=True, sharey=True, squeeze=False)
     for row, alpha in enumerate(alphas):
@@ -168,7 +178,10 @@ def personalization(fig: Figure, study: Study) -> None:
             if row == 0:
                 ax.set_title(title)
         axes[row, 0].set_ylabel(f"Δ NLL, α = {alpha:g}\n(10⁻³ nats/token)")
-    fig.supxlabel("parameters per user (d; V for the full bias, V + 1 for the unigram)")
+    fig.supxlabel(
+        "parameters per user: d for a head; V for the full bias, V + 1 for the unigram,\n"
+        "(H + 1) × the user's train tokens for the neural cache (its stored states)"
+    )
     handles = [Line2D([], [], color=color, marker="o", label=literal(head)) for head, color in colors.items()]
     handles += [
         Line2D(
@@ -177,7 +190,7 @@ def personalization(fig: Figure, study: Study) -> None:
             color="0.35",
             marker=BASELINE_MARKERS.get(head, "o"),
             linestyle="",
-            label=f"{literal(head)} baseline",
+            label=literal(head),  # grey: a baseline (the panel titles say so)
         )
         for head in sorted({head for rows in baselines.values() for head in rows["head"]})
     ]
@@ -192,10 +205,10 @@ def personalization(fig: Figure, study: Study) -> None:
 def capacity(fig: Figure, study: Study) -> None:
     """The capacity path: the mean validation NLL over users against the ball's radius (log axis), one
     panel per arm, a line per head and the full bias at all of each user's train tokens, the chosen
-    radius ringed (uph.lm.capacity). The unigram's lambda is another knob: its curve is in the table."""
+    radius ringed (uph.lm.capacity). The caches' lambda (and temperature) are other knobs: their curves are in the table."""
     solver = headline_solver(study.personalization)
     table = study.capacity[(study.capacity["solver"] == solver) & study.capacity["train_tokens"].isna()]
-    table = table[table["head"] != "unigram"]
+    table = table[~table["head"].isin(("unigram", "neural_cache"))]
     colors = palette(table["head"], (*HEADS, "full_bias"))
     axes = fig.subplots(1, 3, squeeze=False)[0]
     for ax, arm in zip(axes, ("global", "personal", "residual")):

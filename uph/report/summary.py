@@ -100,23 +100,30 @@ def personalization_finding(study: Study) -> list[str]:
         f"personal θ {delta_with_ci(control.loc['personal'])}",
         f"base → personal, the best head: {point_label(best_personal)} {delta_with_ci(best_personal)}",
     ]
-    for arm, what in (("global", "pooled"), ("personal", "personal"), ("global+personal", "beyond its pooled arm")):
+    arms = (
+        ("global", "pooled"),
+        ("personal", "personal"),
+        ("global+personal", "beyond its pooled arm"),
+        ("own vs others", "own against the same capacity from the other users"),
+    )
+    for arm, what in arms:
         facts += [
             f"baseline {row['head']} ({row['solver']}), {what}: {delta_with_ci(row)}{_capacity_of_baseline(row)}"
             for _, row in baselines_at(study.personalization, solver, arm).iterrows()
         ]
-    for _, row in table[table["control"] == "cache+head"].iterrows():
-        own = table[(table["control"] == "cache own vs others") & (table["head"] == row["head"])]
-        facts.append(
-            f"head on the unigram cache, {point_label(row)}: {delta_with_ci(row)} against the cache alone "
-            f"(radius {_capacity(row)}, {int(row['n_users_improved'])} of {int(row['n_users'])} users improved)"
-            + (
-                f"; own cache θ against the other users' mean cache θ {delta_with_ci(own.iloc[0])}, "
-                f"sign test p = {own.iloc[0]['sign_test_p']:.2g}"
-                if not own.empty
-                else "; no others control (one user)"
+    for cache, name in (("unigram", "cache"), ("neural", "neural cache")):
+        for _, row in table[table["control"] == f"{name}+head"].iterrows():
+            own = table[(table["control"] == f"{name} own vs others") & (table["head"] == row["head"])]
+            facts.append(
+                f"head on the {cache} cache, {point_label(row)}: {delta_with_ci(row)} against the cache alone "
+                f"(radius {_capacity(row)}, {int(row['n_users_improved'])} of {int(row['n_users'])} users improved)"
+                + (
+                    f"; own cache θ against the other users' mean cache θ {delta_with_ci(own.iloc[0])}, "
+                    f"sign test p = {own.iloc[0]['sign_test_p']:.2g}"
+                    if not own.empty
+                    else "; no others control (one user)"
+                )
             )
-        )
     cross = cross_user_at_headline(study)
     facts.append(
         f"cross-user residual θs at {point_label(cross.iloc[0])}: {_dominance(cross)}"
@@ -134,8 +141,17 @@ def _capacity(row) -> str:
 
 
 def _capacity_of_baseline(row) -> str:
-    knob = "λ" if row["head"] == "unigram" else "radius"
-    return f" ({knob} {_capacity(row)})" if pd.notna(row["capacity"]) else ""
+    if pd.isna(row["capacity"]):
+        return ""
+    if row["head"] == "neural_cache":
+        return f" (T {row['temperature']:g}, λ {_capacity(row)})"
+    return f" ({'λ' if row['head'] == 'unigram' else 'radius'} {_capacity(row)})"
+
+
+def _knobs(row) -> str:
+    """A choice's knob values: its capacity, and the neural cache's temperature beside it."""
+    temperature = row.get("temperature", float("nan"))
+    return f"{row['capacity']:g}" if pd.isna(temperature) else f"T {temperature:g}, λ {row['capacity']:g}"
 
 
 def _edges(personalization) -> str:
@@ -145,7 +161,7 @@ def _edges(personalization) -> str:
         return "every capacity chosen on validation lies inside its grid"
     labels = [
         f"{row['head']}{'' if pd.isna(row['d']) else f' α {row.alpha:g} d {row.d:g}'} {row['solver']} {row['control']} "
-        f"at the {row['at_edge']} end ({row['capacity']:g})"
+        f"at the {row['at_edge']} end ({_knobs(row)})"
         for _, row in edges.iterrows()
     ]
     return f"{len(labels)} choices at a grid edge: " + "; ".join(labels)
@@ -163,6 +179,7 @@ def capacity_finding(study: Study) -> list[str]:
             f"chosen on validation ({solver}), {what}: "
             + ", ".join(
                 f"{row['head']}{'' if pd.isna(row['d']) else f' d {row.d:g}'} {_capacity(row)}"
+                + (f" at T {row['temperature']:g}" if pd.notna(row.get("temperature", float("nan"))) else "")
                 for _, row in rows.iterrows()
             )
         )
