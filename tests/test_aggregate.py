@@ -368,15 +368,27 @@ def test_head_against_baselines_compares_their_intervals():
 
 def test_a_head_on_the_cache_answers_by_its_interval_and_bonferroni():
     table = personalization_table(-0.004, -0.001)
-    assert head_on_cache(study(personalization=table)).answer == "untested"
+    on_unigram = head_on_cache("unigram cache")
+    assert on_unigram(study(personalization=table)).answer == "untested"
     on_cache = pd.DataFrame([lm_row("cvh", "cache+head", -0.003), lm_row("uncond", "cache+head", 0.001)])
-    answer = head_on_cache(study(personalization=pd.concat([table, on_cache], ignore_index=True)))
+    answer = on_unigram(study(personalization=pd.concat([table, on_cache], ignore_index=True)))
     assert answer.answer == "yes" and "at the best of 2 points (cvh at α = 1, d = 8, radius 5)" in answer.rests_on
     assert "(0.046 after Bonferroni over 2)" in answer.rests_on
     on_cache["sign_test_p"] = 0.03  # 0.06 after Bonferroni
-    assert head_on_cache(study(personalization=pd.concat([table, on_cache]))).answer == "not shown"
+    assert on_unigram(study(personalization=pd.concat([table, on_cache]))).answer == "not shown"
     on_cache["delta_nll"], on_cache["delta_nll_ci_low"], on_cache["delta_nll_ci_high"] = 0.004, 0.003, 0.005
-    assert head_on_cache(study(personalization=pd.concat([table, on_cache]))).answer == "no"
+    assert on_unigram(study(personalization=pd.concat([table, on_cache]))).answer == "no"
+
+
+def test_each_cache_has_its_own_head_on_cache_answer():
+    """The neural cache's heads answer its question and not the unigram's, and the other way round."""
+    table = personalization_table(-0.004, -0.001)
+    neural = pd.DataFrame([lm_row("svd_cvh", "neural cache+head", -0.003)])
+    both = study(personalization=pd.concat([table, neural], ignore_index=True))
+    answer = head_on_cache("neural cache")(both)
+    assert "per-user neural cache" in answer.question and answer.answer == "yes"
+    assert "svd_cvh" in answer.rests_on and "best of 1 points" in answer.rests_on
+    assert head_on_cache("unigram cache")(both).answer == "untested"
 
 
 def test_personalization_finding_quotes_the_headline_solver_and_the_diagonal_dominance():

@@ -67,6 +67,7 @@ STAGE_RULES = {
     "fit",
     "fit_global",
     "fit_global_unigram",
+    "fit_global_neural_cache",
     "validate",
     "capacity",
     "fit_others",
@@ -191,7 +192,15 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     assert planned_jobs(resumed) == {"extract": 1, **LM_FITS}  # one shard's extraction, then every fit job
     finished = {
         rule: resumed.stdout.count(f"(Rule: {rule})")
-        for rule in ("extract", "fit_global", "fit_global_unigram", "validate", "capacity", "fit")
+        for rule in (
+            "extract",
+            "fit_global",
+            "fit_global_unigram",
+            "fit_global_neural_cache",
+            "validate",
+            "capacity",
+            "fit",
+        )
     }
     written = {path: stamp for path, stamp in results_files(workdir).items() if path not in kept}
 
@@ -204,7 +213,15 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     assert all(after[path] == stamp for path, stamp in kept.items())
     # outputs of finished jobs stay; one written but not yet recorded when killed is incomplete, so redone
     # files each finished job wrote
-    outputs = {"extract": 1, "fit_global": 2, "fit_global_unigram": 2, "validate": 2, "capacity": 1, "fit": 2}
+    outputs = {
+        "extract": 1,
+        "fit_global": 2,
+        "fit_global_unigram": 2,
+        "fit_global_neural_cache": 3,
+        "validate": 2,
+        "capacity": 1,
+        "fit": 2,
+    }
     assert sum(after[path] == stamp for path, stamp in written.items()) == sum(
         outputs[rule] * count for rule, count in finished.items()
     )
@@ -800,6 +817,7 @@ def test_diverging_training_stops_with_one_line_naming_the_run_and_the_lr_key():
 LM_FITS = {  # every method in every job: config/test.yaml's 5 heads and the full bias, fit.jobs 1, 1 listed point
     "fit_global": 6,
     "fit_global_unigram": 1,
+    "fit_global_neural_cache": 1,
     "validate": 1,
     "capacity": 1,
     "fit": 1,
@@ -825,7 +843,7 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "lm-head-update-gamma": (lambda c: c["fit"].update(lm_head_update={"gamma": 0.25}), LM_FITS),
     "dose-response-sizes": (  # only the shard jobs and what follows them read them
         lambda c: c["fit"]["dose_response"].update(train_tokens=[256]),
-        {key: count for key, count in LM_FITS.items() if key not in ("fit_global", "fit_global_unigram")},
+        {key: count for key, count in LM_FITS.items() if not key.startswith("fit_global")},
     ),
     "radii": (  # every fit chooses from the grid
         lambda c: c["fit"].update(radii=[1.0, 10.0]),

@@ -32,7 +32,16 @@ TEST_CLUSTER = [
     "--max-threads",
     "1",
 ]
-FIT_STAGE = {"fit", "fit_global", "fit_global_unigram", "validate", "fit_others", "cross_user", "cross_user_headline"}
+FIT_STAGE = {
+    "fit",
+    "fit_global",
+    "fit_global_unigram",
+    "fit_global_neural_cache",
+    "validate",
+    "fit_others",
+    "cross_user",
+    "cross_user_headline",
+}
 # With `device: cuda` and no `<branch>.device`: extraction and the fit stage ask for a GPU, the training runs do not.
 GPU_RULES = {"extract", *FIT_STAGE}
 TRAINING_RULES = {"copy_task_train", "attention_train", "feedback_train"}
