@@ -31,7 +31,7 @@ from uph.feedback.training import METHODS, SIGNALS, TrainConfig
 from uph.lm.baselines import BASELINES
 from uph.lm.heads import BASES, HEADS, HeadSettings
 from uph.lm.solvers import SOLVERS, SolverSettings
-from uph.lm.sweep import FitConfig
+from uph.lm.sweep import CACHES, FitConfig
 
 REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code's registry
     ("config", "device"): DEVICES,
@@ -42,6 +42,7 @@ REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code
     ("fit", "solver"): SOLVERS,
     ("fit", "basis"): BASES,
     ("fit", "baselines"): BASELINES,
+    ("fit", "cache"): tuple(CACHES),
     ("copy_task", "attentions"): ATTENTIONS,
     ("copy_task", "dtype"): COPY_TASK_DTYPES,
     ("attention", "tasks"): TASKS,

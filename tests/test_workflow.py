@@ -14,6 +14,8 @@ from uph.report.study import best_beyond_global
 
 RADII = yaml.safe_load((REPO / "config/test.yaml").read_text())["fit"]["radii"]
 LAMBDAS = schema_defaults("fit")["lambdas"]
+TEMPERATURES = schema_defaults("fit")["temperatures"]
+CACHES = ("unigram", "neural_cache")  # the cache baselines: a mixture weight, no theta
 
 
 def test_lm_stages_run_end_to_end_on_the_tiny_config(tiny_study):
@@ -37,7 +39,10 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     cache = heads[heads["control"].str.startswith("cache")]
     assert set(cache["control"]) == {"cache+head", "cache others", "cache own vs others"}  # with its others
     assert set(cache["reference"]) == {"cache", "cache_others"} and (cache["head"] == "svd_uncond").all()
-    heads = heads[~heads["control"].str.startswith("cache")]
+    neural = heads[heads["control"].str.startswith("neural cache")]  # fit.on_cache: svd_cvh on the neural cache
+    assert set(neural["control"]) == {"neural cache+head", "neural cache others", "neural cache own vs others"}
+    assert (neural["head"] == "svd_cvh").all() and (neural["solver"] == "exact").all()
+    heads = heads[~heads["control"].str.contains("cache")]
     assert len(heads) == 5 * 1 * 1 * 2 * 5  # heads x alphas x ds x solvers x controls of config/test.yaml
     assert set(heads["control"]) == {"global", "personal", "global+personal", "others", "own vs others"}
     assert set(heads.groupby("control")["reference"].unique().map(tuple)) == {("base",), ("global",), ("others",)}
@@ -45,17 +50,22 @@ def test_fit_tables_cover_the_sweep(tiny_study):
     assert sorted(baselines.groupby(["head", "solver"])["control"].apply(sorted).items()) == [
         (("full_bias", "adam"), sorted([*arms, "others", "own vs others"])),
         (("full_bias", "exact"), sorted([*arms, "others", "own vs others"])),
+        (("neural_cache", "exact"), sorted([*arms, "others", "own vs others"])),  # others: a same-size store
         (("unigram", "exact"), arms),  # the unigram's capacity is a mixture weight: no theta to hand to others
     ]
     assert (table["n_users"] == 4).all() and (heads["params_per_user"] == 8).all()
     # every arm's capacity was chosen on the grid, at its end only if flagged so
     fitted = table[table["capacity"].notna()]
-    grid = {**dict.fromkeys(["full_bias", *heads["head"]], set(RADII)), "unigram": set(LAMBDAS)}
+    grid = {**dict.fromkeys(["full_bias", *heads["head"]], set(RADII)), **dict.fromkeys(CACHES, set(LAMBDAS))}
     assert all(capacity in grid[head] for head, capacity in zip(fitted["head"], fitted["capacity"]))
-    assert set(fitted["at_edge"].fillna("")) <= {"", "low", "high"}
+    neural = fitted[fitted["head"] == "neural_cache"]
+    assert len(neural) == 3 and neural["temperature"].isin(TEMPERATURES).all()
+    assert fitted[fitted["head"] != "neural_cache"]["temperature"].isna().all()
+    edges = {edge for flags in fitted["at_edge"].fillna("") for edge in flags.split(", ")}
+    assert edges <= {"", "low", "high", "low temperature", "high temperature"}
     beyond = heads[heads["control"] == "global+personal"]
     assert (beyond["sum_theta_norm"] > 0).all()
-    numbers = heads.drop(columns="sum_theta_norm").select_dtypes("number")
+    numbers = heads.drop(columns=["sum_theta_norm", "temperature"]).select_dtypes("number")  # T: the neural cache's
     controls = heads["control"].isin(["others", "own vs others"])  # comparisons of scores: no fit of their own
     own_fit = ["kl", "fit_objective", "fit_certificate_max", "frac_on_ball", "capacity"]
     finite = numbers[~controls].abs().lt(float("inf")), numbers[controls].drop(columns=own_fit).abs().lt(float("inf"))
