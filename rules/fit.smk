@@ -100,8 +100,8 @@ rule fit_global_neural_cache:
 
 rule validate:
     input:
-        global_fit=global_paths("thetas.parquet"),
         **CACHE_BASELINES,
+        global_fit=global_paths("thetas.parquet"),
         shards=shard_paths(),
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
@@ -150,8 +150,8 @@ rule capacity:
 
 rule fit:
     input:
-        global_fit=global_paths("thetas.parquet"),
         **CACHE_BASELINES,
+        global_fit=global_paths("thetas.parquet"),
         capacity=rules.capacity.output[0],
         warm=rules.validate.output.warm,
         shards=shard_paths(),
@@ -181,8 +181,8 @@ rule fit:
 
 rule fit_others:
     input:
-        global_fit=global_paths("thetas.parquet"),
         **CACHE_BASELINES,
+        global_fit=global_paths("thetas.parquet"),
         fits=fit_job_paths("fits.parquet"),
         shards=shard_paths(),
         users=rules.corpus.output.users,
