@@ -50,6 +50,7 @@ class Chunk:
     nll0: torch.Tensor  # [c] base cross-entropy per token
     p0: torch.Tensor | None  # [V, c] the model's probabilities up to a factor per token; None: recomputed
     floor: CacheFloor | None = None  # a neural cache's part of a mixture base, per token (Tokens.mixed)
+    scale: torch.Tensor | None = None  # [c] a mixture's weight / Σ_v p0_v, once per token (Tokens.mixed)
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,15 @@ class Mixture:
     weight: float
     floor: torch.Tensor | None  # [V]
 
-    def probabilities(self, p0: torch.Tensor, out: torch.Tensor | None = None, floor: CacheFloor | None = None):
+    def probabilities(self, p0: torch.Tensor, out=None, floor: CacheFloor | None = None, scale=None) -> torch.Tensor:
         """The mixture [V, c] from the model's p0 [V, c] (up to a factor per token) and the chunk's
-        neural-cache `floor`, normalized (into `out`)."""
-        out = torch.div(p0, p0.sum(dim=0, keepdim=True), out=out).mul_(self.weight)
-        if self.floor is not None:
-            out.add_(self.floor.to(p0)[:, None])
+        neural-cache `floor`, normalized (into `out`): p0 scale + floor in one pass over the block, with
+        scale = weight / Σ_v p0 per token (the chunk's, computed once by Tokens.mixed; else here)."""
+        scale = (self.weight / p0.sum(dim=0) if scale is None else scale.to(p0))[None, :]
+        if self.floor is None:
+            out = torch.mul(p0, scale, out=out)
+        else:
+            out = torch.addcmul(self.floor.to(p0)[:, None], p0, scale, out=out)
         return out if floor is None else out.index_add_(0, floor.support, floor.values.to(p0))
 
     def nll(self, nll0: torch.Tensor, targets: torch.Tensor, floor: CacheFloor | None = None) -> torch.Tensor:
@@ -117,7 +121,7 @@ class Tokens:
             if self.mixture is not None:
                 if block is None:
                     block = p0.new_empty(p0.shape[0] * max(len(each.targets) for each in self.chunks))
-                p0 = self.mixture.probabilities(p0, block[: p0.numel()].view(p0.shape), chunk.floor)
+                p0 = self.mixture.probabilities(p0, block[: p0.numel()].view(p0.shape), chunk.floor, chunk.scale)
             yield chunk, p0
 
     def base_logits(self, chunk: Chunk, rows: torch.Tensor) -> torch.Tensor:
@@ -136,9 +140,10 @@ class Tokens:
             raise ValueError("these tokens already have a mixture base")
         floor = None if mixture.floor is None else mixture.floor.to(self.device)  # read with every chunk
         mixture, floors = Mixture(mixture.weight, floor), floors or [None] * len(self.chunks)
+        scales = [mixture.weight / p0.sum(dim=0) for _, p0 in self.probabilities()]  # a pass over p0, once
         chunks = [
-            Chunk(chunk.hidden, chunk.targets, mixture.nll(chunk.nll0, chunk.targets, cache), chunk.p0, cache)
-            for chunk, cache in zip(self.chunks, floors, strict=True)
+            Chunk(chunk.hidden, chunk.targets, mixture.nll(chunk.nll0, chunk.targets, cache), chunk.p0, cache, scale)
+            for chunk, cache, scale in zip(self.chunks, floors, scales, strict=True)
         ]
         return Tokens(chunks, self.layer, mixture)
 
@@ -155,7 +160,8 @@ class Tokens:
             if a < b:
                 p0 = None if chunk.p0 is None else chunk.p0[:, a:b]
                 floor = None if chunk.floor is None else chunk.floor.columns(slice(a, b))
-                chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0, floor))
+                scale = None if chunk.scale is None else chunk.scale[a:b]
+                chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0, floor, scale))
             offset += c
         return Tokens(chunks, self.layer, self.mixture)
 
