@@ -15,10 +15,10 @@ import time
 
 from finished_study import arguments, shard_zero
 
-from uph.lm.baselines import targets_of
+from uph.lm.baselines import hidden_of, targets_of
 from uph.lm.fit import fit_path
 from uph.lm.neural_cache import NeuralCache
-from uph.lm.sweep import global_neural_cache, hidden_of, prepare
+from uph.lm.sweep import global_neural_cache, prepare
 from uph.lm.tokens import validation_split
 
 

@@ -38,6 +38,11 @@ def targets_of(tokens: Tokens) -> torch.Tensor:
     return torch.cat([chunk.targets for chunk in tokens.chunks]).cpu()
 
 
+def hidden_of(tokens: Tokens) -> torch.Tensor:
+    """The tokens' hidden states [n, H], on their device."""
+    return torch.cat([chunk.hidden for chunk in tokens.chunks])
+
+
 def model_log_probs(tokens: Tokens) -> torch.Tensor:
     """log p_model(y_t) of every token (float64)."""
     return -torch.cat([chunk.nll0 for chunk in tokens.chunks]).double().cpu()

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 import torch
 
-from uph.lm.baselines import arm_nll, model_log_probs, targets_of
+from uph.lm.baselines import arm_nll, hidden_of, model_log_probs, targets_of
 from uph.lm.tokens import CacheFloor, Mixture, Tokens
 
 BLOCK_ENTRIES = 2**24  # scores [queries x entries] computed at a time: 64 MB of float32
@@ -65,11 +66,13 @@ class Datastore:
     def hidden_size(self) -> int:
         return self.keys.shape[1]
 
+    @cached_property
+    def key_norms(self) -> torch.Tensor:
+        """‖h_i‖² [m], once per datastore."""
+        return (self.keys * self.keys).sum(1)
+
     def subset(self, mask: torch.Tensor) -> Datastore:
         return Datastore(self.keys[mask], self.values[mask], self.owners[mask], self.positions[mask])
-
-    def to(self, device) -> Datastore:
-        return Datastore(*(tensor.to(device) for tensor in (self.keys, self.values, self.owners, self.positions)))
 
 
 def others_store(pool: Datastore, owner: int, size: int, user: str) -> Datastore:
@@ -87,10 +90,10 @@ def _query_blocks(store: Datastore, n: int):
     return ((start, min(start + step, n)) for start in range(0, n, step))
 
 
-def _neg_distances(store: Datastore, hidden: torch.Tensor, key_norms: torch.Tensor) -> torch.Tensor:
+def _neg_distances(store: Datastore, hidden: torch.Tensor) -> torch.Tensor:
     """-‖h - h_i‖² [b, m] of queries `hidden` [b, H], as one matrix product (float32)."""
     h = hidden.to(store.keys)
-    distances = torch.addmm(key_norms[None, :], h, store.keys.T, alpha=-2.0).add_((h * h).sum(1, keepdim=True))
+    distances = torch.addmm(store.key_norms[None, :], h, store.keys.T, alpha=-2.0).add_((h * h).sum(1, keepdim=True))
     return distances.clamp_(min=0).neg_()
 
 
@@ -99,11 +102,10 @@ def log_cache_probabilities(
 ) -> dict[float, torch.Tensor]:
     """T -> log p_cache(y_t | h_t) [n] (float64, -inf where no entry holds y_t) for every temperature,
     of held-out queries (hidden [n, H], targets [n]) that the datastore does not hold."""
-    key_norms = (store.keys * store.keys).sum(1)
     targets = targets.to(store.values.device)
     out = {t: torch.empty(len(targets), dtype=torch.float64, device=store.values.device) for t in temperatures}
     for start, stop in _query_blocks(store, len(targets)):
-        negative = _neg_distances(store, hidden[start:stop], key_norms)
+        negative = _neg_distances(store, hidden[start:stop])
         other = store.values[None, :] != targets[start:stop, None]
         for t in temperatures:
             s = negative / (t * store.hidden_size)
@@ -119,16 +121,16 @@ def cache_floor(parts, hidden: torch.Tensor, owner: int | None, start: int, gap:
     values = torch.zeros(len(support), len(hidden), dtype=torch.float32, device=support.device)
     positions = torch.arange(start, start + len(hidden), device=support.device)
     for store, t, weight in parts:
-        rows, key_norms = torch.searchsorted(support, store.values), (store.keys * store.keys).sum(1)
+        rows = torch.searchsorted(support, store.values)
         for a, b in _query_blocks(store, len(hidden)):
-            s = _neg_distances(store, hidden[a:b], key_norms).div_(t * store.hidden_size)
+            s = _neg_distances(store, hidden[a:b]).div_(t * store.hidden_size)
             if owner is not None:
                 near = (store.positions[None, :] - positions[a:b, None]).abs() <= gap
                 s.masked_fill_(near & (store.owners == owner)[None, :], -torch.inf)
             if torch.isinf(s.amax(1)).any():
                 raise ValueError(f"a query has no datastore entry beyond {gap} positions of it")
             weights = torch.softmax(s, dim=1).mul_(weight)
-            values[:, a:b] += torch.zeros(len(support), b - a, device=support.device).index_add_(0, rows, weights.T)
+            values[:, a:b].index_add_(0, rows, weights.T)  # adds into the view: the parts accumulate
     return CacheFloor(support, values)
 
 
@@ -169,12 +171,12 @@ class NeuralCache:
     def others(self, user: str, size: int) -> Datastore:
         return others_store(self.pool, self.owners[user], size, user)
 
-    def arm_nlls(self, tokens: Tokens, own: Datastore, pool: Datastore | None = None) -> dict[str, float]:
+    def arm_nlls(self, tokens: Tokens, own: Datastore) -> dict[str, float]:
         """Mean NLL of held-out `tokens` under each arm's mixture at its choice, with the user's store
-        `own` (others_store for the control) and the pooled `pool` (default: all train tokens')."""
-        pool, hidden, y = pool or self.pool, torch.cat([c.hidden for c in tokens.chunks]), targets_of(tokens)
+        `own` (others_store for the control) and the pooled one of all train tokens."""
+        hidden, y = hidden_of(tokens), targets_of(tokens)
         (t_g, lam_g), (t_p, lam_p), (t_r, lam_r) = (self.settings[arm] for arm in ARMS)
-        pooled = log_cache_probabilities(pool, hidden, y, [t_g])[t_g]
+        pooled = log_cache_probabilities(self.pool, hidden, y, [t_g])[t_g]
         users = log_cache_probabilities(own, hidden, y, sorted({t_p, t_r}))
         model = model_log_probs(tokens)
         return {

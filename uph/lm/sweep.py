@@ -54,6 +54,7 @@ from uph.lm.baselines import (
     cache_mixture,
     count,
     counts_of,
+    hidden_of,
     log_unigram,
     model_log_probs,
     targets_of,
@@ -418,8 +419,9 @@ def global_neural_cache(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.D
     log.info("neural cache: %d pooled fit-part entries of %d users, T %s", len(fit_pool), len(owners), temperatures)
     at_targets = {}  # user -> (log p_model, T -> log p_pool, T -> log p_own) at the validation targets
     for user, states in tqdm(job.users.items(), desc="neural cache validation", unit="user", mininterval=5):
-        (fit_end, start), held = splits[user], _validation_part(job, states, splits[user][1])
-        hidden, y = states.train_hidden[start:].to(job.device), targets_of(held)
+        fit_end, start = splits[user]
+        held = _validation_part(job, states, start)
+        hidden, y = hidden_of(held), targets_of(held)
         own = Datastore.of_user(states.train_hidden[:fit_end], states.train_targets[:fit_end], owners[user], job.device)
         at_targets[user] = (
             model_log_probs(held),
@@ -678,10 +680,6 @@ def read_cache_baselines(inputs, record: dict, device: torch.device) -> CacheBas
     if not settings.empty:
         neural = NeuralCache.from_tables(settings, FIT_FILE.read_table(inputs.datastore, record), device)
     return CacheBaselines(None if unigram.empty else unigram, neural)
-
-
-def hidden_of(tokens: Tokens) -> torch.Tensor:
-    return torch.cat([chunk.hidden for chunk in tokens.chunks])
 
 
 def neural_cache_arms(user: str, train: Tokens, test: Tokens, cache: NeuralCache) -> dict:
