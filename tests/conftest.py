@@ -101,6 +101,22 @@ def tiny_model_dir(tmp_path_factory):
     return make
 
 
+def with_random_test_parts(users: dict, vocab_size: int, seed: int) -> dict:
+    """The users (uph.lm.cache.UserStates) with their train parts as they are and their test parts
+    replaced by random states and targets of the same shapes: what a choice made on train tokens must
+    not notice."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        user: type(states)(
+            states.train_hidden,
+            states.train_targets,
+            torch.randn(states.test_hidden.shape, generator=generator),
+            torch.randint(0, vocab_size, states.test_targets.shape, generator=generator),
+        )
+        for user, states in users.items()
+    }
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """A tiny random Llama in float64 (tests/tiny_lm.py)."""

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import with_random_test_parts
 from tiny_lm import sample_text, tiny_llama, user_split
 
 import uph.lm.sweep
@@ -159,6 +160,18 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
         assert delta.loc[user, user] == pytest.approx(rows[user][0][0]["residual_nll"] - rows[user][0][0]["global_nll"])
 
 
+def fit_stage(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The fit stage's jobs in one process, the unigram its cache baseline: (fit_global's thetas, the
+    capacity choices, the fit jobs' rows)."""
+    thetas, validation = fit_global(job, fit)
+    unigram, unigram_validation = global_unigram(job, fit)
+    caches = CacheBaselines(unigram, None)
+    per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit)
+    choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
+    fits, _ = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm))
+    return thetas, choices, fits
+
+
 def test_no_choice_moves_when_the_test_tokens_change(planted):
     """fit_global, the validating jobs and the choices read train tokens only: scrambling every user's
     test tokens changes the scores on test and not one choice."""
@@ -168,26 +181,10 @@ def test_no_choice_moves_when_the_test_tokens_change(planted):
     heads = {point: head, Point.of("full_bias", 1.0, layer.W.shape[0]): full_bias_head(layer.W)}
 
     def study(users: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-        job = FitJob(layer, users, heads, torch.device("cpu"), gap=4)
-        thetas, validation = fit_global(job, fit)
-        unigram, unigram_validation = global_unigram(job, fit)
-        caches = CacheBaselines(unigram, None)
-        per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit)
-        choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
-        fits, _ = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm))
-        return choices, fits
+        return fit_stage(FitJob(layer, users, heads, torch.device("cpu"), gap=4), fit)[1:]
 
     users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
-    generator = torch.Generator().manual_seed(5)
-    scrambled = {
-        user: UserStates(
-            states.train_hidden,
-            states.train_targets,
-            torch.randn(states.test_hidden.shape, generator=generator),
-            torch.randint(0, layer.W.shape[0], states.test_targets.shape, generator=generator),
-        )
-        for user, states in users.items()
-    }
+    scrambled = with_random_test_parts(users, layer.W.shape[0], seed=5)
     (choices, fits), (again, scrambled_fits) = study(users), study(scrambled)
     pd.testing.assert_frame_equal(choices, again)
     assert len(choices) == 2 * 3 + 2 + 3  # svd_cvh, full bias: 3 arms each, dose k = 160, 320, unigram 3 arms
@@ -378,12 +375,7 @@ def test_every_tokens_of_a_fit_job_shares_its_one_output_layer(planted, monkeypa
         SimpleNamespace(model="model/identity.json", basis=None, users=None, shards=[]), fit, {"context": 4}, "cpu"
     )
     assert job.layer.W.dtype == torch.float32 and torch.equal(job.layer.W, stored.W.float())
-    thetas, validation = fit_global(job, fit)
-    unigram, unigram_validation = global_unigram(job, fit)
-    caches = CacheBaselines(unigram, None)
-    per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit)
-    choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
-    fits, _ = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm))
+    thetas, _, fits = fit_stage(job, fit)
     residuals = residual_thetas(fits)
     cross_user(job, point, global_thetas(thetas)[point, "exact"], residuals[point, "exact"])
     others(job, global_thetas(thetas), residuals)

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import with_random_test_parts
 
 import uph.lm.neural_cache
 from uph.config import schema_defaults
@@ -210,16 +211,7 @@ def test_no_neural_cache_choice_moves_when_the_test_tokens_change():
     def study(users: dict):
         return global_neural_cache(FitJob(layer, users, {}, torch.device("cpu"), gap=4), fit)
 
-    generator = torch.Generator().manual_seed(6)
-    replaced = {
-        user: UserStates(
-            states.train_hidden,
-            states.train_targets,
-            torch.randn(states.test_hidden.shape, generator=generator),
-            torch.randint(0, V, states.test_targets.shape, generator=generator),
-        )
-        for user, states in users.items()
-    }
+    replaced = with_random_test_parts(users, V, seed=6)
     (settings, datastore, validation), (again, datastore_again, validation_again) = study(users), study(replaced)
     pd.testing.assert_frame_equal(settings, again)
     pd.testing.assert_frame_equal(validation, validation_again)
