@@ -22,9 +22,11 @@ $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-# gpu=1: the jobs that compute on a GPU (device auto where one is visible) take it one at a time.
+# gpu=$(GPU_SLOTS): the jobs that compute on a GPU (device auto where one is visible) share it, four at a
+# time (profiles/local says why four).
+GPU_SLOTS ?= 4
 reproduce: setup
-	$(BIN)/snakemake --cores $(CORES) --resources gpu=1 --configfile config.yaml
+	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPU_SLOTS) --configfile config.yaml
 	$(MAKE) --no-print-directory $(RESULTS)/report.html
 
 # Snakemake's report of the finished run (RESULTS is config.yaml's `results`), rebuilt only when the

@@ -58,9 +58,17 @@ def job_device(branch):
 
 
 def gpus(branch):
-    """GPUs a job of `branch` asks for (resource `gpu`): one where its device is cuda, or auto and the machine
-    building the DAG sees a GPU (uph.device.gpu_visible: an NVIDIA device file and a CUDA build of torch)."""
+    """GPU slots a job of `branch` asks for (resource `gpu`): one where its device is cuda, or auto and the
+    machine building the DAG sees a GPU (uph.device.gpu_visible: an NVIDIA device file and a CUDA build of
+    torch). On one machine the run's `gpu` resource is how many such jobs share its GPU (profiles/local);
+    on SLURM a slot is a GPU of the job's own (--gpus=1)."""
     return 1 if requests_gpu(job_device(branch)) else 0
+
+
+def extract_threads(wildcards):
+    """Extraction's cores: on a GPU two (tokenizing and writing parquet beside the GPU's forward passes; the
+    cores stay with the jobs that compute on them), else the run's cores split between the shards."""
+    return 2 if gpus("extract") else max(1, workflow.cores // config["extract"]["shards"])
 
 
 def results(*parts):
@@ -73,8 +81,16 @@ def shard_paths():
 
 
 FIT = config["fit"]
-# The fit stage's per-user work runs in fit.jobs jobs (users balanced by train tokens, uph.lm.partition),
-# whatever the shards and the cores; the global fit in one job per method.
+
+
+def fit_jobs():
+    """Jobs of each per-user fit rule: fit.gpu_jobs where the fit stage asks for a GPU (a few jobs of many
+    users each, fitted in lockstep, share the GPU's slots), else fit.jobs (users balanced by train tokens,
+    uph.lm.partition, whatever the shards and the cores). The global fit runs in one job per method."""
+    return FIT["gpu_jobs"] if gpus("fit") else FIT["jobs"]
+
+
+FIT_JOBS = fit_jobs()
 FIT_JOB = results("fit", "job~{job}")
 SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")  # one sweep point's folder
 CROSS_USER_BLOCK = os.path.join(SWEEP, "cross_user-job~{job}.parquet")  # one fit job's texts, every theta
@@ -90,7 +106,7 @@ CACHE_BASELINES = {  # the cache baselines' global tables a per-user fit job rea
 
 def fit_job_paths(name):
     """`name` (validation, fits, dose, others or cross_user-headline .parquet) of every fit job."""
-    return expand(f"{FIT_JOB}/{name}", job=range(FIT["jobs"]))
+    return expand(f"{FIT_JOB}/{name}", job=range(FIT_JOBS))
 
 
 def global_methods():
@@ -106,7 +122,7 @@ def global_paths(name):
 
 def cross_user_paths():
     """Every block of every point of fit.cross_user."""
-    return [CROSS_USER_BLOCK.format(**point, job=job) for point in FIT["cross_user"] for job in range(FIT["jobs"])]
+    return [CROSS_USER_BLOCK.format(**point, job=job) for point in FIT["cross_user"] for job in range(FIT_JOBS)]
 
 
 COPY_TASK = config["copy_task"]

@@ -12,7 +12,7 @@ rule extract:
     benchmark:
         results("benchmarks", "extract-{shard}.tsv")
     priority: LM_PRIORITY
-    threads: lambda wildcards: max(1, workflow.cores // config["extract"]["shards"])  # the shards split the cores
+    threads: extract_threads
     resources:
         mem_mb=8000,
         gpu=gpus("extract"),

@@ -120,7 +120,7 @@ rule validate:
         gpu=gpus("fit"),
     params:
         fit=FIT_VALIDATE,
-        jobs=FIT["jobs"],
+        jobs=FIT_JOBS,
         cache=CACHE_IDENTITY,
         device=job_device("fit"),
     script:
@@ -172,7 +172,7 @@ rule fit:
         gpu=gpus("fit"),
     params:
         fit=FIT_USERS,
-        jobs=FIT["jobs"],
+        jobs=FIT_JOBS,
         cache=CACHE_IDENTITY,
         device=job_device("fit"),
     script:
@@ -200,7 +200,7 @@ rule fit_others:
         gpu=gpus("fit"),
     params:
         fit=FIT_OTHERS,
-        jobs=FIT["jobs"],
+        jobs=FIT_JOBS,
         cache=CACHE_IDENTITY,
         device=job_device("fit"),
     script:
@@ -228,7 +228,7 @@ rule cross_user:
     params:
         solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
         heads=FIT_HEADS,
-        jobs=FIT["jobs"],
+        jobs=FIT_JOBS,
         cache=CACHE_IDENTITY,
         device=job_device("fit"),
     script:
@@ -279,7 +279,7 @@ rule cross_user_headline:
         gpu=gpus("fit"),
     params:
         heads=FIT_HEADS,
-        jobs=FIT["jobs"],
+        jobs=FIT_JOBS,
         cache=CACHE_IDENTITY,
         device=job_device("fit"),
     script:

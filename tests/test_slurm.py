@@ -76,10 +76,9 @@ def planned_gpus(dry_run: str) -> dict[str, set[int]]:
 
 
 def test_each_branch_asks_for_a_gpu_where_its_device_is_cuda(tmp_path):
-    """The tiny study's dry runs: with `device: cuda` (through the local profile, which gives the run one
-    GPU slot) extraction and the fit stage ask for a GPU and the training runs do not; with `<branch>.device`
-    keys each branch follows its own, auto asking only where this machine could run CUDA (gpu_visible)."""
-    assert yaml.safe_load((LOCAL_PROFILE / "config.v8+.yaml").read_text())["resources"]["gpu"] == 1
+    """The tiny study's dry runs: with `device: cuda` (through the local profile) extraction and the fit
+    stage ask for a GPU slot and the training runs do not; with `<branch>.device` keys each branch follows
+    its own, auto asking only where this machine could run CUDA (gpu_visible)."""
     run = snakemake(tmp_path / "cuda", "-n", "--profile", str(LOCAL_PROFILE), "--config", "device=cuda")
     assert run.returncode == 0, run.stderr[-3000:]
     gpus = planned_gpus(run.stdout)
@@ -97,16 +96,50 @@ def test_each_branch_asks_for_a_gpu_where_its_device_is_cuda(tmp_path):
     assert all(gpus[rule] == {0} for rule in FIT_STAGE)  # fit.device null: the top-level cpu
 
 
+def planned_threads(dry_run: str) -> dict[str, set[int]]:
+    """rule -> the `threads` of its planned jobs."""
+    found = {}
+    for rule, threads in re.findall(
+        r"^rule (\w+):\n(?:    (?!threads).*\n)*    threads: (\d+)$", dry_run, re.MULTILINE
+    ):
+        found.setdefault(rule, set()).add(int(threads))
+    return found
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_the_default_on_one_gpu_machine_takes_a_few_rounds_of_its_gpu_slots(tmp_path, device):
+    """The default's dry run through the local profile on 16 cores: with device cuda its GPU jobs ask for
+    one slot each and need at most 12 rounds of the slots the profile grants (jobs x slots asked / slots;
+    58 x 1 / 1 before fit.gpu_jobs), extraction asks for 2 cores; with device cpu the layout is the CPU's
+    (fit.jobs per-user jobs, extraction on the cores the shards split)."""
+    slots = yaml.safe_load((LOCAL_PROFILE / "config.v8+.yaml").read_text())["resources"]["gpu"]
+    run = snakemake(
+        tmp_path, "-n", "--profile", str(LOCAL_PROFILE), "--cores", "16", "--config", f"device={device}",
+        config="config.yaml",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    study = validate(yaml.safe_load((REPO / "config.yaml").read_text()))
+    jobs, gpus, threads = planned_jobs(run.stdout), planned_gpus(run.stdout), planned_threads(run.stdout)
+    per_user = study["fit"]["gpu_jobs" if device == "cuda" else "jobs"]
+    assert jobs["validate"] == jobs["fit"] == jobs["fit_others"] == jobs["cross_user_headline"] == per_user
+    asked = sum(jobs[rule] * max(counts) for rule, counts in gpus.items())
+    if device == "cpu":
+        assert asked == 0 and threads["extract"] == {16 // study["extract"]["shards"]}
+        return
+    assert {rule for rule, counts in gpus.items() if counts == {1}} == GPU_RULES - {"cross_user"}  # none listed
+    assert asked / slots <= 12 and threads["extract"] == {2}, (asked, slots)
+
+
 def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
     run = snakemake(tmp_path, "-n", "--profile", str(SLURM_PROFILE), config="config/cluster-example.yaml", timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     study = validate(yaml.safe_load((REPO / "config/cluster-example.yaml").read_text()))  # with the defaults
     fit, shards = study["fit"], study["extract"]["shards"]
     points = len(fit["heads"]) * len(fit["alphas"]) * len(fit["ds"])
-    jobs = planned_jobs(run.stdout)
-    assert jobs["extract"] == shards and jobs["fit"] == jobs["validate"] == jobs["fit_others"] == fit["jobs"]
+    jobs, per_user = planned_jobs(run.stdout), fit["gpu_jobs"]  # device: cuda
+    assert jobs["extract"] == shards and jobs["fit"] == jobs["validate"] == jobs["fit_others"] == per_user
     assert jobs["fit_global"] == len(set(fit["heads"])) + ("full_bias" in fit["baselines"])
-    assert jobs["cross_user_headline"] == fit["jobs"] and jobs["cross_user"] == len(fit["cross_user"]) * fit["jobs"]
+    assert jobs["cross_user_headline"] == per_user and jobs["cross_user"] == len(fit["cross_user"]) * per_user
     assert points > 1 and jobs["personalization_table"] == 1
     assert jobs["copy_task_train"] == len(study["copy_task"]["attentions"]) * len(study["copy_task"]["seeds"])
     assert jobs["feedback_train"] == len(study["feedback"]["methods"]) * len(study["feedback"]["seeds"])
