@@ -17,9 +17,9 @@ from finished_study import arguments, shard_zero
 
 from uph.lm.baselines import hidden_of, targets_of
 from uph.lm.fit import fit_path
+from uph.lm.global_fit import global_neural_cache
 from uph.lm.neural_cache import NeuralCache
-from uph.lm.sweep import global_neural_cache, prepare
-from uph.lm.tokens import validation_split
+from uph.lm.tokens import prepare, validation_split
 
 
 def main() -> None:

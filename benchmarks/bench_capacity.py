@@ -19,7 +19,7 @@ import pandas as pd
 from finished_study import arguments, shard_zero
 
 from uph.lm.fit import SEED_RADIUS, fit_path, fit_theta
-from uph.lm.sweep import global_thetas, prepared
+from uph.lm.fit_job import global_thetas, prepared
 from uph.lm.tokens import validation_split
 
 

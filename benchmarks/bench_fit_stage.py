@@ -17,7 +17,7 @@ import time
 from finished_study import arguments, shard_zero
 
 from uph.lm.fit import fit_theta
-from uph.lm.sweep import prepared
+from uph.lm.fit_job import prepared
 
 
 def main() -> None:

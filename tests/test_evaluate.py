@@ -15,36 +15,25 @@ import torch.nn.functional as F
 from conftest import with_random_test_parts
 from tiny_lm import sample_text, tiny_llama, user_split
 
-import uph.lm.sweep
+import uph.lm.controls
+import uph.lm.fit_job
+import uph.lm.global_fit
+import uph.lm.validate
 from uph.config import schema_defaults
 from uph.lm.baselines import cache_mixture, log_unigram, mixture, unigram_nll
 from uph.lm.cache import UserStates
 from uph.lm.capacity import chosen
+from uph.lm.controls import cross_user, others, residual_thetas
 from uph.lm.evaluate import HeldOut
 from uph.lm.fit import fit_theta
+from uph.lm.fit_job import CacheBaselines, FitConfig, FitJob, Point, capacity_choices, global_thetas, load_methods
+from uph.lm.global_fit import fit_global, global_unigram
 from uph.lm.heads import HeadSettings, full_bias_head, make_head
 from uph.lm.models import OutputLayer
+from uph.lm.refit import fit_user, fit_users
 from uph.lm.solvers import SolverSettings
-from uph.lm.sweep import (
-    CacheBaselines,
-    FitConfig,
-    FitJob,
-    Point,
-    capacity_choices,
-    cross_user,
-    fit_global,
-    fit_user,
-    fit_users,
-    global_thetas,
-    global_unigram,
-    load_methods,
-    others,
-    residual_thetas,
-    validate_user,
-    validate_users,
-    warm_starts,
-)
 from uph.lm.tokens import pool, prepare
+from uph.lm.validate import validate_user, validate_users, warm_starts
 
 D = 8
 NO_CACHES = CacheBaselines(None, None)
@@ -366,11 +355,12 @@ def test_every_tokens_of_a_fit_job_shares_its_one_output_layer(planted, monkeypa
         "read_model_identity": {"weights_sha256": "-"},
     }
     for name, value in reads.items():
-        monkeypatch.setattr(uph.lm.sweep, name, lambda *_, value=value: value)
-    made, prepare_tokens = [], uph.lm.sweep.prepare
-    monkeypatch.setattr(
-        uph.lm.sweep, "prepare", lambda *args, **kwargs: made.append(prepare_tokens(*args, **kwargs)) or made[-1]
-    )
+        monkeypatch.setattr(uph.lm.fit_job, name, lambda *_, value=value: value)
+    made, prepare_tokens = [], uph.lm.fit_job.prepare
+    for module in (uph.lm.fit_job, uph.lm.global_fit, uph.lm.validate, uph.lm.controls):
+        monkeypatch.setattr(
+            module, "prepare", lambda *args, **kwargs: made.append(prepare_tokens(*args, **kwargs)) or made[-1]
+        )
     job = load_methods(
         SimpleNamespace(model="model/identity.json", basis=None, users=None, shards=[]), fit, {"context": 4}, "cpu"
     )

@@ -18,6 +18,8 @@ import uph.lm.neural_cache
 from uph.config import schema_defaults
 from uph.lm.cache import UserStates
 from uph.lm.capacity import choose
+from uph.lm.fit_job import FitConfig, FitJob
+from uph.lm.global_fit import global_neural_cache
 from uph.lm.models import OutputLayer
 from uph.lm.neural_cache import (
     Datastore,
@@ -29,7 +31,6 @@ from uph.lm.neural_cache import (
     others_store,
     pooled_datastore,
 )
-from uph.lm.sweep import FitConfig, FitJob, global_neural_cache
 from uph.lm.tokens import Mixture, prepare
 
 V, H = 11, 4

@@ -5,15 +5,9 @@ from its validation path's ball at the chosen radius."""
 import torch
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.sweep import (
-    FitConfig,
-    fit_users,
-    global_thetas,
-    job_users,
-    load_methods,
-    read_cache_baselines,
-    warm_starts,
-)
+from uph.lm.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
+from uph.lm.refit import fit_users
+from uph.lm.validate import warm_starts
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

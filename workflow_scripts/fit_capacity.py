@@ -3,7 +3,7 @@ fit_global and every validate job (uph.lm.capacity)."""
 
 from uph.artifacts import job_record, write_recorded
 from uph.lm.capacity import EDGES
-from uph.lm.sweep import capacity_choices
+from uph.lm.fit_job import capacity_choices
 from uph.lm.tables import read_in_user_order
 from uph.logs import rule_logging
 

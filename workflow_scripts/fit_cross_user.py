@@ -8,8 +8,9 @@ import pandas as pd
 import torch
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
+from uph.lm.controls import cross_user, residual_thetas
+from uph.lm.fit_job import Point, global_thetas, job_users, load_fit_job
 from uph.lm.heads import HeadSettings
-from uph.lm.sweep import Point, cross_user, global_thetas, job_users, load_fit_job, residual_thetas
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

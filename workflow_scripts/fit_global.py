@@ -4,7 +4,8 @@ its radius chosen on validation, on all users' train tokens pooled, with the val
 import torch
 
 from uph.artifacts import job_record, write_recorded
-from uph.lm.sweep import FitConfig, fit_global, load_methods
+from uph.lm.fit_job import FitConfig, load_methods
+from uph.lm.global_fit import fit_global
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

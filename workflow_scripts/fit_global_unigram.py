@@ -6,7 +6,8 @@ import torch
 
 from uph.artifacts import job_record, write_recorded
 from uph.lm.baselines import UNIGRAM
-from uph.lm.sweep import FitConfig, global_unigram, load_fit_job
+from uph.lm.fit_job import FitConfig, load_fit_job
+from uph.lm.global_fit import global_unigram
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

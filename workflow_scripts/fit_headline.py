@@ -7,7 +7,7 @@ import json
 import pandas as pd
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.sweep import Point
+from uph.lm.fit_job import Point
 from uph.lm.tables import personalization_table, read_in_user_order
 from uph.logs import rule_logging
 from uph.report.study import best_beyond_global

@@ -6,16 +6,8 @@ the neural cache with a store of the same size drawn from the other users' (uph.
 import torch
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.sweep import (
-    CACHES,
-    FitConfig,
-    global_thetas,
-    job_users,
-    load_methods,
-    others,
-    read_cache_baselines,
-    residual_thetas,
-)
+from uph.lm.controls import others, residual_thetas
+from uph.lm.fit_job import CACHES, FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

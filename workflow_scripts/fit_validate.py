@@ -5,7 +5,8 @@ warm start for the fit job's refits (uph.lm.sweep.warm_starts)."""
 import torch
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.sweep import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines, validate_users
+from uph.lm.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
+from uph.lm.validate import validate_users
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

@@ -1,0 +1,262 @@
+"""The fit stage's fit job (rules/fit.smk).
+
+`fit_users` refits each arm at
+its choice (`fit_arms`, `fit_on_cache`), the dose-response (`fit_dose_response`) and the caches' arms
+(`unigram_arms`, `neural_cache_arms`) and scores them on test.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pandas as pd
+import torch
+
+from uph.lm.baselines import counts_of, hidden_of, log_unigram, targets_of, unigram_nll
+from uph.lm.evaluate import HeldOut
+from uph.lm.fit import HeadOnTokens, WarmStart, fit_theta
+from uph.lm.fit_job import (
+    ARMS,
+    CACHES,
+    NEURAL_CACHE_METHOD,
+    UNIGRAM_METHOD,
+    CacheBaselines,
+    FitConfig,
+    FitJob,
+    Point,
+    _fit_columns,
+    _radius,
+    prepared,
+)
+from uph.lm.heads import Head
+from uph.lm.neural_cache import NeuralCache
+from uph.lm.tokens import Tokens
+
+log = logging.getLogger(__name__)
+
+
+def fit_arms(
+    train: Tokens,
+    held_out: HeldOut,
+    head: Head,
+    theta_g: torch.Tensor,
+    radii: tuple[float, float],
+    solver: str,
+    fit: FitConfig,
+    user: str,
+    label: str,
+    starts: tuple[WarmStart | None, WarmStart | None] = (None, None),
+) -> tuple[dict, torch.Tensor]:
+    """One user's three arms at one point and solver, scored on the held-out text: the global theta_g,
+    the personal theta from zero and the residual theta_r on top of theta_g, each at its chosen radius
+    (`radii`: personal, residual), each refit from its validation path's ball there when `starts` has it.
+    Returns the row's columns and theta_r."""
+    shared = HeadOnTokens(train, head)
+    theta_p, personal = fit_theta(train, head, solver, fit.solver, radii[0], None, user, label, shared, starts[0])
+    theta_r, residual = fit_theta(train, head, solver, fit.solver, radii[1], theta_g, user, label, shared, starts[1])
+    global_, personal_, residual_ = held_out.many(torch.stack([theta_g, theta_p.double(), theta_g + theta_r.double()]))
+    columns = {
+        "base_nll": held_out.base_nll,
+        "global_nll": global_["nll"],
+        "personal_nll": personal_["nll"],
+        "residual_nll": residual_["nll"],
+        "global_kl": global_["kl"],
+        "personal_kl": personal_["kl"],
+        "residual_kl": residual_["kl"],
+        **_fit_columns("personal", personal),
+        **_fit_columns("residual", residual),
+        "sum_theta_norm": float((theta_g + theta_r.double()).norm()),
+        "theta_personal": theta_p.double().tolist(),
+        "theta_residual": theta_r.double().tolist(),
+    }
+    return columns, theta_r
+
+
+def fit_dose_response(
+    train: Tokens,
+    held_out: HeldOut,
+    head: Head,
+    theta_g: torch.Tensor,
+    theta_r: torch.Tensor,
+    global_nll: float,
+    radii: dict[int, float],
+    solver: str,
+    fit: FitConfig,
+    starts: dict[int, WarmStart | None] | None = None,
+) -> list[dict]:
+    """The residual arm refitted on the user's first k train tokens at the radius chosen for k, for each k
+    of `radii` (k -> radius: fit.dose_response's sizes below the user's count, then all of them, whose
+    theta_r is already fitted): the held-out NLL of each, beside the global theta's (`global_nll`, from
+    the arms); `starts`: k -> the warm start of k's refit."""
+    rows, starts = [], starts or {}
+    for k, radius in sorted(radii.items()):
+        theta_k = theta_r
+        if k < train.n:
+            start = starts.get(k)
+            theta_k = fit_theta(train.prefix(k), head, solver, fit.solver, radius, offset=theta_g, start=start)[0]
+        rows.append(
+            {
+                "train_tokens": k,
+                "all_train_tokens": k == train.n,
+                "radius": radius,
+                "global_nll": global_nll,
+                "residual_nll": held_out(theta_g + theta_k)["nll"],
+            }
+        )
+    return rows
+
+
+def neural_cache_arms(user: str, train: Tokens, test: Tokens, cache: NeuralCache) -> dict:
+    """One user's neural cache mixtures in the three arms at their chosen (T, lambda), scored on test: the
+    columns of a fits row (uph.lm.neural_cache)."""
+    nlls = cache.arm_nlls(test, cache.own(user, hidden_of(train), targets_of(train)))
+    return {"base_nll": test.base_nll, **{f"{arm}_nll": nll for arm, nll in nlls.items()}}
+
+
+def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
+    """One user's unigram mixtures in the three arms at their chosen lambdas, scored on test: the columns
+    of a fits row (uph.lm.baselines)."""
+    pooled = log_unigram(torch.tensor(unigram["counts"].iloc[0], dtype=torch.float64))
+    own = log_unigram(counts_of(train, len(pooled)))
+    lams = {arm: float(unigram[f"lambda_{arm}"].iloc[0]) for arm in ARMS}
+    return {
+        "base_nll": test.base_nll,
+        "global_nll": unigram_nll("global", lams["global"], test, pooled, own),
+        "personal_nll": unigram_nll("personal", lams["personal"], test, pooled, own),
+        "residual_nll": unigram_nll("residual", lams["residual"], test, pooled, own, lams["global"]),
+        "personal_lambda": lams["personal"],
+        "residual_lambda": lams["residual"],
+    }
+
+
+def fit_on_cache(
+    train: Tokens,
+    test: Tokens,
+    head: Head,
+    radius: float,
+    solver: str,
+    fit: FitConfig,
+    user: str,
+    label: str,
+    start: WarmStart | None = None,
+    prefix: str = "cache",
+) -> dict:
+    """A head fitted on a cache (`train` and `test` on its residual arm's mixture, Tokens.mixed) at its
+    chosen radius, scored on test against the mixture alone: the columns <prefix>_nll, <prefix>_head_nll,
+    the fit's and theta_<prefix> (`prefix`: the cache's, CACHES)."""
+    theta, result = fit_theta(train, head, solver, fit.solver, radius, user=user, label=label, start=start)
+    held_out = HeldOut(test, head)
+    return {
+        f"{prefix}_nll": held_out.base_nll,
+        f"{prefix}_head_nll": held_out(theta)["nll"],
+        **_fit_columns(prefix, result),
+        f"theta_{prefix}": theta.double().tolist(),
+    }
+
+
+def fit_user(
+    user: str,
+    train: Tokens,
+    test: Tokens,
+    heads: dict[Point, Head],
+    thetas_g: dict,
+    choices: pd.DataFrame,
+    caches: CacheBaselines,
+    fit: FitConfig,
+    gap: int,
+    starts: dict[tuple, WarmStart] | None = None,
+) -> tuple[list[dict], list[dict]]:
+    """One user's rows: (every method x solver with its three arms, and the cache baselines'; dose-response).
+    The heads of fit.on_cache are also fitted on their cache's residual-arm mixture (fit_on_cache).
+    `starts`: the validate job's warm starts (warm_starts); a refit without one starts cold."""
+    starts = starts or {}
+
+    def start(point: Point, solver: str, arm: str, radius: float, k: int | None = None) -> WarmStart | None:
+        return starts.get((point, solver, arm, k, user, float(radius)))
+
+    dose_points, on_mixture = dict(fit.dose_response.points), {}
+    for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # every head on a cache shares its tokens
+        on_cache = caches.on_cache(cache, user, hidden_of(train), targets_of(train), False, gap)
+        on_mixture[cache] = (on_cache(train, own=True), on_cache(test))
+    fits, dose = [], []
+    user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
+    for point, head in heads.items():
+        held_out = HeldOut(test, head)
+        for solver in fit.solvers:
+            theta_g = thetas_g[(point, solver)]
+            radii = tuple(_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
+            warm = (start(point, solver, "personal", radii[0]), start(point, solver, "residual", radii[1]))
+            arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm)
+            for cache in [cache for at, by, cache in fit.on_cache if (at, by) == (point, solver)]:
+                prefix = CACHES[cache]
+                radius = _radius(choices, point, solver, prefix)
+                warm_cache = start(point, solver, prefix, radius)
+                tokens = on_mixture[cache]
+                arms |= fit_on_cache(*tokens, head, radius, solver, fit, user, point.label, warm_cache, prefix)
+            fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
+            if dose_points.get(point) == solver:
+                ks = [k for k in fit.dose_response.train_tokens if k < train.n]
+                dose_radii = {k: _radius(choices, point, solver, "residual", k) for k in ks} | {train.n: radii[1]}
+                dose_starts = {k: start(point, solver, "residual", dose_radii[k], k) for k in ks}
+                dose += [
+                    {**point.columns, "solver": solver, "user": user, **row}
+                    for row in fit_dose_response(
+                        train,
+                        held_out,
+                        head,
+                        theta_g,
+                        theta_r,
+                        arms["global_nll"],
+                        dose_radii,
+                        solver,
+                        fit,
+                        dose_starts,
+                    )
+                ]
+        log.info(
+            "%s %s: beyond global %+.4f, personal %+.4f",
+            user,
+            point.label,
+            fits[-1]["residual_nll"] - fits[-1]["global_nll"],
+            fits[-1]["personal_nll"] - fits[-1]["base_nll"],
+        )
+    if caches.unigram is not None:
+        vocab_and_lambda = train.layer.W.shape[0] + 1
+        fits.append(
+            {
+                **UNIGRAM_METHOD,
+                **user_columns,
+                "params_per_user": vocab_and_lambda,
+                **unigram_arms(train, test, caches.unigram),
+            }
+        )
+    if caches.neural is not None:
+        store = train.n * (train.layer.W.shape[1] + 1)  # the user's states and next tokens
+        fits.append(
+            {
+                **NEURAL_CACHE_METHOD,
+                **user_columns,
+                "params_per_user": store,
+                **neural_cache_arms(user, train, test, caches.neural),
+            }
+        )
+    return fits, dose
+
+
+def fit_users(
+    job: FitJob,
+    thetas_g: dict,
+    choices: pd.DataFrame,
+    caches: CacheBaselines,
+    fit: FitConfig,
+    starts: dict[tuple, WarmStart] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every user of one fit job: (fits, dose_response) tables (module docstring), each refit warm from
+    its validation path's ball at the chosen radius where `starts` (warm_starts) has it."""
+    tables = ([], [])
+    for user, states in job.users.items():
+        train, test = prepared(states, job.layer, job.device)
+        rows = fit_user(user, train, test, job.heads, thetas_g, choices, caches, fit, job.gap, starts)
+        for table, user_rows in zip(tables, rows):
+            table.extend(user_rows)
+    return tuple(pd.DataFrame(rows) for rows in tables)

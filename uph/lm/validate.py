@@ -1,0 +1,125 @@
+"""The fit stage's validate job (rules/fit.smk).
+
+`validate_users` walks the personal and residual paths (and the dose-response's, on each prefix's own
+tail, and the cache arms') of a job's users.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from uph.errors import ConfigError
+from uph.lm.baselines import hidden_of, targets_of
+from uph.lm.evaluate import HeldOut
+from uph.lm.fit import HeadOnTokens, WarmStart, fit_path
+from uph.lm.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, _choice_columns, _scored_path
+from uph.lm.heads import Head
+from uph.lm.tokens import Tokens, prepare, validation_split
+
+log = logging.getLogger(__name__)
+
+
+def _dose_split(train: Tokens, k: int, fraction: float, gap: int) -> tuple[Tokens, Tokens]:
+    try:
+        return validation_split(train.prefix(k), fraction, gap)
+    except ValueError as error:
+        raise ConfigError(
+            f"config key 'fit.dose_response.train_tokens': {k} is too few to validate on: {error}"
+        ) from None
+
+
+def validate_user(
+    user: str,
+    train: Tokens,
+    heads: dict[Point, Head],
+    thetas_g_fit: dict,
+    caches: CacheBaselines,
+    fit: FitConfig,
+    gap: int,
+) -> tuple[list[dict], list[dict]]:
+    """One user's validation rows: the personal and residual paths of every method and solver on the fit
+    part, scored on the validation part; the dose-response's residual paths on each prefix k's own fit
+    part and tail; the paths of fit.on_cache's heads on their cache's mixture (the residual arm's, from
+    the fit part: CacheBaselines.on_cache). Returns (validation rows,
+    warm-start rows: every ball's theta and BFGS model, for the refit at the radius chosen, _warm_rows)."""
+    capacity = fit.capacity
+    fit_part, held = validation_split(train, capacity.validation_fraction, gap)
+    dose_points, ks = dict(fit.dose_response.points), [k for k in fit.dose_response.train_tokens if k < train.n]
+    rows, warm = [], []
+
+    def scored(held_out: HeldOut, path, offset, columns: dict) -> None:
+        rows.extend(_scored_path(held_out, path, offset, {**columns, "user": user}))
+        warm.extend(_warm_rows(path, {**columns, "user": user}))
+
+    for point, head in heads.items():
+        held_out = HeldOut(held, head)
+        for solver in fit.solvers:
+            theta_g, shared = thetas_g_fit[(point, solver)], HeadOnTokens(fit_part, head)
+            personal = fit_path(fit_part, head, solver, fit.solver, capacity.radii, None, user, point.label, shared)
+            residual = fit_path(fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label, shared)
+            scored(held_out, personal, None, _choice_columns(point, solver, "personal"))
+            scored(held_out, residual, theta_g, _choice_columns(point, solver, "residual"))
+            if dose_points.get(point) != solver:
+                continue
+            for k in ks:
+                fit_k, held_k = _dose_split(train, k, capacity.validation_fraction, gap)
+                path = fit_path(fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label)
+                scored(HeldOut(held_k, head), path, theta_g, _choice_columns(point, solver, "residual", k))
+    for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # each cache's mixture once
+        on_cache = caches.on_cache(cache, user, hidden_of(fit_part), targets_of(fit_part), True, gap)
+        fit_cache, held_cache = on_cache(fit_part, own=True), on_cache(held)
+        for point, solver in [(point, solver) for point, solver, name in fit.on_cache if name == cache]:
+            path = fit_path(fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label)
+            scored(HeldOut(held_cache, heads[point]), path, None, _choice_columns(point, solver, CACHES[cache]))
+    return rows, warm
+
+
+WARM_MAX_D = 128  # a warm start's BFGS model is d² doubles: 128 KB at d = 128, 2.6 MB at d = 576 (cold there)
+
+
+def _warm_rows(path, columns: dict) -> list[dict]:
+    """Each ball's warm start (uph.lm.fit.WarmStart) for a refit at its radius: its theta and the exact
+    solver's dense BFGS model, up to d = WARM_MAX_D (beyond, and for adam, the refit starts cold)."""
+    return [
+        {
+            **columns,
+            "capacity": result.radius,
+            "theta": theta.double().tolist(),
+            "model": result.model.flatten().tolist(),
+        }
+        for theta, result in path
+        if result.model is not None and result.model.dim() == 2 and len(theta) <= WARM_MAX_D
+    ]
+
+
+def warm_starts(table: pd.DataFrame) -> dict[tuple, WarmStart]:
+    """(point, solver, arm, train_tokens, user, radius) -> WarmStart, from a validate job's warm-start rows
+    (train_tokens None: all of the user's train tokens)."""
+    starts = {}
+    for row in table.itertuples():
+        theta = torch.as_tensor(np.asarray(row.theta), dtype=torch.float64)
+        model = torch.as_tensor(np.asarray(row.model), dtype=torch.float64).view(len(theta), len(theta))
+        k = None if math.isnan(row.train_tokens) else int(row.train_tokens)
+        key = (Point.of(row.head, row.alpha, row.d), row.solver, row.arm, k, row.user, float(row.capacity))
+        starts[key] = WarmStart(theta, model)
+    return starts
+
+
+def validate_users(
+    job: FitJob, thetas_g_fit: dict, caches: CacheBaselines, fit: FitConfig
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every user of one fit job: (the validation rows that capacity_choices chooses from, the warm starts
+    the fit job's refits read at the radii chosen) (validate_user)."""
+    rows, warm = [], []
+    for user, states in job.users.items():
+        train = prepare(states.train_hidden, states.train_targets, job.layer, device=job.device)
+        user_rows, user_warm = validate_user(user, train, job.heads, thetas_g_fit, caches, fit, job.gap)
+        rows += user_rows
+        warm += user_warm
+        log.info("%s: validated %d train tokens", user, train.n)
+    return pd.DataFrame(rows), pd.DataFrame(warm)
