@@ -230,10 +230,10 @@ SWEEP_KEYS = (
     *SOLVER_KEYS,
 )  # every method, every solver
 CAPACITY_KEYS = ("radii", "lambdas", "temperatures", "validation_fraction")  # the grids and the split (uph.lm.capacity)
-FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.sweep.fit_global
-FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.validate_users
-FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.sweep.fit_users (the choices come as a file)
-FIT_OTHERS_KEYS = (*SWEEP_KEYS, "on_cache")  # uph.lm.sweep.others
+FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.global_fit.fit_global
+FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.validate.validate_users
+FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.refit.fit_users (the choices come as a file)
+FIT_OTHERS_KEYS = (*SWEEP_KEYS, "on_cache")  # uph.lm.controls.others
 
 
 FEEDBACK_COMMON_KEYS = ("test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows")

@@ -1,7 +1,7 @@
 """Rule fit_others: the 'others' control of every sweep point and solver, on one fit job's users' texts:
 each user's held-out text of every method (the full bias too) scored with the global theta plus the mean of
 the other users' residual thetas, the heads on a cache with the mean of the other users' thetas on it, and
-the neural cache with a store of the same size drawn from the other users' (uph.lm.sweep.others)."""
+the neural cache with a store of the same size drawn from the other users' (uph.lm.controls.others)."""
 
 import torch
 

@@ -1,6 +1,6 @@
 """Rule validate: the personal and residual paths of radii of every method and solver (and of the heads
 on a cache, fit.on_cache) on the fit parts of one fit job's users, scored on their validation parts, with every ball's
-warm start for the fit job's refits (uph.lm.sweep.warm_starts)."""
+warm start for the fit job's refits (uph.lm.validate.warm_starts)."""
 
 import torch
 

@@ -18,7 +18,9 @@ fitted on a cache's residual-arm mixture as their base (a fourth arm, "cache" or
 
 Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all its methods; the
 per-user ones hold the users of one fit job (fit.jobs of them, balanced by train tokens: uph.lm.partition),
-and a user's rows do not depend on which job holds it. `capacity_choices` chooses.
+and a user's rows do not depend on which job holds it. `capacity_choices` chooses (rule capacity); the
+other jobs are uph.lm.global_fit (fit_global, fit_global_unigram, fit_global_neural_cache),
+uph.lm.validate (validate), uph.lm.refit (fit) and uph.lm.controls (fit_others, cross_user).
 """
 
 from __future__ import annotations
