@@ -5,7 +5,7 @@ import torch
 
 from uph.errors import CacheError, ModelError
 from uph.lm.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
-from uph.lm.extract import extract_users, user_windows
+from uph.lm.extract import CPU_BATCH, GPU_BATCH_TOKENS, batch_windows, extract_users, user_groups, user_windows
 from uph.lm.models import load_model, materialize, read_output_layer
 from uph.lm.splits import temporal_split
 from uph.model_identity import read_identity
@@ -45,6 +45,50 @@ def test_windows_cover_each_region_target_once():
         firsts = [w.first + i for w in windows if w.split == split for i in range(len(w.inputs))]
         assert firsts == list(range(lo + 1, hi))  # every region token but the first, once, in order
     assert all(len(w.inputs) <= 16 for w in windows)
+
+
+def _extracted(model_dir, users, context, batch_size, across_users):
+    """{(user, split): (positions, targets, hidden)} as extract_users writes them, on the CPU."""
+    written = {}
+
+    def write(user_id, split, positions, targets, hidden):
+        written[user_id, split] = (positions, targets, hidden)
+
+    extract_users(load_model(model_dir), users, context, batch_size, torch.device("cpu"), write, across_users)
+    return written
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_device_sized_batches_match_one_window_at_a_time(tiny_model_dir, arch):
+    """The CUDA plan (batch_size null on CUDA: GPU_BATCH_TOKENS of windows, users batched together), run
+    here on the CPU, gives the states of one window per forward pass, to float32 rounding: every state
+    within 1e-5 (relative) + 1e-5 (absolute) of the other, the positions and targets equal."""
+    context = 16
+    users = _users(n_users=5, n_tokens=120, context=context)  # 8-9 windows a user, short last ones included
+    gpu_batch = batch_windows(None, context, "cuda")
+    assert gpu_batch == GPU_BATCH_TOKENS // context
+    one = _extracted(tiny_model_dir(arch), users, context, 1, across_users=False)
+    together = _extracted(tiny_model_dir(arch), users, context, gpu_batch, across_users=True)
+    assert list(together) == list(one)  # written user by user, train before test
+    for key, (positions, targets, hidden) in one.items():
+        assert np.array_equal(together[key][0], positions) and np.array_equal(together[key][1], targets)
+        torch.testing.assert_close(together[key][2], hidden, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_default_batch_is_todays_and_keeps_its_bytes(tiny_model_dir, tmp_path):
+    """`extract.batch_size: null` on a CPU is 16 windows a user alone, as before: the same shard bytes
+    as batch_size 16. On CUDA users are gathered until they fill a batch."""
+    from uph.config import schema_defaults
+
+    assert schema_defaults("extract")["batch_size"] is None
+    assert batch_windows(None, 128, torch.device("cpu")) == CPU_BATCH == 16
+    assert batch_windows(None, 128, "cuda") == 256 and batch_windows(7, 128, "cuda") == 7
+    assert list(user_groups([3, 20, 2], 16, across_users=False)) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert list(user_groups([3, 20, 2, 2, 40, 1], 8, across_users=True)) == [range(0, 2), range(2, 5), range(5, 6)]
+    model_dir, users = tiny_model_dir("llama"), _users(n_users=3, n_tokens=300)
+    _build_cache(model_dir, tmp_path / "default.parquet", users, 16, batch_size=None)
+    _build_cache(model_dir, tmp_path / "16.parquet", users, 16, batch_size=16)
+    assert (tmp_path / "default.parquet").read_bytes() == (tmp_path / "16.parquet").read_bytes()
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])

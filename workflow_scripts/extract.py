@@ -1,6 +1,8 @@
 """Rule extract: cache the final hidden states of the users of one shard (`extract.dtype: auto` is
-resolved here, on the machine that extracts, and recorded in the shard)."""
+resolved here, on the machine that extracts, and recorded in the shard; `extract.batch_size: null` is
+sized here too, by device (uph.lm.extract.batch_windows), and logged)."""
 
+import time
 from pathlib import Path
 
 import torch
@@ -8,7 +10,7 @@ import torch
 from uph.artifacts import USERS_FILE
 from uph.device import resolve_device, resolve_dtype
 from uph.lm.cache import cache_identity, shard_manifest, shard_users, shard_writer
-from uph.lm.extract import extract_users
+from uph.lm.extract import batch_windows, extract_users
 from uph.lm.models import load_model
 from uph.logs import rule_logging
 from uph.model_identity import read_identity
@@ -19,13 +21,27 @@ with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     device = resolve_device(snakemake.params.device)
     dtype = resolve_dtype(cfg["dtype"], device)
+    batch_size = batch_windows(cfg["batch_size"], cfg["context"], device)
     model_dir = Path(snakemake.input.model).parent
     users = USERS_FILE.read_parquet(snakemake.input.users)
     manifest = shard_manifest(users, shard, cfg["shards"])
     mine = shard_users(users, shard, cfg["shards"])
-    log.info("shard %d: %d users, %d tokens, %s on %s", shard, len(mine), mine["n_tokens"].sum(), dtype, device)
+    log.info(
+        "shard %d: %d users, %d tokens, %s on %s, batches of %d windows of %d",
+        shard,
+        len(mine),
+        mine["n_tokens"].sum(),
+        dtype,
+        device,
+        batch_size,
+        cfg["context"],
+    )
+    start = time.perf_counter()
     model = load_model(model_dir, dtype=dtype, device=device)
+    log.info("model loaded in %.1f s", time.perf_counter() - start)
     identity = cache_identity(read_identity(model_dir), dtype, cfg["context"])
+    start = time.perf_counter()
     with shard_writer(snakemake.output[0], identity, manifest) as write:
-        n = extract_users(model, mine, cfg["context"], cfg["batch_size"], device, write)
-    log.info("cached %d tokens", n)
+        n = extract_users(model, mine, cfg["context"], batch_size, device, write)
+    seconds = time.perf_counter() - start
+    log.info("cached %d tokens in %.1f s (%.0f tokens/s, with the shard's writing)", n, seconds, n / seconds)

@@ -5,10 +5,21 @@ windows of `context` inputs; window s feeds tokens[s : s+context] and predicts t
 s+context+1], both clipped to the region, so every region token but the first is a target exactly
 once and no window crosses the train/test gap. Only the body runs (no V×H lm_head product, no
 per-layer hidden states kept); batches are right-padded, which a causal model never attends to.
+
+Batches. Every window is `context` long but the last of each region (at most two shorter windows a
+user), so windows are sorted longest first before they are cut into batches: the full windows fill
+whole batches without padding and the short ones share the last. `extract.batch_size` windows go
+through the model at once; null sizes it by device (`batch_windows`): CPU_BATCH on a CPU (the size
+the CPU caches have always been built with, so their bytes stay as they were), GPU_BATCH_TOKENS of
+windows on CUDA. On a CPU each user is batched alone, as before; on CUDA consecutive users are
+gathered until they fill a batch (a user has ~20 windows of the default context, a GPU batch
+hundreds), their windows batched together and each user written once its group is done, so memory
+holds the states of about a batch and a user.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +27,9 @@ import torch
 from tqdm import tqdm
 
 from uph.lm.models import final_hidden
+
+CPU_BATCH = 16  # windows per forward pass on a CPU where extract.batch_size is null
+GPU_BATCH_TOKENS = 32_768  # tokens per forward pass on CUDA where it is null: 256 windows of 128, 128 of 256
 
 
 @dataclass(frozen=True)
@@ -39,11 +53,22 @@ def targets_of(window: Window, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return positions, tokens[positions]
 
 
+def batch_windows(batch_size: int | None, context: int, device: torch.device | str) -> int:
+    """Windows per forward pass: `extract.batch_size`, or where it is null CPU_BATCH on a CPU and
+    GPU_BATCH_TOKENS // context (at least 1) on CUDA."""
+    if batch_size is not None:
+        return batch_size
+    if torch.device(device).type == "cuda":
+        return max(1, GPU_BATCH_TOKENS // context)
+    return CPU_BATCH
+
+
 @torch.inference_mode()
 def hidden_states(
     model, windows: list[Window], batch_size: int, device: torch.device, progress: tqdm | None = None
 ) -> list[torch.Tensor]:
-    """Final hidden states [len(inputs), H] for each window (in the given order), on the CPU."""
+    """Final hidden states [len(inputs), H] for each window (in the given order), on the CPU; the
+    windows go through the model longest first (a stable sort), `batch_size` at a time."""
     order = sorted(range(len(windows)), key=lambda i: -len(windows[i].inputs))
     out: list[torch.Tensor | None] = [None] * len(windows)
     for b in range(0, len(order), batch_size):
@@ -60,11 +85,32 @@ def hidden_states(
     return out
 
 
-def extract_users(model, users, context: int, batch_size: int, device: torch.device, write) -> int:
-    """Cache every user of the `users` table (user_id, tokens, train_end, test_start) with `write`.
+def user_groups(counts: list[int], batch_size: int, across_users: bool) -> Iterator[range]:
+    """The users (indices into `counts`, each user's number of windows) whose windows are batched
+    together: one at a time, or `across_users` consecutive users until they hold a batch or more."""
+    start, held = 0, 0
+    for i, n in enumerate(counts):
+        held += n
+        if not across_users or held >= batch_size:
+            yield range(start, i + 1)
+            start, held = i + 1, 0
+    if start < len(counts):
+        yield range(start, len(counts))
 
-    Returns the number of cached tokens. Users are processed one at a time (bounded memory).
+
+def extract_users(
+    model, users, context: int, batch_size: int | None, device: torch.device, write, across_users: bool | None = None
+) -> int:
+    """Cache every user of the `users` table (user_id, tokens, train_end, test_start) with `write`,
+    user by user in table order, train before test.
+
+    `batch_size`: windows per forward pass (None: `batch_windows` by device). `across_users`: batch
+    the windows of consecutive users together (`user_groups`); None: on CUDA only. Returns the number
+    of cached tokens.
     """
+    batch_size = batch_windows(batch_size, context, device)
+    if across_users is None:
+        across_users = torch.device(device).type == "cuda"
     per_user = []
     for row in users.itertuples():
         tokens = np.array(row.tokens, dtype=np.int64)
@@ -73,16 +119,21 @@ def extract_users(model, users, context: int, batch_size: int, device: torch.dev
         )
     total = sum(len(w.inputs) for _, _, windows in per_user for w in windows)
     with tqdm(total=total, unit="tok", desc="extract", mininterval=5, smoothing=0.1) as progress:
-        for user_id, tokens, windows in per_user:
-            states = hidden_states(model, windows, batch_size, device, progress)
-            for split in ("train", "test"):
-                mine = [i for i, w in enumerate(windows) if w.split == split]
-                positions, targets = zip(*(targets_of(windows[i], tokens) for i in mine))
-                write(
-                    user_id,
-                    split,
-                    np.concatenate(positions),
-                    np.concatenate(targets),
-                    torch.cat([states[i] for i in mine]),
-                )
+        for group in user_groups([len(windows) for _, _, windows in per_user], batch_size, across_users):
+            states = iter(
+                hidden_states(model, [w for u in group for w in per_user[u][2]], batch_size, device, progress)
+            )
+            for u in group:
+                user_id, tokens, windows = per_user[u]
+                mine = [next(states) for _ in windows]
+                for split in ("train", "test"):
+                    ids = [i for i, w in enumerate(windows) if w.split == split]
+                    positions, targets = zip(*(targets_of(windows[i], tokens) for i in ids))
+                    write(
+                        user_id,
+                        split,
+                        np.concatenate(positions),
+                        np.concatenate(targets),
+                        torch.cat([mine[i] for i in ids]),
+                    )
     return total
