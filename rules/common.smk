@@ -66,9 +66,10 @@ def gpus(branch):
 
 
 def extract_threads(wildcards):
-    """Extraction's cores: on a GPU two (tokenizing and writing parquet beside the GPU's forward passes; the
-    cores stay with the jobs that compute on them), else the run's cores split between the shards."""
-    return 2 if gpus("extract") else max(1, workflow.cores // config["extract"]["shards"])
+    """Extraction's cores: on a GPU one (it tokenizes and writes parquet beside the GPU's forward passes; a
+    job asking for two waits while the training jobs take the cores they free one at a time: makespan.py
+    projects 77 s of the default's wall on 16 cores), else the run's cores split between the shards."""
+    return 1 if gpus("extract") else max(1, workflow.cores // config["extract"]["shards"])
 
 
 def results(*parts):
