@@ -18,6 +18,7 @@ from tiny_lm import sample_text, tiny_llama, user_split
 import uph.lm.controls
 import uph.lm.fit_job
 import uph.lm.global_fit
+import uph.lm.lockstep
 import uph.lm.validate
 from uph.config import schema_defaults
 from uph.lm.baselines import cache_mixture, log_unigram, mixture, unigram_nll
@@ -29,11 +30,12 @@ from uph.lm.fit import fit_theta
 from uph.lm.fit_job import CacheBaselines, FitConfig, FitJob, Point, capacity_choices, global_thetas, load_methods
 from uph.lm.global_fit import fit_global, global_unigram
 from uph.lm.heads import HeadSettings, full_bias_head, make_head
+from uph.lm.lockstep import run
 from uph.lm.models import OutputLayer
-from uph.lm.refit import fit_user, fit_users
+from uph.lm.refit import fit_user_steps, fit_users
 from uph.lm.solvers import SolverSettings
 from uph.lm.tokens import pool, prepare
-from uph.lm.validate import validate_user, validate_users, warm_starts
+from uph.lm.validate import validate_user_steps, validate_users, warm_starts
 
 D = 8
 NO_CACHES = CacheBaselines(None, None)
@@ -115,7 +117,10 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
     point, fit = Point.of("svd_cvh", 1.0, D), planted_fit_config()
     theta_g, _ = fit_theta(pool(list(trains.values())), head, "exact", SolverSettings.defaults())
     thetas_g = {(point, "exact"): theta_g.double()}
-    validated = {user: validate_user(user, trains[user], {point: head}, thetas_g, NO_CACHES, fit, 0) for user in trains}
+    validated = {
+        user: run(validate_user_steps(user, trains[user], {point: head}, thetas_g, NO_CACHES, fit, 0))
+        for user in trains
+    }
     validation = pd.DataFrame([row for rows, _ in validated.values() for row in rows])
     assert set(validation["capacity"]) == {0.5, 5.0, 50.0} and set(validation["arm"]) == {"personal", "residual"}
     choices = capacity_choices(validation)
@@ -123,7 +128,9 @@ def test_study_rows_and_cross_user_matrix_on_planted_users(planted):
     starts = warm_starts(pd.DataFrame([row for _, warm in validated.values() for row in warm]))
     assert len(starts) == len(validation)  # every ball of every path hands on its theta and BFGS model
     rows = {
-        user: fit_user(user, trains[user], tests[user], {point: head}, thetas_g, choices, NO_CACHES, fit, 0, starts)
+        user: run(
+            fit_user_steps(user, trains[user], tests[user], {point: head}, thetas_g, choices, NO_CACHES, fit, 0, starts)
+        )
         for user in trains
     }
     residuals = {}
@@ -178,6 +185,38 @@ def test_no_choice_moves_when_the_test_tokens_change(planted):
     pd.testing.assert_frame_equal(choices, again)
     assert len(choices) == 2 * 3 + 2 + 3  # svd_cvh, full bias: 3 arms each, dose k = 160, 320, unigram 3 arms
     assert (fits["residual_nll"] != scrambled_fits["residual_nll"]).all()
+
+
+def test_users_fitted_in_lockstep_get_the_rows_they_get_one_at_a_time(planted, monkeypatch):
+    """The validate and fit jobs with their users in lockstep (as on a GPU) write every row they write with
+    one user at a time, bit for bit (the heads, the full bias, the dose-response, a head on the unigram
+    cache's mixture), and their rounds did hold both users."""
+    head, layer, trains, tests, _ = planted
+    point = Point.of("svd_cvh", 1.0, D)
+    on_cache = [{**point.columns, "solver": "exact", "cache": "unigram"}]
+    fit = planted_fit_config(baselines=["unigram", "full_bias"], global_max_tokens=None, on_cache=on_cache)
+    heads = {point: head, Point.of("full_bias", 1.0, layer.W.shape[0]): full_bias_head(layer.W)}
+    users = {user: UserStates(*columns(trains[user]), *columns(tests[user])) for user in tests}
+    job = FitJob(layer, users, heads, torch.device("cpu"), gap=4)
+    thetas, validation = fit_global(job, fit)
+    unigram, unigram_validation = global_unigram(job, fit)
+    caches = CacheBaselines(unigram, None)
+    sizes, evaluate_many = [], uph.lm.lockstep.evaluate_many
+    monkeypatch.setattr(
+        uph.lm.lockstep, "evaluate_many", lambda requests: sizes.append(len(requests)) or evaluate_many(requests)
+    )
+    tables = {}
+    for lockstep in (False, True):
+        sizes.clear()
+        per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit, lockstep=lockstep)
+        choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
+        fits, dose = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm), lockstep=lockstep)
+        tables[lockstep] = [
+            table.drop(columns=table.filter(like="seconds").columns) for table in (per_user, warm, fits, dose)
+        ]
+        assert max(sizes) == (2 if lockstep else 1)
+    for alone, together in zip(tables[False], tables[True]):
+        pd.testing.assert_frame_equal(alone, together, check_exact=True)
 
 
 def test_unigram_arms_against_explicit_mixtures(planted):

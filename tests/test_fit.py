@@ -13,11 +13,23 @@ import torch.nn.functional as F
 from tiny_lm import sample_text, user_split
 
 import uph.lm.fit
+import uph.lm.lockstep
 import uph.lm.solvers
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import VOCAB_BLOCK, HeadOnTokens, Objective, WarmStart, fit_path, fit_theta, vocab_block
+from uph.lm.fit import (
+    VOCAB_BLOCK,
+    HeadOnTokens,
+    Objective,
+    WarmStart,
+    fit_path,
+    fit_path_steps,
+    fit_theta,
+    fit_theta_steps,
+    vocab_block,
+)
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
+from uph.lm.lockstep import evaluate_many, run_lockstep
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings, projected_gradient_norm
 from uph.lm.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
@@ -507,3 +519,62 @@ def test_an_evaluation_reads_nothing_back_per_chunk(lm, device):
                     ]
                 )
             assert reads[0] == reads[1], (head.name, mixture is not None)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
+def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device):
+    """evaluate_many of K users' next steps (uph.lm.lockstep): the device part of the round reads every
+    objective's J and gradient back in one read for K = 1, 2 and 4 (each head, on the model's base and
+    on a mixture), and each Value is the one its objective gives alone, bit for bit."""
+    h, y, W, b, svd = lm
+    layer = on_device(OutputLayer(W.float(), b.float()), device)
+    floor = torch.full((W.shape[0],), 0.3 / W.shape[0], dtype=torch.float64)
+    heads = [make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in HEADS]
+    users = [prepare(h[i::4].float(), y[i::4], layer, chunk=30, device=device) for i in range(4)]
+    device_round, reads = uph.lm.lockstep._device_round, []
+
+    def counted(requests, need_grad):
+        found = []
+        reads.append(host_reads(lambda: found.append(device_round(requests, need_grad))))
+        return found[0]
+
+    for head in [*heads, full_bias_head(W.float(), b.float())]:
+        for mixture in (None, Mixture(0.7, floor)):
+            objectives = [Objective(u if mixture is None else u.mixed(mixture), head, *BETA_LAM) for u in users]
+            generator = torch.Generator().manual_seed(3)
+            thetas = [0.3 * torch.randn(head.d, generator=generator, dtype=torch.float64) for _ in users]
+            alone = [objective(theta) for objective, theta in zip(objectives, thetas)]
+            for k in (1, 2, 4):
+                reads.clear()
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(uph.lm.lockstep, "_device_round", counted)
+                    values = evaluate_many(list(zip(objectives[:k], thetas[:k])))
+                assert reads == [1], (head.name, mixture is not None, k)
+                assert [(v.objective, v.ce, v.kl) for v in values] == [(v.objective, v.ce, v.kl) for v in alone[:k]]
+                assert all(torch.equal(v.grad, a.grad) for v, a in zip(values, alone))
+
+
+def test_run_lockstep_hands_each_fit_its_own_values_and_stops_on_an_error(lm):
+    """Fits of different lengths in lockstep return what each returns alone; a fit that diverges stops the
+    rounds with its error."""
+    h, y, W, b, svd = lm
+    layer = OutputLayer(W.float(), b.float())
+    head = make_head("svd_cvh", W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd)
+    users = [prepare(h[i::3].float(), y[i::3], layer) for i in range(3)]
+    settings = SolverSettings.defaults()
+    radii = ([0.5], [0.5, 5.0, 50.0], [5.0])
+    fits = [fit_path_steps(u, head, "exact", settings, r, user=str(i)) for i, (u, r) in enumerate(zip(users, radii))]
+    together = run_lockstep(fits)
+    for u, r, path in zip(users, radii, together):
+        assert [(float(t.norm()), f.objective) for t, f in path] == [
+            (float(t.norm()), f.objective) for t, f in fit_path(u, head, "exact", settings, r)
+        ]
+    huge = make_head("svd_cvh", W.float(), d=D, alpha=1e30, settings=HEAD_SETTINGS, svd=svd)
+    fits = [
+        fit_path_steps(users[0], head, "exact", settings, [5.0]),
+        fit_theta_steps(users[1], huge, "exact", settings),
+    ]
+    with pytest.raises(FitDivergedError, match="diverged"):
+        run_lockstep(fits)

@@ -47,6 +47,7 @@ import torch
 
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.heads import Head
+from uph.lm.lockstep import evaluate_many, run
 from uph.lm.solvers import NOISE, SOLVERS, SolverSettings, minimize, projected_gradient_norm
 from uph.lm.tokens import Chunk, Tokens
 
@@ -163,11 +164,18 @@ class Objective:
         return log_z, p if self.P is None else p @ self.P
 
     def _log_partitions(self, theta: torch.Tensor, need_grad: bool):
-        """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad. The
-        vocabulary is walked in blocks of self.block rows (vocab_block), each chunk on the fast path first;
-        the chunks it flags are mended after the last one (module docstring: Numerics)."""
-        theta = theta.to(self.device, self.dtype)
-        log_z, grad = [], torch.zeros(self.d, dtype=torch.float64, device=self.device)
+        """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad (on the host).
+        The fast pass over every chunk (`_queued`), then the chunks it flags mended (module docstring:
+        Numerics), after one read of all the flags."""
+        queued = self._queued(theta, need_grad)
+        log_z, grad = self._finished(queued, bool(queued.flagged))
+        return log_z, None if grad is None else grad.cpu()
+
+    def _queued(self, theta: torch.Tensor, need_grad: bool) -> _Pass:
+        """The fast path over every chunk, queued on the device and read nothing back (a _Pass): the vocabulary
+        is walked in blocks of self.block rows (vocab_block); each chunk whose sum underflows (and, for
+        conditional heads, whose tilt may pass EXP_SAFE) is flagged for `_finished` to mend."""
+        theta, log_z = theta.to(self.device, self.dtype), []
         if self.a is None:
             s = theta if self.P is None else self.P @ theta
             shift = s.max()
@@ -184,14 +192,7 @@ class Objective:
                 log_z.append(z.log() + shift)
                 if need_grad:
                     inverse_z_p0 += p0 @ z.reciprocal().masked_fill_(underflows[-1], 0)
-            for i in _flagged(underflows):
-                bad = underflows[i].nonzero().squeeze(1)
-                log_z[i][bad], exact_grad = self._exact(self.tokens.chunks[i], bad, s.expand(len(bad), -1))
-                grad += exact_grad.sum(0, dtype=torch.float64)
-            if not need_grad:
-                return log_z, None
-            fast = e * inverse_z_p0
-            return log_z, (grad + (fast if self.P is None else self.P.double().T @ fast)).cpu()
+            return _Pass(theta, need_grad, log_z, underflows, (s, e, inverse_z_p0))
         terms, flags = [], []  # per chunk Σ_t a_t ⊙ P^T p_t [d]; whether the chunk needs mending
         for a, (_, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
@@ -199,14 +200,32 @@ class Objective:
             log_z.append(z.log())
             terms.append((a * (p_sum.T / z[:, None])).sum(0, dtype=torch.float64) if need_grad else None)
             flags.append((u.norm(dim=1).max().double() * self.reach > EXP_SAFE) | (z < UNDERFLOW).any())
-        mend = _flagged(flags)
+        return _Pass(theta, need_grad, log_z, flags, terms)
+
+    def _finished(self, queued: _Pass, any_flagged: bool):
+        """(log Z_t per chunk, Σ_t a_t ⊙ P^T p_t [d] on the device or None) of a queued pass, its flagged
+        chunks mended; `any_flagged`: whether any is (read back by the caller, with whatever else it reads)."""
+        theta, need_grad, log_z = queued.theta, queued.need_grad, queued.log_z
+        grad = torch.zeros(self.d, dtype=torch.float64, device=self.device)
+        mend = _flagged(queued.flags) if any_flagged else []
+        if self.a is None:
+            s, e, inverse_z_p0 = queued.rest
+            for i in mend:
+                bad = queued.flags[i].nonzero().squeeze(1)
+                log_z[i][bad], exact_grad = self._exact(self.tokens.chunks[i], bad, s.expand(len(bad), -1))
+                grad += exact_grad.sum(0, dtype=torch.float64)
+            if not need_grad:
+                return log_z, None
+            fast = e * inverse_z_p0
+            return log_z, grad + (fast if self.P is None else self.P.double().T @ fast)
+        terms = queued.rest
         for i, (chunk, p0) in zip(mend, self.tokens.probabilities(mend)):
             log_z[i], terms[i] = self._mended(chunk, self.a[i], p0, theta, need_grad)
         if not need_grad:
             return log_z, None
         for term in terms:
             grad += term
-        return log_z, grad.cpu()
+        return log_z, grad
 
     def _tilted(self, u: torch.Tensor, p0: torch.Tensor, shift: torch.Tensor | None, need_grad: bool):
         """A conditional head's Z_t = Σ_v p0_tv exp(P_v · u_t - shift_t) [c] (shift [c] in units of ln 2,
@@ -288,26 +307,42 @@ class Objective:
         return self.base_nll + mean_l - theta @ self.ybar, mean_l - theta @ self.mbar
 
     def __call__(self, theta: torch.Tensor, need_grad: bool = True) -> Value:
-        """J at the residual `theta` (the whole theta without an offset)."""
-        theta = theta.detach().double().cpu()
-        if theta.any():
-            log_z, grad = self._log_partitions(self.offset + theta, need_grad)
-        else:  # the base itself: known from the pass in __init__
-            log_z, grad = self.log_z_base, self.mbar * self.tokens.n
-        mean_l = self._mean_change(log_z, self.log_z_base)
-        ce, kl = self.ce_kl(theta, mean_l)
+        """J at the residual `theta` (the whole theta without an offset): evaluate_many of one."""
+        return evaluate_many([(self, theta)], need_grad)[0]
+
+    def _change(self, log_z) -> torch.Tensor:
+        """Σ_t (L_t - L_t at the base) on the device (float64), from per chunk log-partitions `log_z`."""
+        return sum((lz - ref).sum(dtype=torch.float64) for lz, ref in zip(log_z, self.log_z_base))
+
+    def _value(self, theta: torch.Tensor, need_grad: bool, change: float, grad) -> Value:
+        """J's Value at the residual `theta` (float64, host) from Σ_t (L_t - L_t at the base) `change` and
+        Σ_t a_t ⊙ P^T p_t `grad` [d] (host)."""
+        ce, kl = self.ce_kl(theta, change / self.tokens.n)
         objective = ce + self.beta * kl + self.lam * theta @ theta
         if need_grad:
             grad = (1 + self.beta) * grad / self.tokens.n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta
         return Value(float(objective), float(ce), float(kl), grad)
 
 
+@dataclass
+class _Pass:
+    """An Objective's fast pass at one theta, queued on the device (Objective._queued): per chunk log Z_t,
+    the chunks' flags (mend where set), the gradient's parts."""
+
+    theta: torch.Tensor  # on the device, in the compute dtype
+    need_grad: bool
+    log_z: list[torch.Tensor]
+    flags: list[torch.Tensor]
+    rest: object  # unconditional heads: (s, e, Σ_t p0_t / Z_t); conditional: per chunk Σ_t a_t ⊙ P^T p_t
+
+    @property
+    def flagged(self) -> torch.Tensor:
+        """Whether any chunk needs mending: a bool on the device, read with the pass's results."""
+        return torch.cat([flag.reshape(-1) for flag in self.flags]).any()
+
+
 def _flagged(flags: list[torch.Tensor]) -> list[int]:
-    """The indices of the chunks whose bool flags (one per chunk, of any shape) hold a True. Where none
-    does, one read of them all: the only one of an evaluation before its result, after every chunk's work
-    is queued."""
-    if not torch.cat([flag.reshape(-1) for flag in flags]).any():
-        return []
+    """The indices of the chunks whose bool flags (one per chunk, of any shape) hold a True."""
     return [i for i, flag in enumerate(flags) if flag.any()]
 
 
@@ -333,7 +368,7 @@ class FitResult:
 @dataclass(frozen=True)
 class WarmStart:
     """Where a refit starts: a path's theta at the chosen radius and the exact solver's BFGS model there,
-    fitted on the user's fit part (uph.lm.sweep). J on all train tokens is a convex neighbour of the fit
+    fitted on the user's fit part (uph.lm.validate). J on all train tokens is a convex neighbour of the fit
     part's, so the refit needs a few steps from it instead of a cold start's curvature pass and path from
     zero; its optimum and certificate are the same as a cold refit's."""
 
@@ -359,10 +394,31 @@ def fit_theta(
     solver's warm start (else theta = 0 and the curvature at the base).
 
     A NaN or inf raises FitDivergedError naming `user` and `label` (the sweep point)."""
-    return fit_path(tokens, head, solver, settings, [radius], offset, user, label, shared, start)[0]
+    return run(fit_theta_steps(tokens, head, solver, settings, radius, offset, user, label, shared, start))
+
+
+def fit_theta_steps(tokens, head, solver, settings, radius=SEED_RADIUS, *args, **kwargs):
+    """fit_theta as a fit's steps (uph.lm.lockstep): a generator of evaluation requests."""
+    return (yield from fit_path_steps(tokens, head, solver, settings, [radius], *args, **kwargs))[0]
 
 
 def fit_path(
+    tokens: Tokens,
+    head: Head,
+    solver: str,
+    settings: SolverSettings,
+    radii,
+    offset: torch.Tensor | None = None,
+    user: str = "?",
+    label: str = "?",
+    shared: HeadOnTokens | None = None,
+    start: WarmStart | None = None,
+) -> list[tuple[torch.Tensor, FitResult]]:
+    """fit_theta at every radius of `radii` (ascending): fit_path_steps, run alone."""
+    return run(fit_path_steps(tokens, head, solver, settings, radii, offset, user, label, shared, start))
+
+
+def fit_path_steps(
     tokens: Tokens,
     head: Head,
     solver: str,
@@ -378,7 +434,9 @@ def fit_path(
     and the curvature once for the whole path). exact walks the path warm: each ball starts from the
     last ball's theta and BFGS model, and a theta strictly inside its ball with its certificate met is
     the unconstrained minimizer, so every larger ball's too (no evaluation). adam runs seed 002's
-    schedule from zero in every ball, as a fit on its own would."""
+    schedule from zero in every ball, as a fit on its own would. A generator of the path's evaluation
+    requests (uph.lm.lockstep: `run` walks it alone, `run_lockstep` beside other users' fits); a ball's
+    `seconds` count the rounds it shared."""
     if solver not in SOLVERS:
         raise ConfigError(f"config key 'fit.solvers': unknown solver '{solver}' (known: {', '.join(SOLVERS)})")
     if list(radii) != sorted(radii):
@@ -387,10 +445,11 @@ def fit_path(
     objective = Objective(tokens, head, settings.beta, settings.lam, offset, shared)
     evaluations = 0
 
-    def evaluate(theta: torch.Tensor, iteration: int) -> Value:
+    def evaluate(theta: torch.Tensor, iteration: int):
+        """J's Value at theta, requested from the driver (a generator: `yield from`)."""
         nonlocal evaluations
         evaluations += 1
-        value = objective(theta)
+        value = yield objective, theta
         if not (
             torch.isfinite(theta).all()
             and torch.isfinite(value.grad).all()
@@ -411,7 +470,8 @@ def fit_path(
         if not (certified and projected_gradient_norm(theta, value.grad, radius) <= settings.tol):
             if hessian is None and solver == "exact":
                 hessian = objective.curvature()
-            solution = minimize(solver, evaluate, theta, radius, settings, hessian, NOISE[objective.dtype], value)
+            noise = NOISE[objective.dtype]
+            solution = yield from minimize(solver, evaluate, theta, radius, settings, hessian, noise, value)
             theta, value, hessian, iterations = solution.theta, solution.value, solution.hessian, solution.iterations
         else:
             iterations = 0

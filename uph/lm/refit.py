@@ -1,7 +1,7 @@
 """The fit stage's fit job (rules/fit.smk).
 
 `fit_users` refits each arm at
-its choice (`fit_arms`, `fit_on_cache`), the dose-response (`fit_dose_response`) and the caches' arms
+its choice (`fit_arms_steps`, `fit_on_cache_steps`), the dose-response (`fit_dose_response_steps`) and the caches' arms
 (`unigram_arms`, `neural_cache_arms`) and scores them on test.
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from uph.lm.baselines import counts_of, hidden_of, log_unigram, targets_of, unigram_nll
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import HeadOnTokens, WarmStart, fit_theta
+from uph.lm.fit import HeadOnTokens, WarmStart, fit_theta_steps
 from uph.lm.fit_job import (
     ARMS,
     CACHES,
@@ -29,13 +29,14 @@ from uph.lm.fit_job import (
     prepared,
 )
 from uph.lm.heads import Head
+from uph.lm.lockstep import lockstep_groups, run_lockstep
 from uph.lm.neural_cache import NeuralCache
 from uph.lm.tokens import Tokens
 
 log = logging.getLogger(__name__)
 
 
-def fit_arms(
+def fit_arms_steps(
     train: Tokens,
     held_out: HeldOut,
     head: Head,
@@ -52,8 +53,12 @@ def fit_arms(
     (`radii`: personal, residual), each refit from its validation path's ball there when `starts` has it.
     Returns the row's columns and theta_r."""
     shared = HeadOnTokens(train, head)
-    theta_p, personal = fit_theta(train, head, solver, fit.solver, radii[0], None, user, label, shared, starts[0])
-    theta_r, residual = fit_theta(train, head, solver, fit.solver, radii[1], theta_g, user, label, shared, starts[1])
+    theta_p, personal = yield from fit_theta_steps(
+        train, head, solver, fit.solver, radii[0], None, user, label, shared, starts[0]
+    )
+    theta_r, residual = yield from fit_theta_steps(
+        train, head, solver, fit.solver, radii[1], theta_g, user, label, shared, starts[1]
+    )
     global_, personal_, residual_ = held_out.many(torch.stack([theta_g, theta_p.double(), theta_g + theta_r.double()]))
     columns = {
         "base_nll": held_out.base_nll,
@@ -72,7 +77,7 @@ def fit_arms(
     return columns, theta_r
 
 
-def fit_dose_response(
+def fit_dose_response_steps(
     train: Tokens,
     held_out: HeldOut,
     head: Head,
@@ -93,7 +98,11 @@ def fit_dose_response(
         theta_k = theta_r
         if k < train.n:
             start = starts.get(k)
-            theta_k = fit_theta(train.prefix(k), head, solver, fit.solver, radius, offset=theta_g, start=start)[0]
+            theta_k = (
+                yield from fit_theta_steps(
+                    train.prefix(k), head, solver, fit.solver, radius, offset=theta_g, start=start
+                )
+            )[0]
         rows.append(
             {
                 "train_tokens": k,
@@ -129,7 +138,7 @@ def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
     }
 
 
-def fit_on_cache(
+def fit_on_cache_steps(
     train: Tokens,
     test: Tokens,
     head: Head,
@@ -144,7 +153,9 @@ def fit_on_cache(
     """A head fitted on a cache (`train` and `test` on its residual arm's mixture, Tokens.mixed) at its
     chosen radius, scored on test against the mixture alone: the columns <prefix>_nll, <prefix>_head_nll,
     the fit's and theta_<prefix> (`prefix`: the cache's, CACHES)."""
-    theta, result = fit_theta(train, head, solver, fit.solver, radius, user=user, label=label, start=start)
+    theta, result = yield from fit_theta_steps(
+        train, head, solver, fit.solver, radius, user=user, label=label, start=start
+    )
     held_out = HeldOut(test, head)
     return {
         f"{prefix}_nll": held_out.base_nll,
@@ -154,7 +165,7 @@ def fit_on_cache(
     }
 
 
-def fit_user(
+def fit_user_steps(
     user: str,
     train: Tokens,
     test: Tokens,
@@ -167,8 +178,9 @@ def fit_user(
     starts: dict[tuple, WarmStart] | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """One user's rows: (every method x solver with its three arms, and the cache baselines'; dose-response).
-    The heads of fit.on_cache are also fitted on their cache's residual-arm mixture (fit_on_cache).
-    `starts`: the validate job's warm starts (warm_starts); a refit without one starts cold."""
+    The heads of fit.on_cache are also fitted on their cache's residual-arm mixture (fit_on_cache_steps).
+    `starts`: the validate job's warm starts (warm_starts); a refit without one starts cold. A fit's steps
+    (uph.lm.lockstep): a generator of the refits' evaluation requests."""
     starts = starts or {}
 
     def start(point: Point, solver: str, arm: str, radius: float, k: int | None = None) -> WarmStart | None:
@@ -186,13 +198,17 @@ def fit_user(
             theta_g = thetas_g[(point, solver)]
             radii = tuple(_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
             warm = (start(point, solver, "personal", radii[0]), start(point, solver, "residual", radii[1]))
-            arms, theta_r = fit_arms(train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm)
+            arms, theta_r = yield from fit_arms_steps(
+                train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm
+            )
             for cache in [cache for at, by, cache in fit.on_cache if (at, by) == (point, solver)]:
                 prefix = CACHES[cache]
                 radius = _radius(choices, point, solver, prefix)
                 warm_cache = start(point, solver, prefix, radius)
                 tokens = on_mixture[cache]
-                arms |= fit_on_cache(*tokens, head, radius, solver, fit, user, point.label, warm_cache, prefix)
+                arms |= yield from fit_on_cache_steps(
+                    *tokens, head, radius, solver, fit, user, point.label, warm_cache, prefix
+                )
             fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
             if dose_points.get(point) == solver:
                 ks = [k for k in fit.dose_response.train_tokens if k < train.n]
@@ -200,17 +216,19 @@ def fit_user(
                 dose_starts = {k: start(point, solver, "residual", dose_radii[k], k) for k in ks}
                 dose += [
                     {**point.columns, "solver": solver, "user": user, **row}
-                    for row in fit_dose_response(
-                        train,
-                        held_out,
-                        head,
-                        theta_g,
-                        theta_r,
-                        arms["global_nll"],
-                        dose_radii,
-                        solver,
-                        fit,
-                        dose_starts,
+                    for row in (
+                        yield from fit_dose_response_steps(
+                            train,
+                            held_out,
+                            head,
+                            theta_g,
+                            theta_r,
+                            arms["global_nll"],
+                            dose_radii,
+                            solver,
+                            fit,
+                            dose_starts,
+                        )
                     )
                 ]
         log.info(
@@ -250,13 +268,22 @@ def fit_users(
     caches: CacheBaselines,
     fit: FitConfig,
     starts: dict[tuple, WarmStart] | None = None,
+    lockstep: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every user of one fit job: (fits, dose_response) tables (module docstring), each refit warm from
-    its validation path's ball at the chosen radius where `starts` (warm_starts) has it."""
+    its validation path's ball at the chosen radius where `starts` (warm_starts) has it. With `lockstep`
+    (default: on a GPU) the users' refits advance together within uph.lm.lockstep's memory budget; each
+    user's rows are the same either way."""
+    lockstep = job.device.type != "cpu" if lockstep is None else lockstep
+    tokens = {user: len(states.train_targets) + len(states.test_targets) for user, states in job.users.items()}
+    groups = lockstep_groups(tokens, job.layer.W.shape[0]) if lockstep else [[user] for user in tokens]
     tables = ([], [])
-    for user, states in job.users.items():
-        train, test = prepared(states, job.layer, job.device)
-        rows = fit_user(user, train, test, job.heads, thetas_g, choices, caches, fit, job.gap, starts)
-        for table, user_rows in zip(tables, rows):
-            table.extend(user_rows)
+    for group in groups:
+        steps = []
+        for user in group:
+            train, test = prepared(job.users[user], job.layer, job.device)
+            steps.append(fit_user_steps(user, train, test, job.heads, thetas_g, choices, caches, fit, job.gap, starts))
+        for rows in run_lockstep(steps):
+            for table, user_rows in zip(tables, rows):
+                table.extend(user_rows)
     return tuple(pd.DataFrame(rows) for rows in tables)

@@ -88,21 +88,28 @@ def minimize(
     noise: float,
     start_value=None,
 ) -> Solution:
-    """Minimize J over the ball of `radius`: `evaluate(theta, iteration)` is J's Value with its gradient.
+    """Minimize J over the ball of `radius`, as a generator of J's evaluations (a fit's steps, which
+    uph.lm.lockstep drives alone or beside other fits'): `evaluate(theta, iteration)` is a generator that
+    yields the request for J's Value with its gradient at theta and returns it (`yield from`).
     adam runs seed 002's schedule from zero in `start`'s dtype; exact starts at `start` (float64; its
     Value `start_value` when known and `start` lies in the ball, as a smaller ball's minimizer does) with
     `hessian`: a smaller ball's model, or J's Hessian diagonal at the base [d] (a BFGS model's start up to
     d = DENSE_MAX_D, L-BFGS's scaling beyond); it stops where a step's predicted decrease is below
     `noise` |J| (NOISE of the tokens' dtype)."""
     if solver == "adam":
-        theta = _adam(evaluate, torch.zeros_like(start), settings.lr, settings.steps, settings.clip_norm, radius)
-        return Solution(theta, settings.steps, evaluate(theta, settings.steps), None)
+        theta = yield from _adam(
+            evaluate, torch.zeros_like(start), settings.lr, settings.steps, settings.clip_norm, radius
+        )
+        return Solution(theta, settings.steps, (yield from evaluate(theta, settings.steps)), None)
     theta = project(start.double(), radius)
-    value = start_value if start_value is not None and torch.equal(theta, start.double()) else evaluate(theta, 0)
+    if start_value is not None and torch.equal(theta, start.double()):
+        value = start_value
+    else:
+        value = yield from evaluate(theta, 0)
     if len(theta) <= DENSE_MAX_D:
         B = torch.diag(hessian) if hessian.dim() == 1 else hessian
-        return _projected_bfgs(evaluate, theta, value, B, radius, settings.tol, settings.max_iter, noise)
-    found = _projected_lbfgs(evaluate, theta, value, hessian, radius, settings.tol, settings.max_iter, noise)
+        return (yield from _projected_bfgs(evaluate, theta, value, B, radius, settings.tol, settings.max_iter, noise))
+    found = yield from _projected_lbfgs(evaluate, theta, value, hessian, radius, settings.tol, settings.max_iter, noise)
     return Solution(*found, hessian)
 
 
@@ -111,7 +118,7 @@ def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, clip_norm: float
     theta = theta.clone().requires_grad_(True)
     optimizer = torch.optim.Adam([theta], lr=lr)
     for step in range(steps):
-        theta.grad = evaluate(theta.detach(), step).grad.to(theta.dtype)
+        theta.grad = (yield from evaluate(theta.detach(), step)).grad.to(theta.dtype)
         torch.nn.utils.clip_grad_norm_([theta], max_norm=clip_norm)
         optimizer.step()
         with torch.no_grad():
@@ -133,7 +140,7 @@ def _projected_bfgs(evaluate, theta, value, B: torch.Tensor, radius: float, tol:
         for _ in range(20):  # t >= 2^-19: a step cut further is lost in the float noise floor
             if -t * slope < noise * max(1.0, abs(value.objective)):
                 return Solution(theta, iteration, value, B)
-            trial = evaluate(theta + t * step, iteration + 1)
+            trial = yield from evaluate(theta + t * step, iteration + 1)
             if trial.objective <= value.objective + 1e-4 * t * slope:
                 break
             t /= 2
@@ -159,7 +166,8 @@ def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
 
 def _into_ball(c: torch.Tensor, eigenvalues: torch.Tensor, radius: float) -> torch.Tensor:
     """y(mu) = c / (eigenvalues + mu) with mu >= 0 the least that lands in the ball (‖y(mu)‖ decreases
-    in mu; bisection)."""
+    in mu; bisection, up to 100 halvings: it stops early once a halving leaves the bracket as it was, since
+    every later one would too, so the result is the 100 halvings' bit for bit in about half of them)."""
     eigenvalues = eigenvalues.clamp_min(eigenvalues.max() * 1e-12)
 
     def y(mu: float) -> torch.Tensor:
@@ -170,7 +178,10 @@ def _into_ball(c: torch.Tensor, eigenvalues: torch.Tensor, radius: float) -> tor
     low, high = 0.0, float(c.norm()) / radius
     for _ in range(100):
         middle = (low + high) / 2
-        low, high = (middle, high) if y(middle).norm() > radius else (low, middle)
+        bracket = (middle, high) if y(middle).norm() > radius else (low, middle)
+        if bracket == (low, high):
+            break
+        low, high = bracket
     return y(high)
 
 
@@ -211,7 +222,7 @@ def _projected_lbfgs(
         for _ in range(20):
             if -t * slope < noise * max(1.0, abs(value.objective)):
                 return theta, iteration, value
-            trial = evaluate(theta + t * step, iteration + 1)
+            trial = yield from evaluate(theta + t * step, iteration + 1)
             if trial.objective <= max(history) + 1e-4 * t * slope:
                 break
             t /= 2

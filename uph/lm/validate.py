@@ -16,9 +16,10 @@ import torch
 from uph.errors import ConfigError
 from uph.lm.baselines import hidden_of, targets_of
 from uph.lm.evaluate import HeldOut
-from uph.lm.fit import HeadOnTokens, WarmStart, fit_path
+from uph.lm.fit import HeadOnTokens, WarmStart, fit_path_steps
 from uph.lm.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, _choice_columns, _scored_path
 from uph.lm.heads import Head
+from uph.lm.lockstep import lockstep_groups, run_lockstep
 from uph.lm.tokens import Tokens, prepare, validation_split
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ def _dose_split(train: Tokens, k: int, fraction: float, gap: int) -> tuple[Token
         ) from None
 
 
-def validate_user(
+def validate_user_steps(
     user: str,
     train: Tokens,
     heads: dict[Point, Head],
@@ -46,7 +47,8 @@ def validate_user(
     part, scored on the validation part; the dose-response's residual paths on each prefix k's own fit
     part and tail; the paths of fit.on_cache's heads on their cache's mixture (the residual arm's, from
     the fit part: CacheBaselines.on_cache). Returns (validation rows,
-    warm-start rows: every ball's theta and BFGS model, for the refit at the radius chosen, _warm_rows)."""
+    warm-start rows: every ball's theta and BFGS model, for the refit at the radius chosen, _warm_rows).
+    A fit's steps (uph.lm.lockstep): a generator of the paths' evaluation requests."""
     capacity = fit.capacity
     fit_part, held = validation_split(train, capacity.validation_fraction, gap)
     dose_points, ks = dict(fit.dose_response.points), [k for k in fit.dose_response.train_tokens if k < train.n]
@@ -60,21 +62,29 @@ def validate_user(
         held_out = HeldOut(held, head)
         for solver in fit.solvers:
             theta_g, shared = thetas_g_fit[(point, solver)], HeadOnTokens(fit_part, head)
-            personal = fit_path(fit_part, head, solver, fit.solver, capacity.radii, None, user, point.label, shared)
-            residual = fit_path(fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label, shared)
+            personal = yield from fit_path_steps(
+                fit_part, head, solver, fit.solver, capacity.radii, None, user, point.label, shared
+            )
+            residual = yield from fit_path_steps(
+                fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label, shared
+            )
             scored(held_out, personal, None, _choice_columns(point, solver, "personal"))
             scored(held_out, residual, theta_g, _choice_columns(point, solver, "residual"))
             if dose_points.get(point) != solver:
                 continue
             for k in ks:
                 fit_k, held_k = _dose_split(train, k, capacity.validation_fraction, gap)
-                path = fit_path(fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label)
+                path = yield from fit_path_steps(
+                    fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label
+                )
                 scored(HeldOut(held_k, head), path, theta_g, _choice_columns(point, solver, "residual", k))
     for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # each cache's mixture once
         on_cache = caches.on_cache(cache, user, hidden_of(fit_part), targets_of(fit_part), True, gap)
         fit_cache, held_cache = on_cache(fit_part, own=True), on_cache(held)
         for point, solver in [(point, solver) for point, solver, name in fit.on_cache if name == cache]:
-            path = fit_path(fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label)
+            path = yield from fit_path_steps(
+                fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label
+            )
             scored(HeldOut(held_cache, heads[point]), path, None, _choice_columns(point, solver, CACHES[cache]))
     return rows, warm
 
@@ -111,15 +121,27 @@ def warm_starts(table: pd.DataFrame) -> dict[tuple, WarmStart]:
 
 
 def validate_users(
-    job: FitJob, thetas_g_fit: dict, caches: CacheBaselines, fit: FitConfig
+    job: FitJob, thetas_g_fit: dict, caches: CacheBaselines, fit: FitConfig, lockstep: bool | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every user of one fit job: (the validation rows that capacity_choices chooses from, the warm starts
-    the fit job's refits read at the radii chosen) (validate_user)."""
+    the fit job's refits read at the radii chosen) (validate_user_steps). With `lockstep` (default: on a
+    GPU) the users' paths advance together, as many users at a time as uph.lm.lockstep's memory budget
+    holds; each user's rows are the same either way."""
+    lockstep = job.device.type != "cpu" if lockstep is None else lockstep
+    train_tokens = {user: len(states.train_targets) for user, states in job.users.items()}
+    groups = lockstep_groups(train_tokens, job.layer.W.shape[0]) if lockstep else [[user] for user in train_tokens]
     rows, warm = [], []
-    for user, states in job.users.items():
-        train = prepare(states.train_hidden, states.train_targets, job.layer, device=job.device)
-        user_rows, user_warm = validate_user(user, train, job.heads, thetas_g_fit, caches, fit, job.gap)
-        rows += user_rows
-        warm += user_warm
-        log.info("%s: validated %d train tokens", user, train.n)
+    for group in groups:
+        trains = {
+            user: prepare(job.users[user].train_hidden, job.users[user].train_targets, job.layer, device=job.device)
+            for user in group
+        }
+        steps = [
+            validate_user_steps(user, train, job.heads, thetas_g_fit, caches, fit, job.gap)
+            for user, train in trains.items()
+        ]
+        for (user, train), (user_rows, user_warm) in zip(trains.items(), run_lockstep(steps)):
+            rows += user_rows
+            warm += user_warm
+            log.info("%s: validated %d train tokens", user, train.n)
     return pd.DataFrame(rows), pd.DataFrame(warm)

@@ -1,0 +1,99 @@
+"""Users' fits one at a time against the same fits in lockstep (uph.lm.lockstep), on any device.
+
+Each user walks the validate job's path of radii (the default's 9, svd_cvh at d = 32, exact solver) on
+its own tokens. One at a time, every evaluation is queued, read back and waited for before the solver's
+next step; in lockstep, every user's next evaluation is queued back to back and read back once a round.
+
+    .venv/bin/python benchmarks/bench_lockstep.py [--device cpu|cuda] [--vocab 49152] [--users 4] [--tokens 1600]
+
+Two ways to read it. At the model's vocabulary on a CPU the kernels are the whole cost and the two
+orders run at one speed (the same arithmetic). At a small vocabulary (`--vocab 512`) the kernels cost
+next to nothing, and what is left is the host's work per evaluation (the solver's step, the dispatch
+of an evaluation's operations): the floor of a GPU evaluation run one at a time, where the host and the
+device wait for each other, and the part a round overlaps with the device's work in lockstep. It also
+counts the host reads of each order: one per evaluation one at a time, one per round in lockstep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import uph.lm.lockstep
+from uph.lm.fit import fit_path, fit_path_steps
+from uph.lm.heads import HeadSettings, make_head
+from uph.lm.lockstep import run_lockstep
+from uph.lm.models import OutputLayer
+from uph.lm.solvers import SolverSettings
+from uph.lm.tokens import on_device, prepare
+
+RADII = (0.05, 0.15, 0.5, 1.5, 5, 15, 50, 150, 500)  # config.yaml's fit.radii
+
+
+def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device):
+    """(output layer, head, every user's tokens): a random output layer with an LM's logit scale, each
+    user's hidden states tilted by a theta of its own, targets drawn from the tilted model."""
+    generator = torch.Generator().manual_seed(0)
+    W = torch.randn(vocab, hidden, generator=generator) / hidden**0.5 * 4
+    svd = torch.linalg.svd(W.double(), full_matrices=False)
+    head = make_head("svd_cvh", W, d=32, alpha=1.0, settings=HeadSettings.defaults(), svd=svd)
+    layer = on_device(OutputLayer(W), device)
+    tokens = []
+    for _ in range(n_users):
+        h = torch.randn(n_tokens, hidden, generator=generator)
+        star = 3 * torch.randn(32, generator=generator)
+        probabilities = torch.softmax(head.logits(h, star), dim=-1)
+        y = torch.multinomial(probabilities.float(), 1, generator=generator).squeeze(1)
+        tokens.append(prepare(h, y, layer, device=device))
+    return head, tokens
+
+
+def timed(function, device) -> tuple[float, object]:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = function()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--vocab", type=int, default=49152)
+    parser.add_argument("--hidden", type=int, default=576)
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=1600)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    head, tokens = users(args.vocab, args.hidden, args.users, args.tokens, device)
+    settings = SolverSettings.defaults()
+    rounds = []
+    evaluate_many = uph.lm.lockstep.evaluate_many
+    uph.lm.lockstep.evaluate_many = lambda requests: rounds.append(len(requests)) or evaluate_many(requests)
+    fit_path(tokens[0], head, "exact", settings, RADII[:2])  # warm-up: allocator, kernels
+    rounds.clear()
+    alone_s, alone = timed(lambda: [fit_path(t, head, "exact", settings, RADII) for t in tokens], device)
+    alone_rounds = len(rounds)
+    rounds.clear()
+    together_s, together = timed(
+        lambda: run_lockstep([fit_path_steps(t, head, "exact", settings, RADII) for t in tokens]), device
+    )
+    evaluations = sum(result.evaluations for path in alone for _, result in path)
+    same = all(torch.equal(a, b) for path_a, path_b in zip(alone, together) for (a, _), (b, _) in zip(path_a, path_b))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print(f"device {name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
+    print(
+        f"V {args.vocab}, H {args.hidden}, {args.users} users x {args.tokens} tokens, 9 radii, {evaluations} evaluations"
+    )
+    print(f"{'order':<14}{'wall s':>9}{'ms / evaluation':>17}{'reads back':>12}")
+    print(f"{'one at a time':<14}{alone_s:>9.2f}{1e3 * alone_s / evaluations:>17.2f}{alone_rounds:>12}")
+    print(f"{'lockstep':<14}{together_s:>9.2f}{1e3 * together_s / evaluations:>17.2f}{len(rounds):>12}")
+    print(f"lockstep / one at a time: {together_s / alone_s:.2f}; the same thetas: {same}")
+
+
+if __name__ == "__main__":
+    main()
