@@ -8,7 +8,8 @@ weights hash and every config key that both it and the file name (a key the file
 not one it depends on). A missing, damaged (truncated, edited) or foreign file is one line naming it
 and the command that rebuilds it, raised before any of it is used. The hidden-state cache
 (uph.lm.cache) adds its shard manifest and content digest; the fit stage's tables (`FIT_FILE`) and
-the SVD basis (uph.lm.basis) record the model and their job's keys. Torch-free.
+the SVD basis (uph.lm.basis) record the model and their job's keys. Torch-free, and pandas-free at
+import (pyarrow's to_pandas loads pandas where a table is read), so the basis job never loads pandas.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from safetensors import SafetensorError, safe_open
@@ -25,6 +26,9 @@ from safetensors import SafetensorError, safe_open
 from uph.errors import ArtifactError, UphError
 from uph.io import atomic_path
 from uph.model_identity import read_identity
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METADATA_KEY = b"uph"  # in a parquet footer
 MODEL_KEY = "weights_sha256"  # every record names the model; the other keys are compared where both sides have them
@@ -133,6 +137,8 @@ class Artifact:
 
     def read_tables(self, paths, expect: dict) -> pd.DataFrame:
         """`read_table` of every file of `paths`, concatenated."""
+        import pandas as pd
+
         return pd.concat([self.read_table(path, expect) for path in paths], ignore_index=True)
 
 

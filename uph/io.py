@@ -4,7 +4,8 @@ A job killed midway leaves at most a `.tmp-*` file behind, never a truncated out
 could mistake for a finished one; the next write of the same output deletes what it left. A folder
 that is read-only or full ends the job with one line naming the file (`ConfigError` on 'results').
 JSON is strict (a NaN is an error, not a bare `NaN`), table cells never break Markdown, and every
-table records the code that computed it.
+table records the code that computed it. Pandas-free at import (pandas is imported where a table is
+read): every job imports this module through uph.logs, and a job that only writes JSON never loads it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from uph.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_FILES = ("Snakefile", "rules/*.smk", "workflow_scripts/*.py", "uph/**/*.py", "schemas/*.yaml")
@@ -124,6 +127,8 @@ ID_COLUMNS = ("user", "theta_user", "text_user")  # user ids: text as written, n
 def read_table(csv_path: str | Path) -> pd.DataFrame:
     """A table written by write_table, its user ids as written: "007", "1e3" and "NA" stay strings (a
     plain read_csv makes them 7, 1000.0 and NaN, so "1e3" and "1000" would be one user)."""
+    import pandas as pd
+
     table = pd.read_csv(csv_path)
     ids = [column for column in ID_COLUMNS if column in table.columns]
     if ids:

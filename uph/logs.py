@@ -53,16 +53,20 @@ def rule_logging(snakemake):
 
 def record_device(snakemake, log: logging.Logger) -> dict:
     """Set up the job's device (a job with a `device` param: uph.device.setup_device, once, before any
-    work), log what the job runs on in one line and write it to `<log>.device.json`. Torch is imported
-    only by a job with a `device` param."""
+    work), log what the job runs on in one line and write it to `<log>.device.json`, then how long the
+    set-up took (a job with a `device` param). Torch is imported only by a job with a `device` param."""
     configured = getattr(snakemake.params, "device", None)
+    start = time.perf_counter()
     if configured is None:
         record = host_record()
     else:
         device = setup_device(configured, deterministic=snakemake.rule not in TRAINING_RULES)
         record = device_record(device, job_dtype(snakemake.params, device))
+    seconds = time.perf_counter() - start
     record = {"rule": snakemake.rule, **record}
     log.info("%s", describe(record))
+    if configured is not None:  # torch's CUDA initialization, once a job (and importing torch, where the script
+        log.info("device set up in %.1f s", seconds)  # had not): benchmarks/bench_startup.py times its pieces
     if snakemake.log:
         write_json(record, f"{snakemake.log[0]}.device.json")
     return record

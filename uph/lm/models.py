@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from uph.config import TINY_ARCHITECTURES
 from uph.errors import ModelError
 from uph.io import write_json
 from uph.model_identity import (
@@ -74,6 +73,8 @@ def tiny_model(arch: str, vocab_size: int, seed: int = 0):
             eos_token_id=vocab_size - 1,
         )
     else:
+        from uph.config import TINY_ARCHITECTURES  # jsonschema and yaml: only for this message
+
         known = ", ".join(f"tiny:{name}" for name in TINY_ARCHITECTURES)
         raise ModelError(f"config key 'model.source': unknown tiny architecture 'tiny:{arch}' (known: {known})")
     torch.manual_seed(seed)
