@@ -5,10 +5,11 @@ its own tokens. One at a time, every evaluation is queued, read back and waited 
 next step; in lockstep, every user's next evaluation is queued back to back and read back once a round.
 
     .venv/bin/python benchmarks/bench_lockstep.py [--device cpu|cuda] [--vocab 49152] [--users 4] [--tokens 1600]
+        [--chunk 1024]
 
 Two ways to read it. At the model's vocabulary on a CPU the kernels are the whole cost and the two
 orders run at one speed (the same arithmetic). At a small vocabulary (`--vocab 512`) the kernels cost
-next to nothing, and what is left is the host's work per evaluation (the solver's step, the dispatch
+next to nothing, and what is left (with `--chunk 1024`, a GPU's chunks) is the host's work per evaluation (the solver's step, the dispatch
 of an evaluation's operations): the floor of a GPU evaluation run one at a time, where the host and the
 device wait for each other, and the part a round overlaps with the device's work in lockstep. It also
 counts the host reads of each order: one per evaluation one at a time, one per round in lockstep.
@@ -32,7 +33,7 @@ from uph.lm.tokens import on_device, prepare
 RADII = (0.05, 0.15, 0.5, 1.5, 5, 15, 50, 150, 500)  # config.yaml's fit.radii
 
 
-def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device):
+def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: int | None = None):
     """(output layer, head, every user's tokens): a random output layer with an LM's logit scale, each
     user's hidden states tilted by a theta of its own, targets drawn from the tilted model."""
     generator = torch.Generator().manual_seed(0)
@@ -46,7 +47,7 @@ def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device):
         star = 3 * torch.randn(32, generator=generator)
         probabilities = torch.softmax(head.logits(h, star), dim=-1)
         y = torch.multinomial(probabilities.float(), 1, generator=generator).squeeze(1)
-        tokens.append(prepare(h, y, layer, device=device))
+        tokens.append(prepare(h, y, layer, chunk=chunk, device=device))
     return head, tokens
 
 
@@ -67,9 +68,10 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--users", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=1600)
+    parser.add_argument("--chunk", type=int, help="tokens per chunk (default: the device's; 1024 as on a GPU)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    head, tokens = users(args.vocab, args.hidden, args.users, args.tokens, device)
+    head, tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk)
     settings = SolverSettings.defaults()
     rounds = []
     evaluate_many = uph.lm.lockstep.evaluate_many

@@ -527,13 +527,14 @@ def test_an_evaluation_reads_nothing_back_per_chunk(lm, device):
 def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device):
     """evaluate_many of K users' next steps (uph.lm.lockstep): the device part of the round reads every
     objective's J and gradient back in one read for K = 1, 2 and 4 (each head, on the model's base and
-    on a mixture), and each Value is the one its objective gives alone, bit for bit."""
+    on a mixture), in two where a tilt that may overflow has chunks mended (theta 100 times larger), and
+    each Value is the one its objective gives alone, bit for bit."""
     h, y, W, b, svd = lm
     layer = on_device(OutputLayer(W.float(), b.float()), device)
     floor = torch.full((W.shape[0],), 0.3 / W.shape[0], dtype=torch.float64)
     heads = [make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in HEADS]
     users = [prepare(h[i::4].float(), y[i::4], layer, chunk=30, device=device) for i in range(4)]
-    device_round, reads = uph.lm.lockstep._device_round, []
+    device_round, reads, seen = uph.lm.lockstep._device_round, [], set()
 
     def counted(requests, need_grad):
         found = []
@@ -541,19 +542,23 @@ def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device
         return found[0]
 
     for head in [*heads, full_bias_head(W.float(), b.float())]:
-        for mixture in (None, Mixture(0.7, floor)):
+        for mixture, scale in [(None, 0.3), (Mixture(0.7, floor), 0.3), (None, 100.0)]:
             objectives = [Objective(u if mixture is None else u.mixed(mixture), head, *BETA_LAM) for u in users]
             generator = torch.Generator().manual_seed(3)
-            thetas = [0.3 * torch.randn(head.d, generator=generator, dtype=torch.float64) for _ in users]
+            thetas = [scale * torch.randn(head.d, generator=generator, dtype=torch.float64) for _ in users]
             alone = [objective(theta) for objective, theta in zip(objectives, thetas)]
+            per_k = []
             for k in (1, 2, 4):
                 reads.clear()
                 with pytest.MonkeyPatch.context() as patch:
                     patch.setattr(uph.lm.lockstep, "_device_round", counted)
                     values = evaluate_many(list(zip(objectives[:k], thetas[:k])))
-                assert reads == [1], (head.name, mixture is not None, k)
+                per_k.append(reads[:])
                 assert [(v.objective, v.ce, v.kl) for v in values] == [(v.objective, v.ce, v.kl) for v in alone[:k]]
                 assert all(torch.equal(v.grad, a.grad) for v, a in zip(values, alone))
+            assert per_k[0] == per_k[1] == per_k[2] and per_k[0] in ([1], [2]), (head.name, scale, per_k)
+            seen.add(per_k[0][0])
+    assert seen == {1, 2}  # the mended rounds were counted too
 
 
 def test_run_lockstep_hands_each_fit_its_own_values_and_stops_on_an_error(lm):

@@ -164,12 +164,15 @@ class Objective:
         return log_z, p if self.P is None else p @ self.P
 
     def _log_partitions(self, theta: torch.Tensor, need_grad: bool):
-        """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad (on the host).
-        The fast pass over every chunk (`_queued`), then the chunks it flags mended (module docstring:
-        Numerics), after one read of all the flags."""
+        """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad (on the host):
+        one objective's round of uph.lm.lockstep (the fast pass, the flagged chunks mended, a token that
+        still underflows recomputed exactly), reading back what each step needs."""
         queued = self._queued(theta, need_grad)
-        log_z, grad = self._finished(queued, bool(queued.flagged))
-        return log_z, None if grad is None else grad.cpu()
+        flags = queued.chunk_flags().cpu().numpy()
+        sums = self._finished(queued, flags if flags.any() else None)
+        if sums.unsettled:
+            sums = self._settled(queued, sums, torch.stack([under.any() for under, _ in sums.unsettled.values()]).cpu())
+        return sums.log_z, None if sums.grad is None else sums.grad.cpu()
 
     def _queued(self, theta: torch.Tensor, need_grad: bool) -> _Pass:
         """The fast path over every chunk, queued on the device and read nothing back (a _Pass): the vocabulary
@@ -192,40 +195,56 @@ class Objective:
                 log_z.append(z.log() + shift)
                 if need_grad:
                     inverse_z_p0 += p0 @ z.reciprocal().masked_fill_(underflows[-1], 0)
-            return _Pass(theta, need_grad, log_z, underflows, (s, e, inverse_z_p0))
-        terms, flags = [], []  # per chunk Σ_t a_t ⊙ P^T p_t [d]; whether the chunk needs mending
+            flags = [underflows_t.any()[None] for underflows_t in underflows]
+            return _Pass(theta, need_grad, log_z, flags, (s, e, inverse_z_p0, underflows))
+        terms, flags = [], []  # per chunk Σ_t a_t ⊙ P^T p_t [d]; [a tilt may pass EXP_SAFE, a sum underflows]
         for a, (_, p0) in zip(self.a, self.tokens.probabilities()):
             u = a * theta
             z, p_sum = self._tilted(u, p0, None, need_grad)
             log_z.append(z.log())
             terms.append((a * (p_sum.T / z[:, None])).sum(0, dtype=torch.float64) if need_grad else None)
-            flags.append((u.norm(dim=1).max().double() * self.reach > EXP_SAFE) | (z < UNDERFLOW).any())
+            flags.append(torch.stack([u.norm(dim=1).max().double() * self.reach > EXP_SAFE, (z < UNDERFLOW).any()]))
         return _Pass(theta, need_grad, log_z, flags, terms)
 
-    def _finished(self, queued: _Pass, any_flagged: bool):
-        """(log Z_t per chunk, Σ_t a_t ⊙ P^T p_t [d] on the device or None) of a queued pass, its flagged
-        chunks mended; `any_flagged`: whether any is (read back by the caller, with whatever else it reads)."""
-        theta, need_grad, log_z = queued.theta, queued.need_grad, queued.log_z
+    def _finished(self, queued: _Pass, flags=None) -> _Sums:
+        """The sums of a queued pass (_Sums, on the device), its flagged chunks mended: `flags` are its chunk
+        flags as read back (_Pass.chunk_flags; None: no chunk flagged). An unconditional head's flagged
+        tokens are recomputed exactly (reading which they are: rare). A conditional head's flagged chunks
+        are recomputed with each token's max tilt subtracted where a tilt may pass EXP_SAFE; a token whose
+        sum still underflows is left for `_settled` (its chunk `unsettled`)."""
+        theta, need_grad, log_z = queued.theta, queued.need_grad, list(queued.log_z)
         grad = torch.zeros(self.d, dtype=torch.float64, device=self.device)
-        mend = _flagged(queued.flags) if any_flagged else []
+        mend = [] if flags is None else _flagged(flags)
         if self.a is None:
-            s, e, inverse_z_p0 = queued.rest
+            s, e, inverse_z_p0, underflows = queued.rest
             for i in mend:
-                bad = queued.flags[i].nonzero().squeeze(1)
+                bad = underflows[i].nonzero().squeeze(1)
                 log_z[i][bad], exact_grad = self._exact(self.tokens.chunks[i], bad, s.expand(len(bad), -1))
                 grad += exact_grad.sum(0, dtype=torch.float64)
             if not need_grad:
-                return log_z, None
+                return _Sums(log_z, None, None, {})
             fast = e * inverse_z_p0
-            return log_z, grad + (fast if self.P is None else self.P.double().T @ fast)
-        terms = queued.rest
-        for i, (chunk, p0) in zip(mend, self.tokens.probabilities(mend)):
-            log_z[i], terms[i] = self._mended(chunk, self.a[i], p0, theta, need_grad)
-        if not need_grad:
-            return log_z, None
-        for term in terms:
-            grad += term
-        return log_z, grad
+            return _Sums(log_z, None, grad + (fast if self.P is None else self.P.double().T @ fast), {})
+        terms, unsettled = list(queued.rest), {}
+        for i, (_, p0) in zip(mend, self.tokens.probabilities(mend)):
+            log_z[i], expectation, under = self._mended(self.a[i], p0, theta, need_grad, bool(flags[i][0]))
+            terms[i] = (self.a[i] * expectation).sum(0, dtype=torch.float64) if need_grad else None
+            unsettled[i] = (under, expectation)
+        return _Sums(log_z, terms, _summed(grad, terms) if need_grad else None, unsettled)
+
+    def _settled(self, queued: _Pass, sums: _Sums, unders) -> _Sums:
+        """`sums` with the tokens of its unsettled chunks whose sum still underflows (`unders`: whether each
+        chunk has any, as read back) recomputed exactly from their logits (reading which they are)."""
+        log_z, terms = list(sums.log_z), list(sums.terms)
+        for (i, (under, expectation)), any_under in zip(sums.unsettled.items(), unders):
+            if any_under:
+                u = self.a[i] * queued.theta
+                bad = under.nonzero().squeeze(1)
+                log_z[i][bad], expectation[bad] = self._exact(self.tokens.chunks[i], bad, u[bad] @ self.PT)
+                if queued.need_grad:
+                    terms[i] = (self.a[i] * expectation).sum(0, dtype=torch.float64)
+        grad = torch.zeros(self.d, dtype=torch.float64, device=self.device)
+        return _Sums(log_z, terms, _summed(grad, terms) if queued.need_grad else None, {})
 
     def _tilted(self, u: torch.Tensor, p0: torch.Tensor, shift: torch.Tensor | None, need_grad: bool):
         """A conditional head's Z_t = Σ_v p0_tv exp(P_v · u_t - shift_t) [c] (shift [c] in units of ln 2,
@@ -242,20 +261,18 @@ class Objective:
                 p_sum.addmm_(PT_v, e)
         return z, p_sum
 
-    def _mended(self, chunk: Chunk, a: torch.Tensor, p0: torch.Tensor, theta: torch.Tensor, need_grad: bool):
-        """One chunk of a conditional head the fast path flagged, computed with care: where a tilt can pass
-        EXP_SAFE each token's max tilt first (rare), and the tokens whose sum still underflows exactly.
-        (log Z_t [c], Σ_t a_t ⊙ P^T p_t [d] or None)."""
+    def _mended(self, a: torch.Tensor, p0: torch.Tensor, theta: torch.Tensor, need_grad: bool, shifted: bool):
+        """One chunk of a conditional head the fast path flagged, computed with care: with each token's max
+        tilt subtracted first where a tilt may pass EXP_SAFE (`shifted`, as the flags read back say). Its
+        (log Z_t [c], P^T p_t [c, d], Z_t < UNDERFLOW [c]: the tokens _settled recomputes exactly), on the
+        device."""
         u = a * theta
         shift = None
-        if float(u.norm(dim=1).max()) * self.reach > EXP_SAFE:
+        if shifted:
             shift = torch.stack([(P_v @ u.T).amax(dim=0) for P_v, _ in self.blocks]).amax(dim=0)
         z, p_sum = self._tilted(u, p0, shift, need_grad)
         log_z = z.log() if shift is None else z.log() + shift / LOG2E
-        expectation = p_sum.T / z[:, None]  # P^T p_t [c, d]
-        if (bad := (z < UNDERFLOW).nonzero().squeeze(1)).numel():
-            log_z[bad], expectation[bad] = self._exact(chunk, bad, u[bad] @ self.PT)
-        return log_z, (a * expectation).sum(0, dtype=torch.float64) if need_grad else None
+        return log_z, p_sum.T / z[:, None], z < UNDERFLOW
 
     def log_partition_sums(self, thetas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Unconditional heads only: Σ_t log Σ_v p0_tv exp(P_v · theta_k) [K] (float64, relative to p0's
@@ -327,22 +344,40 @@ class Objective:
 @dataclass
 class _Pass:
     """An Objective's fast pass at one theta, queued on the device (Objective._queued): per chunk log Z_t,
-    the chunks' flags (mend where set), the gradient's parts."""
+    the chunk's flags (mend where any is set), the gradient's parts."""
 
     theta: torch.Tensor  # on the device, in the compute dtype
     need_grad: bool
     log_z: list[torch.Tensor]
-    flags: list[torch.Tensor]
-    rest: object  # unconditional heads: (s, e, Σ_t p0_t / Z_t); conditional: per chunk Σ_t a_t ⊙ P^T p_t
+    flags: list[torch.Tensor]  # per chunk [k] bool: conditional heads [tilt may pass EXP_SAFE, underflow]
+    rest: object  # unconditional heads: (s, e, Σ_t p0_t / Z_t, per chunk underflows [c]); conditional: terms
 
-    @property
-    def flagged(self) -> torch.Tensor:
-        """Whether any chunk needs mending: a bool on the device, read with the pass's results."""
-        return torch.cat([flag.reshape(-1) for flag in self.flags]).any()
+    def chunk_flags(self) -> torch.Tensor:
+        """The chunks' flags [chunks, k], on the device: read back with the pass's provisional sums."""
+        return torch.stack(self.flags)
 
 
-def _flagged(flags: list[torch.Tensor]) -> list[int]:
-    """The indices of the chunks whose bool flags (one per chunk, of any shape) hold a True."""
+@dataclass
+class _Sums:
+    """What an evaluation reads back of a pass (Objective._finished): per chunk log Z_t, per chunk
+    Σ_t a_t ⊙ P^T p_t (conditional heads), their sum over chunks (None: no gradient asked), and the
+    mended chunks whose tokens may still underflow (chunk -> (Z_t < UNDERFLOW [c], P^T p_t [c, d]))."""
+
+    log_z: list[torch.Tensor]
+    terms: list | None
+    grad: torch.Tensor | None
+    unsettled: dict
+
+
+def _summed(grad: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:
+    """`grad` (zeros) plus every chunk's term, in chunk order."""
+    for term in terms:
+        grad += term
+    return grad
+
+
+def _flagged(flags) -> list[int]:
+    """The chunks to mend: those whose flags (a row per chunk, as read back) hold a True."""
     return [i for i, flag in enumerate(flags) if flag.any()]
 
 

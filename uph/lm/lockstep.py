@@ -44,23 +44,46 @@ def evaluate_many(requests: list[tuple[Objective, torch.Tensor]], need_grad: boo
 
 def _device_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool) -> list[tuple]:
     """(Σ_t of the log-partition change, Σ_t a_t ⊙ P^T p_t or None) on the host for each (objective,
-    residual theta): every fast pass queued, then one read back of all their flags and results; an
-    objective with a flagged chunk is mended and read again (a second read, rare)."""
+    residual theta). Every fast pass is queued, then one read brings back all their sums and their chunks'
+    flags; where a chunk needs mending (a tilt that may overflow, a sum that underflows: uph.lm.fit's
+    Numerics), every such objective's mended chunks are queued and one more read brings them back; a token
+    that still underflows (rarer still) costs its objective a read of its own."""
     if not requests:
         return []
+    objectives = [objective for objective, _ in requests]
     queued = [objective._queued(objective.offset + theta, need_grad) for objective, theta in requests]
-    found = [objective._finished(each, False) for (objective, _), each in zip(requests, queued)]
-    changes = torch.stack([objective._change(log_z) for (objective, _), (log_z, _) in zip(requests, found)])
-    flagged, changes, *grads = _read_back(
-        [torch.stack([each.flagged for each in queued]), changes] + ([grad for _, grad in found] if need_grad else [])
-    )
-    results = [(float(change), torch.from_numpy(grads[i]) if need_grad else None) for i, change in enumerate(changes)]
-    for i in flagged.nonzero()[0]:
-        objective = requests[i][0]
-        log_z, grad = objective._finished(queued[i], True)
-        change, *grad = _read_back([objective._change(log_z), *([grad] if need_grad else [])])
-        results[i] = (float(change[0]), torch.from_numpy(grad[0]) if need_grad else None)
+    sums = [objective._finished(each) for objective, each in zip(objectives, queued)]
+    flags, results = _read(objectives, sums, need_grad, [each.chunk_flags() for each in queued])
+    mend = [i for i, flag in enumerate(flags) if flag.any()]
+    if not mend:
+        return results
+    shape = [flags[i].reshape(len(queued[i].flags), -1) for i in mend]
+    mended = [objectives[i]._finished(queued[i], flag) for i, flag in zip(mend, shape)]
+    unders = [_unders(each, queued[i].theta.device) for i, each in zip(mend, mended)]
+    unders, found = _read([objectives[i] for i in mend], mended, need_grad, unders)
+    for i, each, under, result in zip(mend, mended, unders, found):
+        results[i] = result
+        if under.any():
+            settled = objectives[i]._settled(queued[i], each, under)
+            results[i] = _read([objectives[i]], [settled], need_grad, [])[1][0]
     return results
+
+
+def _unders(sums, device) -> torch.Tensor:
+    """Whether each unsettled chunk of `sums` still has a token whose sum underflows (on the device)."""
+    if not sums.unsettled:
+        return torch.zeros(0, dtype=torch.bool, device=device)
+    return torch.stack([under.any() for under, _ in sums.unsettled.values()])
+
+
+def _read(objectives, sums, need_grad: bool, extras: list[torch.Tensor]) -> tuple[list, list[tuple]]:
+    """One device-to-host read of `extras` and of each objective's (change, gradient) from its sums: (the
+    extras as float64 arrays, [(Σ_t of the log-partition change, Σ_t a_t ⊙ P^T p_t or None)])."""
+    changes = torch.stack([objective._change(each.log_z) for objective, each in zip(objectives, sums)])
+    host = _read_back([*extras, changes, *([each.grad for each in sums] if need_grad else [])])
+    extras, changes, grads = host[: len(extras)], host[len(extras)], host[len(extras) + 1 :]
+    results = [(float(change), torch.from_numpy(grads[i]) if need_grad else None) for i, change in enumerate(changes)]
+    return extras, results
 
 
 def _read_back(tensors: list[torch.Tensor]) -> list[np.ndarray]:

@@ -11,6 +11,7 @@ it takes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -167,7 +168,12 @@ def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
 def _into_ball(c: torch.Tensor, eigenvalues: torch.Tensor, radius: float) -> torch.Tensor:
     """y(mu) = c / (eigenvalues + mu) with mu >= 0 the least that lands in the ball (‖y(mu)‖ decreases
     in mu; bisection, up to 100 halvings: it stops early once a halving leaves the bracket as it was, since
-    every later one would too, so the result is the 100 halvings' bit for bit in about half of them)."""
+    every later one would too, so the result is the 100 halvings' bit for bit in about half of them).
+
+    Each halving asks whether ‖y(mu)‖ > radius. numpy answers it at a fifth of torch's cost on d numbers
+    (the same correctly rounded divisions; a norm summed in another order, within d ulps of torch's), so
+    its answer stands wherever its norm is further than 1e-12 of the radius from it, and torch's norm
+    decides the rest: every answer is torch's."""
     eigenvalues = eigenvalues.clamp_min(eigenvalues.max() * 1e-12)
 
     def y(mu: float) -> torch.Tensor:
@@ -175,10 +181,17 @@ def _into_ball(c: torch.Tensor, eigenvalues: torch.Tensor, radius: float) -> tor
 
     if y(0.0).norm() <= radius:
         return y(0.0)
+    c_host, eigenvalues_host = c.numpy(), eigenvalues.numpy()
+
+    def outside(mu: float) -> bool:
+        x = c_host / (eigenvalues_host + mu)
+        norm = math.sqrt(float(x @ x))
+        return norm > radius if abs(norm - radius) > 1e-12 * radius else bool(y(mu).norm() > radius)
+
     low, high = 0.0, float(c.norm()) / radius
     for _ in range(100):
         middle = (low + high) / 2
-        bracket = (middle, high) if y(middle).norm() > radius else (low, middle)
+        bracket = (middle, high) if outside(middle) else (low, middle)
         if bracket == (low, high):
             break
         low, high = bracket
