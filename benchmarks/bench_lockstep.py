@@ -88,9 +88,9 @@ def main() -> None:
     same = all(torch.equal(a, b) for path_a, path_b in zip(alone, together) for (a, _), (b, _) in zip(path_a, path_b))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(
-        f"V {args.vocab}, H {args.hidden}, {args.users} users x {args.tokens} tokens, 9 radii, {evaluations} evaluations"
-    )
+    chunk = len(tokens[0].chunks[0].targets)
+    print(f"V {args.vocab}, H {args.hidden}, {args.users} users x {args.tokens} tokens in chunks of {chunk}, 9 radii")
+    print(f"{evaluations} evaluations; 'reads back': evaluate_many's rounds, each one read (two where it mends)")
     print(f"{'order':<14}{'wall s':>9}{'ms / evaluation':>17}{'reads back':>12}")
     print(f"{'one at a time':<14}{alone_s:>9.2f}{1e3 * alone_s / evaluations:>17.2f}{alone_rounds:>12}")
     print(f"{'lockstep':<14}{together_s:>9.2f}{1e3 * together_s / evaluations:>17.2f}{len(rounds):>12}")
