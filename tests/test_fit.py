@@ -29,7 +29,7 @@ from uph.lm.fit import (
     vocab_block,
 )
 from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
-from uph.lm.lockstep import evaluate_many, run_lockstep
+from uph.lm.lockstep import evaluate_many, lockstep_groups, run_lockstep
 from uph.lm.models import OutputLayer
 from uph.lm.solvers import SolverSettings, projected_gradient_norm
 from uph.lm.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
@@ -583,3 +583,11 @@ def test_run_lockstep_hands_each_fit_its_own_values_and_stops_on_an_error(lm):
     ]
     with pytest.raises(FitDivergedError, match="diverged"):
         run_lockstep(fits)
+
+
+def test_lockstep_groups_hold_what_the_budget_holds_in_the_users_order():
+    """Users cut into lockstep groups by their p0's bytes (4 V bytes a token), in order, at least one a group."""
+    tokens = {"a": 10, "b": 20, "c": 5, "d": 40, "e": 1}
+    assert lockstep_groups(tokens, vocab=100, budget=4 * 100 * 30) == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert lockstep_groups(tokens, vocab=100, budget=float("inf")) == [list(tokens)]
+    assert lockstep_groups({}, vocab=100) == []

@@ -100,10 +100,10 @@ def lockstep_groups(train_tokens: dict[str, int], vocab: int, budget: float = LO
     users as their p0 (vocab float32s a token, cached for the whole path) fit in `budget` together, at
     least one. At the default's scale (24 users of 1,640 train tokens, V = 49152: 320 MB each) a group
     holds 12 users: a GPU job's whole share (fit.gpu_jobs 2)."""
-    groups, used = [], budget
+    groups, used = [], 0
     for user, n in train_tokens.items():
         size = 4 * vocab * n
-        if used + size > budget:
+        if not groups or used + size > budget:
             groups.append([])
             used = 0
         groups[-1].append(user)
