@@ -7,14 +7,17 @@ once and no window crosses the train/test gap. Only the body runs (no V×H lm_he
 per-layer hidden states kept); batches are right-padded, which a causal model never attends to.
 
 Batches. Every window is `context` long but the last of each region (at most two shorter windows a
-user), so windows are sorted longest first before they are cut into batches: the full windows fill
-whole batches without padding and the short ones share the last. `extract.batch_size` windows go
-through the model at once; null sizes it by device (`batch_windows`): CPU_BATCH on a CPU (the size
-the CPU caches have always been built with, so their bytes stay as they were), GPU_BATCH_TOKENS of
-windows on CUDA. On a CPU each user is batched alone, as before; on CUDA consecutive users are
-gathered until they fill a batch (a user has ~20 windows of the default context, a GPU batch
-hundreds), their windows batched together and each user written once its group is done, so memory
-holds the states of about a batch and a user.
+user), so windows are sorted longest first before they are cut into batches: only the batch where the
+full windows run out mixes lengths, its short windows padded to its longest. At the default config (a
+user's 2,048 tokens are 16 windows of 128, 14 of them full, one batch) that pads 6 % of the positions
+computed (benchmarks/bench_extract.py); avoiding it would take a second, smaller forward pass.
+`extract.batch_size` windows go through the model at once; null sizes it by device (`batch_windows`):
+CPU_BATCH on a CPU (the size the CPU caches have always been built with, so their bytes stay as they
+were), GPU_BATCH_TOKENS of windows on CUDA. On a CPU each user is batched alone, as before (float32
+states depend on the batch they were computed in, by rounding, so the CPU's batches are kept as they
+were); on CUDA consecutive users are gathered until they fill a batch (16 windows a user at the
+default, hundreds a GPU batch), their windows batched together and each user written once its group
+is done, so memory holds the states of about a batch and a user.
 """
 
 from __future__ import annotations
