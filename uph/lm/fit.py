@@ -41,6 +41,7 @@ tol is no error: its certificate is in every row.
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -437,20 +438,9 @@ def fit_theta_steps(tokens, head, solver, settings, radius=SEED_RADIUS, *args, *
     return (yield from fit_path_steps(tokens, head, solver, settings, [radius], *args, **kwargs))[0]
 
 
-def fit_path(
-    tokens: Tokens,
-    head: Head,
-    solver: str,
-    settings: SolverSettings,
-    radii,
-    offset: torch.Tensor | None = None,
-    user: str = "?",
-    label: str = "?",
-    shared: HeadOnTokens | None = None,
-    start: WarmStart | None = None,
-) -> list[tuple[torch.Tensor, FitResult]]:
-    """fit_theta at every radius of `radii` (ascending): fit_path_steps, run alone."""
-    return run(fit_path_steps(tokens, head, solver, settings, radii, offset, user, label, shared, start))
+def fit_path(*args, **kwargs) -> list[tuple[torch.Tensor, FitResult]]:
+    """fit_theta at every radius of `radii` (ascending): fit_path_steps (its arguments), run alone."""
+    return run(fit_path_steps(*args, **kwargs))
 
 
 def fit_path_steps(
@@ -464,7 +454,7 @@ def fit_path_steps(
     label: str = "?",
     shared: HeadOnTokens | None = None,
     start: WarmStart | None = None,
-) -> list[tuple[torch.Tensor, FitResult]]:
+) -> Generator[tuple[Objective, torch.Tensor], Value, list[tuple[torch.Tensor, FitResult]]]:
     """fit_theta at every radius of `radii` (ascending), on one Objective (p0's passes for a, ybar, mbar
     and the curvature once for the whole path). exact walks the path warm: each ball starts from the
     last ball's theta and BFGS model, and a theta strictly inside its ball with its certificate met is
