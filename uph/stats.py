@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 SIGNIFICANCE = 0.05  # a test rejects below this p (the 95 % intervals exclude 0 at the same level)
 
@@ -38,6 +37,8 @@ def t_interval(values, level: float = 0.95) -> tuple[float, float]:
     n = len(values)
     if n < 2:
         return math.nan, math.nan
+    from scipy import stats  # here: the LM table jobs, which bootstrap over users, skip its 0.6 s import
+
     half = stats.t.ppf((1 + level) / 2, n - 1) * values.std(ddof=1) / math.sqrt(n)
     return float(values.mean() - half), float(values.mean() + half)
 
