@@ -31,8 +31,9 @@ below float32's range, e.g. logits spanning over 100 nats) those tokens are reco
 from their logits in log space, so no objective is ever -inf. An evaluation runs the fast path over
 every chunk first, flagging the chunks that need more (an underflow; for conditional heads also a
 tilt past EXP_SAFE, which each token's max tilt, subtracted first, keeps in range), and mends them
-after one read of all the flags: nothing is read back per chunk, so a GPU never waits on the host
-mid-pass. theta never leaves the ball. A NaN or inf, which only a scale that overflows float32 can
+after one read of all the flags with the pass's sums, reading the mended chunks back together once
+more (uph.lm.lockstep: a round of several users' evaluations reads no more): nothing is read back per
+chunk, so a GPU never waits on the host mid-pass. theta never leaves the ball. A NaN or inf, which only a scale that overflows float32 can
 cause (the schema caps fit.alphas and fit.lm_head_update.gamma, and the cache refuses non-finite
 hidden states), raises FitDivergedError: a table never averages a NaN. A fit that stops short of
 tol is no error: its certificate is in every row.

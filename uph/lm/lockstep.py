@@ -8,11 +8,13 @@ paths of radii): each round it takes every fit's pending request and evaluates t
 
 Why. On a GPU one user's evaluation is a few large kernels (its p0 blocks, [V, 1024] floats each) and a
 read back of J and its gradient, after which the device idles while the host runs the solver's step
-(the BFGS model, the ball's projection: about a millisecond of small CPU operations). One fit at a time
-leaves the GPU waiting on the host and the host on the GPU at every step; in lockstep a round queues
-every user's kernels while the host works through the others' steps, and waits once. On a CPU the
-kernels are the whole cost and the order changes nothing: each fit's arithmetic is exactly its own,
-so its values are bit-identical however many fits share its rounds (tests/test_lockstep.py).
+(the BFGS model, the ball's projection: a quarter of a millisecond at d = 32) and dispatches the next
+evaluation's fifty-odd operations. One fit at a time leaves the GPU waiting on the host and the host on
+the GPU at every step, and each evaluation reads back on its own; in lockstep a round queues every user's
+kernels while the host works through the others' steps, and reads back once (twice where a chunk needs
+mending). On a CPU the kernels are the whole cost and the order changes nothing: each fit's arithmetic is
+exactly its own, so its values are bit-identical however many fits share its rounds (tests/test_fit.py,
+tests/test_evaluate.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
 def evaluate_many(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool = True) -> list[Value]:
     """J (and its gradient) of each (objective, residual theta): one evaluation, or several users' next
-    steps at once (fits in lockstep, uph.lm.lockstep). A theta of zeros is the objective's base, known
+    steps at once (run_lockstep). A theta of zeros is the objective's base, known
     from its construction; the others' passes are queued on the device back to back and read back once
     for all of them (_device_round)."""
     thetas = [theta.detach().double().cpu() for _, theta in requests]
