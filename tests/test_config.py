@@ -219,3 +219,38 @@ def test_setting_up_a_cpu_job_changes_none_of_its_numerics(monkeypatch):
         with pytest.raises(ConfigError, match="config key 'device' is 'cuda' but no CUDA device is available"):
             setup_device("cuda")
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+
+
+def test_an_integer_written_as_a_float_is_read_as_that_integer_and_a_fraction_is_refused(config):
+    """YAML reads 2.0 as a float, which JSON Schema counts as an integer: validate makes it the integer
+    (in sections, nested objects and lists), so no integer setting reaches the code as a float
+    (range(2.0) was a TypeError at DAG build); 2.5 is one line naming the key."""
+    config = copy.deepcopy(config)
+    ds = validate(copy.deepcopy(config))["fit"]["ds"]
+    config["extract"]["shards"] = 2.0
+    config["fit"].update(jobs=1.0, bootstrap=1000.0, ds=[float(d) for d in ds], global_max_tokens=2048.0)
+    config["fit"]["dose_response"]["train_tokens"] = [256.0]
+    config["copy_task"]["seeds"] = [0.0, 1.0]
+    validated = validate(config)
+    integers = [
+        validated["extract"]["shards"],
+        validated["fit"]["jobs"],
+        validated["fit"]["bootstrap"],
+        *validated["fit"]["ds"],
+        validated["fit"]["global_max_tokens"],
+        *validated["fit"]["dose_response"]["train_tokens"],
+        *validated["copy_task"]["seeds"],
+    ]
+    assert integers == [2, 1, 1000, *ds, 2048, 256, 0, 1] and {type(value) for value in integers} == {int}
+    assert type(validated["fit"]["lr"]) is float  # a number key keeps its float
+    for section, key, value, where in [
+        ("extract", "shards", 2.5, "extract.shards"),
+        ("fit", "ds", [*ds, 16.5], f"fit.ds[{len(ds)}]"),
+        ("corpus", "max_tokens", 4000.5, "corpus.max_tokens"),
+    ]:
+        bad = copy.deepcopy(config)
+        bad[section][key] = value
+        with pytest.raises(ConfigError) as error:
+            validate(bad)
+        shown = value[-1] if isinstance(value, list) else value
+        assert str(error.value) == f"config key '{where}': {shown} is not a whole number; write an integer"

@@ -14,7 +14,7 @@ from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from uph.config import check_against_model, sweep_points, validate
+from uph.config import SCHEMA_DIR, check_against_model, key_path, sweep_points, validate
 from uph.errors import ConfigError, CorpusError
 from uph.io import write_table
 from uph.lm.corpus import read_corpus_file, tokenize_users
@@ -71,6 +71,72 @@ def test_a_config_is_either_usable_or_refused_in_one_line_naming_the_key(edits):
     assert shortest - split.test_start >= 2
     split_lengths(split.train_end, config["fit"]["validation_fraction"], gap)  # raises if no fit part
     assert all(1 <= d <= HIDDEN for _, _, d in sweep_points(config["fit"]))
+
+
+def _schema_leaves(schema: dict, value, path=()):
+    """(path, integer-only) of every setting of `value` (a validated config) below `schema`: each key of an
+    object, each first item of a list; a section's schema is its file's."""
+    if isinstance(schema, dict) and "$ref" in schema:
+        schema = yaml.safe_load((SCHEMA_DIR / schema["$ref"]).read_text())
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _schema_leaves(schema.get("properties", {}).get(key, {}), item, (*path, key))
+    elif isinstance(value, list):
+        if value:
+            yield from _schema_leaves(schema.get("items", {}), value[0], (*path, 0))
+    else:
+        types = schema.get("type", [])
+        types = [types] if isinstance(types, str) else types
+        yield path, "integer" in types and "number" not in types
+
+
+VALIDATED = validate(copy.deepcopy(TEST_CONFIG))
+ROOT_SCHEMA = yaml.safe_load((SCHEMA_DIR / "config.schema.yaml").read_text())
+LEAVES = dict(_schema_leaves(ROOT_SCHEMA, VALIDATED))
+INTEGER_KEYS = sorted(path for path, integer in LEAVES.items() if integer)
+
+
+def _at(config: dict, path: tuple):
+    for part in path:
+        config = config[part]
+    return config
+
+
+def _set(config: dict, path: tuple, value) -> None:
+    _at(config, path[:-1])[path[-1]] = value
+
+
+OTHER_TYPES = ["text", 2.5, [1], {"k": 1}, True, None]
+other_type_edits = st.one_of(
+    st.tuples(st.sampled_from(sorted(LEAVES, key=key_path)), st.sampled_from(OTHER_TYPES)),
+    st.tuples(
+        st.sampled_from([path for path in INTEGER_KEYS if _at(VALIDATED, path) is not None]),
+        st.sampled_from(["as float", "plus a half"]),
+    ),
+)
+
+
+@PROPERTY
+@given(st.lists(other_type_edits, min_size=1, max_size=3, unique_by=lambda edit: edit[0]))
+def test_a_setting_of_another_type_is_refused_naming_its_key_or_read_as_the_same_setting(edits):
+    """Every setting (each integer one also as a float, 2.0 and 2.5) given a value of another type: validate
+    either refuses it in one ConfigError line naming its key, or passes with every integer setting an int
+    (never a float or a bool), and integral floats alone give the very config of the integers, the same
+    job params, so the same tables."""
+    config = copy.deepcopy(VALIDATED)
+    for path, value in edits:
+        if value in ("as float", "plus a half"):
+            value = float(_at(VALIDATED, path)) + (0.5 if value == "plus a half" else 0.0)
+        _set(config, path, value)
+    try:
+        validated = validate(config)
+    except ConfigError as error:
+        _one_line(error, *(f"config key '{key_path(path)}" for path, _ in edits))
+        return
+    for path in INTEGER_KEYS:
+        assert _at(validated, path) is None or type(_at(validated, path)) is int, key_path(path)
+    if all(value == "as float" for _, value in edits):
+        assert repr(validated) == repr(VALIDATED)
 
 
 texts = st.text(st.characters(exclude_categories=()), max_size=40)  # lone surrogates (Cs) too

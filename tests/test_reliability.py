@@ -525,11 +525,20 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
         "config key 'corpus.max_tokens': 300 leaves 60 held-out tokens, fewer than the train/test gap of "
         "extract.context=64 plus 2; raise it to at least 331",
     ),
-    "train-fraction-leaving-no-fit-part": (  # a test window, but train too short to hold out validation
-        lambda c, tmp: c["corpus"].update(train_fraction=0.02),
-        "config key 'corpus.min_tokens': a user of 3000 tokens trains on 60, and 60 train tokens leave no fit "
-        "part before a gap of 64 and 12 validation tokens (fit.validation_fraction, extract.context); raise it "
-        "or corpus.train_fraction, or lower fit.validation_fraction or extract.context",
+    "train-fraction-leaving-no-fit-part": (  # a test window, but train too short to hold out validation:
+        lambda c, tmp: c["corpus"].update(train_fraction=0.02),  # named first, as its default would split the user
+        "config key 'corpus.train_fraction': 0.02 gives a user of 3000 tokens 60 train tokens, and 60 train tokens "
+        "leave no fit part before a gap of 64 and 12 validation tokens (fit.validation_fraction, extract.context); "
+        "raise it or corpus.min_tokens, or lower fit.validation_fraction or extract.context",
+    ),
+    "train-fraction-leaving-no-test-window": (
+        lambda c, tmp: c["corpus"].update(train_fraction=0.99),
+        "config key 'corpus.train_fraction': 0.99 leaves a user of 3000 tokens 30 held-out tokens, fewer than the "
+        "train/test gap of extract.context=64 plus 2; lower it or raise corpus.min_tokens",
+    ),
+    "shards-written-2.5": (  # an integer key holding a fraction (2.0 is read as 2)
+        lambda c, tmp: c["extract"].update(shards=2.5),
+        "config key 'extract.shards': 2.5 is not a whole number; write an integer",
     ),
     "context-beyond-the-model-positions": (
         lambda c, tmp: (c["extract"].update(context=2048), c["corpus"].update(min_tokens=20000, max_tokens=None)),
@@ -853,6 +862,16 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
     "feedback-sigma": (  # node perturbation's noise: only feedback_learned reads it
         lambda c: c["feedback"].update(node_perturbation={"sigma": 0.02}),
         {"feedback_train": 1, "feedback_table": 1},
+    ),
+    "integers-written-as-floats": (  # read as their integers at validation: the same params, nothing to rerun
+        lambda c: (
+            c["extract"].update(shards=2.0, context=64.0),
+            c["fit"].update(jobs=1.0, bootstrap=1000.0, ds=[8.0]),
+            c["fit"]["cross_user"][0].update(d=8.0),
+            c["corpus"].update(max_users=4.0, max_tokens=4000.0),
+            c["copy_task"].update(seeds=[0.0]),
+        ),
+        {},
     ),
 }
 

@@ -1,7 +1,9 @@
 """Config validation: JSON schema (one file per stage) plus checks a schema cannot express.
 
-`validate(config, schema_dir)` fills defaults in place and raises `ConfigError` with one line
-naming the offending key, e.g. ``config key 'extract.shards': 0 is less than the minimum of 1``
+`validate(config, schema_dir)` fills defaults in place, reads an integral float of an integer key as that
+integer (YAML's 2.0: JSON Schema counts it an integer, and it would reach the code as a float), and raises
+`ConfigError` with one line naming the offending key, e.g. ``config key 'extract.shards': 0 is less than
+the minimum of 1`` or ``config key 'extract.shards': 2.5 is not a whole number; write an integer``
 (`ModelError` for a local model folder without weights, or with a weights file cut short; config.yaml's
 GGUF file name carried over to another model.source is dropped with a warning). `check_results_folder` and
 `check_against_model` need the file system; `job_params` is what a rule passes to one job, and
@@ -45,21 +47,49 @@ def _load_schemas(schema_dir: Path) -> Registry:
     return Registry().with_resources(resources)
 
 
+def _integer_only(schema: dict) -> bool:
+    """A schema whose type is integer (or integer or null), not number."""
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    return "integer" in types and "number" not in types
+
+
+def _as_integer(value, schema: dict):
+    """An integral float where the schema asks for an integer, as that integer (YAML reads 2.0 as a float,
+    and JSON Schema counts it as an integer: it would reach the code as a float, e.g. range(2.0)); a
+    non-integral one stays, for the type check to refuse."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and _integer_only(schema):
+        return int(value)
+    return value
+
+
 def _with_defaults(validator_class, registry: Registry):
-    """Extend a validator so that `default` values are written into the instance."""
+    """Extend a validator so that `default` values are written into the instance, and an integral float
+    of an integer key (an object's property or an array's items) becomes that integer."""
     validate_properties = validator_class.VALIDATORS["properties"]
+    validate_items = validator_class.VALIDATORS["items"]
+
+    def resolved(sub: dict) -> dict:
+        return registry.contents(sub["$ref"]) if "$ref" in sub else sub
 
     def set_defaults(validator, properties, instance, schema):
         if isinstance(instance, dict):
             for name, sub in properties.items():
-                sub = registry.contents(sub["$ref"]) if "$ref" in sub else sub
+                sub = resolved(sub)
                 if "default" in sub and name not in instance:
                     instance[name] = sub["default"]
                 if sub.get("type") == "object" and name not in instance and "required" not in sub:
                     instance[name] = {}
+                if name in instance:
+                    instance[name] = _as_integer(instance[name], sub)
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    def integer_items(validator, items, instance, schema):
+        if isinstance(instance, list) and isinstance(items, dict):
+            instance[:] = [_as_integer(item, resolved(items)) for item in instance]
+        yield from validate_items(validator, items, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults, "items": integer_items})
 
 
 def schema_defaults(section: str, schema_dir: Path | str = SCHEMA_DIR) -> dict:
@@ -116,6 +146,8 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
             known = ", ".join(sorted(error.schema.get("properties", {})))
             prefix = f"{where}." if error.absolute_path else ""
             raise ConfigError(f"config key '{prefix}{unknown[0]}' is not known (known here: {known})")
+        if _is_fraction_for_integer(error):
+            raise ConfigError(f"config key '{where}': {error.instance!r} is not a whole number; write an integer")
         if _is_quoted_number(error):
             raise ConfigError(
                 f"config key '{where}': {error.instance!r} is text, not a number; {_how_to_write(error.instance)}"
@@ -137,6 +169,11 @@ def _is_quoted_number(error: jsonschema.ValidationError) -> bool:
         and isinstance(error.instance, str)
         and NUMBER.fullmatch(error.instance.strip()) is not None
     )
+
+
+def _is_fraction_for_integer(error: jsonschema.ValidationError) -> bool:
+    """An integer key holding a float with a fractional part (an integral one became its integer)."""
+    return error.validator == "type" and isinstance(error.instance, float) and _integer_only(error.schema)
 
 
 def _how_to_write(text: str) -> str:
@@ -365,26 +402,78 @@ def _check_across_keys(config: dict) -> None:
             )
     _check_head_width("copy_task", config["copy_task"])
     _check_attention(config["attention"])
-    corpus, context = config["corpus"], config["extract"]["context"]
-    cut = corpus["max_tokens"] is not None and corpus["max_tokens"] < corpus["min_tokens"]
-    key = "max_tokens" if cut else "min_tokens"
-    n_tokens = corpus[key]  # the fewest tokens a kept user has: each has min_tokens or more, cut to max_tokens
-    split = temporal_split(n_tokens, corpus["train_fraction"], context)
-    held_out = n_tokens - split.train_end
-    if held_out < context + 2:
-        raise ConfigError(
-            f"config key 'corpus.{key}': {n_tokens} leaves {held_out} held-out tokens, "
-            f"fewer than the train/test gap of extract.context={context} plus 2; raise it to at least "
-            f"{int((context + 2) / (1 - corpus['train_fraction'])) + 1}"
-        )
-    try:  # the fit part and the validation part inside train (uph.lm.capacity), with the same gap
-        split_lengths(split.train_end, config["fit"]["validation_fraction"], context)
+    _check_split(config)
+
+
+SPLIT_KEYS = {  # the keys besides a user's tokens that decide its split, and the section each lives in
+    "corpus.train_fraction": "corpus",
+    "fit.validation_fraction": "fit",
+    "extract.context": "extract",
+}
+
+
+def _split_problem(n_tokens: int, train_fraction: float, validation_fraction: float, context: int):
+    """Why a user of `n_tokens` tokens cannot be split (uph.lm.splits): ('held_out', held-out tokens)
+    without a test window after the gap, ('fit_part', train tokens, why) without a fit part before the
+    validation gap; None where it can."""
+    split = temporal_split(n_tokens, train_fraction, context)
+    if n_tokens - split.train_end < context + 2:
+        return "held_out", n_tokens - split.train_end
+    try:
+        split_lengths(split.train_end, validation_fraction, context)
     except ValueError as error:
+        return "fit_part", split.train_end, str(error)
+    return None
+
+
+def _check_split(config: dict) -> None:
+    """The user with the fewest tokens (each has corpus.min_tokens or more, cut to corpus.max_tokens) has a
+    test window after the train/test gap and a fit part before the validation gap. The message names first
+    the setting that breaks it: corpus.train_fraction, fit.validation_fraction or extract.context where it
+    is not its default and its default would split the user, else the user's tokens."""
+    corpus = config["corpus"]
+    cut = corpus["max_tokens"] is not None and corpus["max_tokens"] < corpus["min_tokens"]
+    tokens_key = "max_tokens" if cut else "min_tokens"
+    n_tokens = corpus[tokens_key]
+    values = {key: config[section][key.split(".")[1]] for key, section in SPLIT_KEYS.items()}
+    problem = _split_problem(n_tokens, *values.values())
+    if problem is None:
+        return
+    blamed = f"corpus.{tokens_key}"
+    for key, section in SPLIT_KEYS.items():
+        default = schema_defaults(section)[key.split(".")[1]]
+        if values[key] != default and _split_problem(n_tokens, *{**values, key: default}.values()) is None:
+            blamed = key
+            break
+    context, tokens = values["extract.context"], f"corpus.{tokens_key}"
+    if problem[0] == "held_out":
+        held_out = problem[1]
+        if blamed == tokens:
+            raise ConfigError(
+                f"config key '{tokens}': {n_tokens} leaves {held_out} held-out tokens, fewer than the train/test "
+                f"gap of extract.context={context} plus 2; raise it to at least "
+                f"{int((context + 2) / (1 - values['corpus.train_fraction'])) + 1}"
+            )
         raise ConfigError(
-            f"config key 'corpus.{key}': a user of {n_tokens} tokens trains on {split.train_end}, and {error} "
-            f"(fit.validation_fraction, extract.context); raise it or corpus.train_fraction, or lower "
+            f"config key '{blamed}': {values[blamed]} leaves a user of {n_tokens} tokens {held_out} held-out tokens, "
+            f"fewer than the train/test gap of extract.context={context} plus 2; lower it or raise {tokens}"
+        )
+    _, train_tokens, why = problem
+    if blamed == tokens:
+        raise ConfigError(
+            f"config key '{tokens}': a user of {n_tokens} tokens trains on {train_tokens}, and {why} "
+            "(fit.validation_fraction, extract.context); raise it or corpus.train_fraction, or lower "
             "fit.validation_fraction or extract.context"
-        ) from None
+        )
+    others = {
+        "corpus.train_fraction": f"raise it or {tokens}, or lower fit.validation_fraction or extract.context",
+        "fit.validation_fraction": f"lower it, or raise {tokens} or corpus.train_fraction, or lower extract.context",
+        "extract.context": f"lower it, or raise {tokens} or corpus.train_fraction, or lower fit.validation_fraction",
+    }
+    raise ConfigError(
+        f"config key '{blamed}': {values[blamed]} gives a user of {n_tokens} tokens {train_tokens} train tokens, "
+        f"and {why} (fit.validation_fraction, extract.context); {others[blamed]}"
+    )
 
 
 def _check_head_width(branch: str, section: dict) -> None:
