@@ -1,6 +1,8 @@
 # UPH benchmark suite. Stages: corpus -> model -> extract -> svd -> fit -> tables (LM branch);
 # copy task and feedback run beside it; aggregate draws the figures, summary and provenance from
 # the tables. `snakemake --cores all` runs everything on config.yaml.
+import sys
+
 from snakemake.utils import min_version
 
 min_version("9.0")  # the executor plugins and report syntax used here (requirements.txt pins 9.27.1)
@@ -12,33 +14,47 @@ configfile: f"{workflow.basedir}/config.yaml"  # the embedded default; --configf
 report: "report/workflow.rst"  # front page of `snakemake --report`
 
 
-include: "rules/common.smk"
-include: "rules/corpus.smk"
-include: "rules/model.smk"
-include: "rules/extract.smk"
-include: "rules/fit.smk"
-include: "rules/copy_task.smk"
-include: "rules/attention.smk"
-include: "rules/feedback.smk"
-include: "rules/aggregate.smk"
+# `--unlock` needs no rules: it works whatever the config or the results folder hold.
+if "--unlock" not in sys.argv:
 
+    include: "rules/common.smk"
+    include: "rules/corpus.smk"
+    include: "rules/model.smk"
+    include: "rules/extract.smk"
+    include: "rules/fit.smk"
+    include: "rules/copy_task.smk"
+    include: "rules/attention.smk"
+    include: "rules/feedback.smk"
+    include: "rules/aggregate.smk"
 
-# Seconds-long jobs (tables read small, the model install moves a folder): on a cluster they run beside
-# Snakemake, not in the queue.
-localrules:
-    all,
-    model,
-    capacity,
-    headline_point,
-    personalization_table,
-    copy_task_table,
-    attention_table,
-    feedback_table,
-    aggregate,
-    provenance,
+    check_results()
 
+    # Seconds-long jobs (tables read small, the model install moves a folder): on a cluster they run beside
+    # Snakemake, not in the queue.
+    localrules:
+        all,
+        model,
+        capacity,
+        headline_point,
+        personalization_table,
+        copy_task_table,
+        attention_table,
+        feedback_table,
+        aggregate,
+        provenance,
 
-rule all:
-    default_target: True
-    input:
-        all_targets(),
+    # The record of what the results folder was made with (uph.results_record), around every real run.
+    onstart:
+        record_started()
+
+    onsuccess:
+        record_finished()
+
+    onerror:
+        record_finished()
+
+    rule all:
+        default_target: True
+        input:
+            all_targets(),
+            intermediate_targets(),

@@ -27,17 +27,13 @@ from uph.config import (
 from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.model_identity import IDENTITY, folder_digest, read_identity
+from uph import results_record
+from uph.results_record import Stage, section_settings
 
 try:
     validate(config)
     check_results_folder(config["results"])
     claim_results_folder(config["results"], workflow.basedir)
-    if (Path(config["results"]) / "model" / IDENTITY).is_file():  # a materialized model: check its sizes now,
-        installed = read_identity(Path(config["results"]) / "model")
-        # unless the config switches to another source: the model_candidate job checks that one's
-        if installed.get("source") == config["model"]["source"]:
-            check_against_model(config, installed)
-            check_context(config["extract"]["context"], Path(config["results"]) / "model")
 except UphError as error:
     raise WorkflowError(str(error)) from None
 
@@ -222,3 +218,194 @@ def aggregate_targets():
 
 def all_targets():
     return lm_targets() + copy_task_targets() + attention_targets() + feedback_targets() + aggregate_targets()
+
+
+def intermediate_targets():
+    """Every file a job writes for later jobs: targets of `rule all` beside the tables, so that one deleted
+    (as a message refusing a damaged file says) is rebuilt, and what is built from it after it. Otherwise
+    Snakemake leaves a missing file alone while the files built from it are up to date."""
+    per_fit_job = ("validation", "warm_starts", "fits", "dose", "others", "cross_user-headline")
+    return [
+        results("model", IDENTITY),
+        results("corpus", "roles.parquet"),
+        results("corpus", "users.parquet"),
+        *shard_paths(),
+        results("basis", "svd.safetensors"),
+        *global_paths("thetas.parquet"),
+        *global_paths("validation.parquet"),
+        *CACHE_BASELINES.values(),
+        f"{GLOBAL_UNIGRAM}/validation.parquet",
+        f"{GLOBAL_NEURAL_CACHE}/validation.parquet",
+        *[path for name in per_fit_job for path in fit_job_paths(f"{name}.parquet")],
+        results("fit", "capacity.parquet"),
+        results("fit", "headline.parquet"),
+        *cross_user_paths(),
+        *rules.copy_task_table.input,
+        *rules.attention_table.input,
+        *rules.feedback_table.input,
+    ]
+
+
+FIT_RULES = {  # the fit stage's rules (rules/fit.smk)
+    "fit_global",
+    "fit_global_unigram",
+    "fit_global_neural_cache",
+    "validate",
+    "capacity",
+    "fit",
+    "fit_others",
+    "cross_user",
+    "headline_point",
+    "cross_user_headline",
+    "personalization_table",
+}
+
+
+def stages():
+    """The study's stages, each after the stages it is built from, with the settings their outputs depend on
+    (their jobs' params without the device; a table stage: the jobs it gathers): what
+    `<results>/.uph-config.json` records and the DAG build checks (uph.results_record)."""
+    corpus, extract, fit, feedback = config["corpus"], config["extract"], config["fit"], config["feedback"]
+    model_keys = ("source", "name", "revision", "gguf_file", "trust_remote_code", "source_digest")
+    model = {("source (its content)" if key == "source_digest" else key): MODEL[key] for key in model_keys}
+    jobs_key = "gpu_jobs" if gpus("fit") else "jobs"
+    fit_settings = job_params(fit, sorted(set(fit) - {"device", "jobs", "gpu_jobs"}))
+    users = ("min_tokens", "max_users", "max_tokens", "train_fraction")
+    return [
+        Stage(
+            "model",
+            {"model_candidate", "model"},
+            section_settings("model", model),
+            ("model",),
+            (results("model", IDENTITY),),
+        ),
+        Stage(
+            "roles",
+            {"corpus_roles"},
+            section_settings("corpus", corpus, ("source", "plays")),
+            ("corpus/roles.parquet",),
+            (results("corpus", "roles.parquet"),),
+        ),
+        Stage(
+            "users",
+            {"corpus"},
+            {**section_settings("corpus", corpus, users), **section_settings("extract", extract, ("context",))},
+            ("corpus/users.parquet",),
+            (results("corpus", "users.parquet"),),
+            ("model", "roles"),
+        ),
+        Stage(
+            "cache",
+            {"extract"},
+            section_settings("extract", job_settings(extract)),
+            ("cache",),
+            tuple(shard_paths()),
+            ("model", "users"),
+        ),
+        Stage(
+            "basis",
+            {"svd_basis"},
+            section_settings("fit", fit, ("ds", "extra_points")),
+            ("basis",),
+            (results("basis", "svd.safetensors"),),
+            ("model",),
+        ),
+        Stage(
+            "fit",
+            FIT_RULES,
+            {**section_settings("fit", fit_settings), **section_settings("fit", {jobs_key: FIT_JOBS})},
+            ("fit",),
+            (results("tables", "personalization.csv"),),
+            ("model", "users", "cache", "basis"),
+        ),
+        Stage(
+            "copy_task",
+            {"copy_task_train"},
+            section_settings("copy_task", job_settings(COPY_TASK, "attentions", "seeds")),
+            ("copy_task",),
+            tuple(copy_task_runs("eval.parquet")),
+        ),
+        Stage(
+            "copy_task table",
+            {"copy_task_table"},
+            section_settings("copy_task", COPY_TASK, ("attentions", "seeds")),
+            ("tables/copy_task.csv",),
+            (results("tables", "copy_task.csv"),),
+            ("copy_task",),
+        ),
+        Stage(
+            "attention",
+            {"attention_train"},
+            section_settings("attention", job_settings(ATTENTION, "models", "attentions", "tasks")),
+            ("attention",),
+            tuple(attention_runs("eval.parquet")),
+        ),
+        Stage(
+            "attention table",
+            {"attention_table"},
+            section_settings("attention", ATTENTION, ("models", "attentions", "tasks")),
+            ("tables/attention.csv",),
+            (results("tables", "attention.csv"),),
+            ("attention",),
+        ),
+        Stage(
+            "feedback",
+            {"feedback_train"},
+            section_settings("feedback", job_settings(feedback, "methods", "seeds")),
+            ("feedback",),
+            tuple(rules.feedback_table.input),
+            ("roles",),
+        ),
+        Stage(
+            "feedback table",
+            {"feedback_table"},
+            section_settings("feedback", feedback, ("methods", "seeds")),
+            ("tables/feedback.csv",),
+            (results("tables", "feedback.csv"),),
+            ("feedback",),
+        ),
+    ]
+
+
+def check_results():
+    """The DAG build's checks of what the results folder holds (after every rule is defined): the config
+    against what the folder was made with where Snakemake has no history of it (uph.results_record), then
+    the sizes of the installed model while the config names it (a switch to another source is checked by
+    its model_candidate job)."""
+    model_dir, main = Path(RESULTS) / "model", workflow.is_main_process  # not a cluster job's own parse, mid-run
+    try:
+        if main:
+            results_record.check(RESULTS, stages())
+        if (model_dir / IDENTITY).is_file():
+            installed = read_identity(model_dir)
+            if main:
+                results_record.check_identity(RESULTS, installed, config["model"], results("model", IDENTITY))
+            if installed.get("source") == config["model"]["source"]:
+                check_against_model(config, installed)
+                check_context(config["extract"]["context"], model_dir)
+    except UphError as error:
+        raise WorkflowError(str(error)) from None
+
+
+def record_started():
+    """onstart: what each stage about to be rebuilt will be made with (uph.results_record.started)."""
+    dag, jobs = workflow.dag, []
+    for job in dag.jobs:
+        needs_run = dag.needrun(job)
+        reason = dag.reason(job) if needs_run else None
+        on_history = needs_run and (reason.is_provenance_triggered() or bool(reason.incomplete_output))
+        jobs.append((job.rule.name, [str(f) for f in job.output], needs_run, on_history))
+    try:
+        results_record.started(RESULTS, stages(), jobs)
+    except UphError as error:
+        raise WorkflowError(str(error)) from None
+
+
+def record_finished():
+    """onsuccess and onerror: settle every stage whose outputs are all current (uph.results_record.finished)."""
+    dag = workflow.dag
+    jobs = [(job.rule.name, [str(f) for f in job.output], dag.noneedrun_finished(job)) for job in dag.jobs]
+    try:
+        results_record.finished(RESULTS, stages(), jobs)
+    except UphError as error:
+        raise WorkflowError(str(error)) from None

@@ -115,14 +115,18 @@ def results_files(workdir) -> dict:
     }
 
 
-def planned_jobs(run) -> dict:
-    """rule -> number of jobs, of the stages under test, from the first 'Job stats' table snakemake prints."""
+def job_stats(run) -> dict:
+    """rule -> number of jobs, from the first 'Job stats' table snakemake prints."""
     output = run.stdout + run.stderr  # a dry run prints to stdout, a real one to stderr
     if "Job stats:" not in output:
         return {}
     rows = output.split("Job stats:", 1)[1].split("total", 1)[0].splitlines()[3:]
-    jobs = dict((name, int(count)) for name, count in map(str.split, filter(str.strip, rows)))
-    return {rule: count for rule, count in jobs.items() if rule in STAGE_RULES}
+    return dict((name, int(count)) for name, count in map(str.split, filter(str.strip, rows)))
+
+
+def planned_jobs(run) -> dict:
+    """rule -> number of jobs, of the stages under test (`job_stats`)."""
+    return {rule: count for rule, count in job_stats(run).items() if rule in STAGE_RULES}
 
 
 def started_rules(run) -> set:
@@ -652,6 +656,10 @@ def test_a_second_checkout_writing_the_same_results_folder_is_refused(tmp_path):
         f"config key 'results': folder 'results' is written by the checkout '{REPO}' (results/.uph-checkout); "
         f"give this checkout ('{other}') its own results folder, or delete that file to hand the folder over"
     ) in (run.stdout + run.stderr).splitlines()  # a dry run reports on stdout
+    (workdir / "results/.uph-checkout").unlink()  # the line's fix: the folder is handed over
+    handed_over = subprocess.run(command, capture_output=True, text=True)
+    assert handed_over.returncode == 0, handed_over.stdout[-2000:]
+    assert (workdir / "results/.uph-checkout").read_text().strip() == str(other)
 
 
 def test_a_read_only_or_full_folder_ends_the_write_in_one_line_naming_the_file(tmp_path):
@@ -947,22 +955,35 @@ def test_job_params_ignore_key_order():
     assert job_params({"b": 1, "a": 2}) == {"a": 2, "b": 1}
 
 
+MODEL_CHAIN = {"model_candidate": 1, "model": 1, "corpus": 1, "svd_basis": 1, **LM_STAGES_AFTER_CORPUS}
+
+
 @pytest.mark.parametrize("damage", ["truncated", "not-an-identity"])
-def test_a_damaged_model_identity_is_one_line_naming_it_and_the_fix(tiny_study, tmp_path, damage):
-    """results/model/identity.json cut short (a kill mid-copy) or replaced by other JSON: the DAG build,
-    and so --unlock, ends in one line naming the file and how to rebuild it, not a JSONDecodeError."""
+def test_a_damaged_model_identity_is_one_line_naming_it_and_following_it_rebuilds_it(tiny_study, tmp_path, damage):
+    """results/model/identity.json cut short (a kill mid-copy) or replaced by other JSON: the DAG build ends in
+    one line naming the file and how to rebuild it, not a JSONDecodeError; --unlock still unlocks; and
+    deleting the file as the line says rebuilds it, and everything built from it (Snakemake once left the
+    missing file alone: 'Nothing to be done')."""
     workdir = copy_study(tiny_study, tmp_path)
     identity = workdir / "results/model/identity.json"
+    original = json.loads(identity.read_text())
     identity.write_text(identity.read_text()[:40] if damage == "truncated" else "[1, 2]")
-    for args in (["-n"], ["--unlock"]):
-        run = snakemake(workdir, *args)
-        output = run.stdout + run.stderr
-        assert run.returncode != 0
-        assert (
-            "model identity 'results/model/identity.json' is damaged (" in output
-            and "); delete it and run snakemake again (the model job rebuilds it)" in output
-            and "Traceback" not in output
-        ), output[-2000:]
+    run = snakemake(workdir, "-n")
+    output = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert (
+        "model identity 'results/model/identity.json' is damaged (" in output
+        and "); delete it and run snakemake again (the model job rebuilds it)" in output
+        and "Traceback" not in output
+    ), output[-2000:]
+    unlocked = snakemake(workdir, "--unlock")
+    assert unlocked.returncode == 0 and "Unlocked working directory." in unlocked.stdout + unlocked.stderr
+    identity.unlink()
+    assert planned_jobs(snakemake(workdir, "-n")) == MODEL_CHAIN
+    if damage == "truncated":  # the model job rebuilds it, the same model
+        rebuilt = snakemake(workdir, "results/model/identity.json")
+        assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+        assert json.loads(identity.read_text())["weights_sha256"] == original["weights_sha256"]
 
 
 def test_a_refused_model_switch_keeps_the_last_good_model_and_switching_back_reruns_nothing(tiny_study, tmp_path):
@@ -1024,3 +1045,123 @@ def test_a_switch_to_a_wider_model_is_checked_against_that_model_not_the_install
     assert "config key 'fit.ds': d=96 is larger than the basis rank, the hidden size 64 of model 'tiny-llama'" in (
         same_model.stdout + same_model.stderr
     )
+
+
+# A results folder copied to a new path (no Snakemake history there): the record of what it was made with
+# (uph.results_record) refuses another model or corpus in one line, and following the line rebuilds.
+
+COPIED_FOLDER_SWITCHES = {  # edit(config, folder), the key, the folder's value and the config's, the fix, its plan
+    "model-source": (
+        lambda c, tmp: c["model"].update(source="tiny:gpt2"),
+        "model.source",
+        "'tiny:llama', not 'tiny:gpt2'",
+        "results/model",
+        MODEL_CHAIN,
+    ),
+    "model-name": (
+        lambda c, tmp: c["model"].update(name="tiny-llama-2"),
+        "model.name",
+        "'tiny-llama', not 'tiny-llama-2'",
+        "results/model",
+        MODEL_CHAIN,
+    ),
+    "corpus-source": (
+        lambda c, tmp: c["corpus"].update(source=str(tmp / "users.jsonl")),
+        "corpus.source",
+        "'shakespeare', not '{tmp}/users.jsonl'",
+        "results/corpus/roles.parquet",
+        CONFIG_CHANGES["corpus-plays"][1],
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def copied_folder_runs(tiny_study, tmp_path_factory):
+    """switch -> (its folder, a dry run of the switch on a copy of results/ alone, then of the switch after
+    deleting what the refusal names); "same" -> a dry run of the study's own config on such a copy."""
+
+    def switch_a_copy(switch):
+        tmp = tmp_path_factory.mktemp(switch)
+        workdir = tmp / "elsewhere"
+        shutil.copytree(tiny_study.workdir / "results", workdir / "results")  # a backup restored, say
+        if switch == "same":
+            return tmp, snakemake(workdir, "-n"), None
+        (tmp / "users.jsonl").write_text('{"user_id": "a", "text": "hello"}\n')
+        edit, *_, fix, _ = COPIED_FOLDER_SWITCHES[switch]
+        config = config_file(tmp, lambda c: edit(c, tmp))
+        refused = snakemake(workdir, "-n", config=config)
+        path = workdir / fix
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        return tmp, refused, snakemake(workdir, "-n", config=config)
+
+    return two_at_a_time(switch_a_copy, ["same", *COPIED_FOLDER_SWITCHES])
+
+
+def test_a_copied_results_folder_with_its_own_config_has_nothing_to_do(copied_folder_runs):
+    _, run, _ = copied_folder_runs["same"]
+    assert run.returncode == 0 and "Nothing to be done" in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.parametrize("switch", COPIED_FOLDER_SWITCHES)
+def test_a_copied_results_folder_refuses_another_model_or_corpus_and_following_the_line_reruns_it(
+    copied_folder_runs, switch
+):
+    """Snakemake alone answered "Nothing to be done" there, and the tables stood under the old labels."""
+    tmp, refused, followed = copied_folder_runs[switch]
+    _, key, values, fix, plan = COPIED_FOLDER_SWITCHES[switch]
+    assert refused.returncode != 0 and not planned_jobs(refused)
+    assert (
+        f"config key '{key}': results folder 'results' was made with {values.format(tmp=tmp)} "
+        "(results/.uph-config.json), and this working directory has no Snakemake history of it to rerun from; "
+        f"delete '{fix}' and run snakemake again to rebuild it and what depends on it, or use a fresh results folder"
+    ) in (refused.stdout + refused.stderr).splitlines()
+    assert followed.returncode == 0, followed.stdout[-3000:]
+    assert planned_jobs(followed) == plan
+
+
+# Every refusal of a file a job wrote says "delete it and run snakemake again (the <job> job rebuilds it)":
+# deleting it plans that job, and everything built from the file after it.
+
+FOLLOWED = {  # the file, the job that rebuilds it
+    "results/corpus/roles.parquet": "corpus_roles",
+    "results/corpus/users.parquet": "corpus",
+    "results/cache/shard-1.parquet": "extract",
+    "results/basis/svd.safetensors": "svd_basis",
+    "results/fit/job~0/others.parquet": "fit_others",
+    "results/fit/global/method~cvh/thetas.parquet": "fit_global",
+    "results/copy_task/attention~triple/seed~0/eval.parquet": "copy_task_train",
+    "results/attention/model~residual/attention~standard/task~mqar/eval.parquet": "attention_train",
+    "results/feedback/method~dfa/seed~0/curves.parquet": "feedback_train",
+}
+
+
+def test_every_file_deleted_as_a_refusal_says_is_rebuilt_by_the_job_it_names(tiny_study, tmp_path):
+    """One of each kind deleted at once: one dry run plans each file's job for it (Snakemake otherwise left
+    a missing file alone while what is built from it was up to date)."""
+    workdir = copy_study(tiny_study, tmp_path)
+    for path in FOLLOWED:
+        (workdir / path).unlink()
+    run = snakemake(workdir, "-n")
+    assert run.returncode == 0, run.stdout[-3000:]
+    for path, rule in FOLLOWED.items():
+        assert rule in job_stats(run), rule
+        assert re.search(
+            rf"^rule {rule}:\n(    .*\n)*?    reason: Missing output files: {re.escape(path)}", run.stdout, re.M
+        ), path
+
+
+def test_a_deleted_run_file_is_rebuilt_and_the_tables_are_the_same(tiny_study, tmp_path):
+    """Followed to the end on the cheapest stage: one copy-task run, then its table."""
+    workdir = copy_study(tiny_study, tmp_path)
+    (workdir / "results/copy_task/attention~triple/seed~0/eval.parquet").unlink()
+    run = snakemake(workdir, "results/tables/copy_task.csv")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert planned_jobs(run) == {"copy_task_train": 1, "copy_task_table": 1}
+    assert_tables_equal_the_reference(workdir, tiny_study)
+
+
+def test_unlock_works_whatever_the_config(tmp_path):
+    config = config_file(tmp_path, lambda c: c["fit"].update(alphas=[], jobs=2.5))
+    run = snakemake(tmp_path, "--unlock", config=config)
+    assert run.returncode == 0 and "Unlocked working directory." in run.stdout + run.stderr, run.stderr[-2000:]
+
