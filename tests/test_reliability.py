@@ -1165,3 +1165,25 @@ def test_unlock_works_whatever_the_config(tmp_path):
     run = snakemake(tmp_path, "--unlock", config=config)
     assert run.returncode == 0 and "Unlocked working directory." in run.stdout + run.stderr, run.stderr[-2000:]
 
+
+def test_ctrl_c_stops_every_job_without_a_traceback_and_the_rerun_resumes(tiny_study, tmp_path):
+    """SIGINT to Snakemake and its jobs, as the terminal sends it, while a validate job works: each job ends
+    with status 130 and no KeyboardInterrupt traceback; the next run plans what was unfinished."""
+    workdir = copy_study(tiny_study, tmp_path)
+    log_path = tmp_path / "interrupted.log"
+    with open(log_path, "w") as log:
+        command = snakemake_command(workdir, "--forcerun", "validate", *LM_TABLES)
+        run = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 300
+        while " validate INFO 4 users x " not in log_path.read_text():
+            assert run.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the validate job never started"
+            time.sleep(0.05)
+        time.sleep(1)
+        os.killpg(run.pid, signal.SIGINT)
+        assert run.wait(timeout=120) != 0
+    output = log_path.read_text()
+    assert "returned non-zero exit status 130" in output, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    resumed = snakemake(workdir, "-n")  # the validate job's outputs, removed when it started, and what follows
+    assert planned_jobs(resumed) == {rule: n for rule, n in LM_FITS.items() if not rule.startswith("fit_global")}

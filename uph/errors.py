@@ -1,5 +1,10 @@
 """Errors about the user's input. Each message is one line naming the key, file or user at fault;
-workflow scripts print it as is, without a traceback."""
+workflow scripts print it as is, without a traceback (and a job stopped by Ctrl-C prints none:
+`quiet_interrupts`, which importing `uph` runs)."""
+
+import signal
+import sys
+import threading
 
 
 class UphError(ValueError):
@@ -34,3 +39,27 @@ class FitDivergedError(UphError):
 class TrainingDivergedError(UphError):
     """A training run (copy task, feedback) reached a NaN or inf loss; the message names the run,
     the step and the config key to lower."""
+
+
+def _in_a_workflow_job() -> bool:
+    """Whether this process runs a workflow script: Snakemake's preamble has put its `snakemake` object
+    in `__main__` before the script's first import."""
+    job = getattr(sys.modules.get("__main__"), "snakemake", None)
+    return type(job).__module__.startswith("snakemake.")
+
+
+def quiet_interrupts() -> None:
+    """In a workflow job, Ctrl-C (SIGINT, which the terminal sends to Snakemake and to every job) ends the
+    job with status 130 and no traceback: Snakemake reports each stopped job once, and a rerun resumes
+    where it stopped. The stop unwinds the job as KeyboardInterrupt would (a half-written output's
+    temporary file is removed). Elsewhere (tests, a notebook), and where SIGINT is not Python's own
+    handler, nothing changes."""
+    if not _in_a_workflow_job() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(130)
+
+    signal.signal(signal.SIGINT, stop)
