@@ -30,8 +30,17 @@ from uph.model_identity import IDENTITY, folder_digest, read_identity
 from uph import results_record
 from uph.results_record import Stage, section_settings
 
+
+def gguf_dropped_for():
+    """The model.source whose results folder's model was made without config.yaml's carried-over GGUF file
+    (its record: model.gguf_file None): only the first run on that folder warns that it drops it."""
+    results = config.get("results", "results")
+    made = results_record.read(results).get("model", {}).get("settings", {}) if isinstance(results, str) else {}
+    return made.get("model.source") if "model.gguf_file" in made and made["model.gguf_file"] is None else None
+
+
 try:
-    validate(config)
+    validate(config, gguf_dropped_for=gguf_dropped_for())
     check_results_folder(config["results"])
     claim_results_folder(config["results"], workflow.basedir)
 except UphError as error:

