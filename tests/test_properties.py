@@ -13,6 +13,7 @@ import yaml
 from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 
 from uph.config import SCHEMA_DIR, check_against_model, key_path, sweep_points, validate
 from uph.errors import ConfigError, CorpusError
@@ -74,7 +75,7 @@ def test_a_config_is_either_usable_or_refused_in_one_line_naming_the_key(edits):
 
 
 def _schema_leaves(schema: dict, value, path=()):
-    """(path, integer-only) of every setting of `value` (a validated config) below `schema`: each key of an
+    """(path, its schema) of every setting of `value` (a validated config) below `schema`: each key of an
     object, each first item of a list; a section's schema is its file's."""
     if isinstance(schema, dict) and "$ref" in schema:
         schema = yaml.safe_load((SCHEMA_DIR / schema["$ref"]).read_text())
@@ -85,15 +86,19 @@ def _schema_leaves(schema: dict, value, path=()):
         if value:
             yield from _schema_leaves(schema.get("items", {}), value[0], (*path, 0))
     else:
-        types = schema.get("type", [])
-        types = [types] if isinstance(types, str) else types
-        yield path, "integer" in types and "number" not in types
+        yield path, schema
+
+
+def _integer_only(schema: dict) -> bool:
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    return "integer" in types and "number" not in types
 
 
 VALIDATED = validate(copy.deepcopy(TEST_CONFIG))
 ROOT_SCHEMA = yaml.safe_load((SCHEMA_DIR / "config.schema.yaml").read_text())
 LEAVES = dict(_schema_leaves(ROOT_SCHEMA, VALIDATED))
-INTEGER_KEYS = sorted(path for path, integer in LEAVES.items() if integer)
+INTEGER_KEYS = sorted(path for path, schema in LEAVES.items() if _integer_only(schema))
 
 
 def _at(config: dict, path: tuple):
@@ -120,18 +125,20 @@ other_type_edits = st.one_of(
 @given(st.lists(other_type_edits, min_size=1, max_size=3, unique_by=lambda edit: edit[0]))
 def test_a_setting_of_another_type_is_refused_naming_its_key_or_read_as_the_same_setting(edits):
     """Every setting (each integer one also as a float, 2.0 and 2.5) given a value of another type: validate
-    either refuses it in one ConfigError line naming its key, or passes with every integer setting an int
-    (never a float or a bool), and integral floats alone give the very config of the integers, the same
-    job params, so the same tables."""
+    either refuses it in one ConfigError line naming its key (a value its key allows: one line naming the
+    key of the relation it breaks), or passes with every integer setting an int (never a float or a bool),
+    and integral floats alone give the very config of the integers, the same job params, so the same
+    tables."""
     config = copy.deepcopy(VALIDATED)
     for path, value in edits:
         if value in ("as float", "plus a half"):
             value = float(_at(VALIDATED, path)) + (0.5 if value == "plus a half" else 0.0)
         _set(config, path, value)
+    refused = [path for path, _ in edits if not Draft202012Validator(LEAVES[path]).is_valid(_at(config, path))]
     try:
         validated = validate(config)
-    except ConfigError as error:
-        _one_line(error, *(f"config key '{key_path(path)}" for path, _ in edits))
+    except ConfigError as error:  # a value its own key's schema allows may break a relation with another key
+        _one_line(error, *(f"config key '{key_path(path)}" for path in refused) if refused else "config key '")
         return
     for path in INTEGER_KEYS:
         assert _at(validated, path) is None or type(_at(validated, path)) is int, key_path(path)
