@@ -377,7 +377,7 @@ def stages():
 
 
 def check_results():
-    """The DAG build's checks of what the results folder holds (after every rule is defined): the config
+    """The DAG build's checks of what the results folder holds, once every rule is defined. First the config
     against what the folder was made with where Snakemake has no history of it (uph.results_record), then
     the sizes of the installed model while the config names it (a switch to another source is checked by
     its model_candidate job)."""
