@@ -97,7 +97,7 @@ def test_each_branch_asks_for_a_gpu_where_its_device_is_cuda(tmp_path):
 
 
 def planned_threads(dry_run: str) -> dict[str, set[int]]:
-    """rule -> the `threads` of its planned jobs."""
+    """rule -> the `threads` of its planned jobs (a dry run prints none for a job of one thread)."""
     found = {}
     for rule, threads in re.findall(
         r"^rule (\w+):\n(?:    (?!threads).*\n)*    threads: (\d+)$", dry_run, re.MULTILINE
@@ -127,7 +127,7 @@ def test_the_default_on_one_gpu_machine_takes_a_few_rounds_of_its_gpu_slots(tmp_
         assert asked == 0 and threads["extract"] == {16 // study["extract"]["shards"]}
         return
     assert {rule for rule, counts in gpus.items() if counts == {1}} == GPU_RULES - {"cross_user"}  # none listed
-    assert asked / slots <= 12 and threads["extract"] == {1}, (asked, slots)
+    assert asked / slots <= 12 and threads.get("extract", {1}) == {1}, (asked, slots)  # a dry run omits threads: 1
 
 
 def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
