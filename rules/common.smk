@@ -89,14 +89,11 @@ def shard_paths():
 FIT = config["fit"]
 
 
-def fit_jobs():
-    """Jobs of each per-user fit rule: fit.gpu_jobs where the fit stage asks for a GPU (a few jobs of many
-    users each, fitted in lockstep, share the GPU's slots), else fit.jobs (users balanced by train tokens,
-    uph.lm.partition, whatever the shards and the cores). The global fit runs in one job per method."""
-    return FIT["gpu_jobs"] if gpus("fit") else FIT["jobs"]
-
-
-FIT_JOBS = fit_jobs()
+# Jobs of each per-user fit rule: fit.gpu_jobs where the fit stage asks for a GPU (a few jobs of many users
+# each, fitted in lockstep, share the GPU's slots), else fit.jobs (users balanced by train tokens,
+# uph.lm.partition, whatever the shards and the cores). The global fit runs in one job per method.
+FIT_JOBS_KEY = "gpu_jobs" if gpus("fit") else "jobs"
+FIT_JOBS = FIT[FIT_JOBS_KEY]
 FIT_JOB = results("fit", "job~{job}")
 SWEEP = results("fit", "head~{head}", "alpha~{alpha}", "d~{d}")  # one sweep point's folder
 CROSS_USER_BLOCK = os.path.join(SWEEP, "cross_user-job~{job}.parquet")  # one fit job's texts, every theta
@@ -277,7 +274,6 @@ def stages():
     corpus, extract, fit, feedback = config["corpus"], config["extract"], config["fit"], config["feedback"]
     model_keys = ("source", "name", "revision", "gguf_file", "trust_remote_code", "source_digest")
     model = {("source (its content)" if key == "source_digest" else key): MODEL[key] for key in model_keys}
-    jobs_key = "gpu_jobs" if gpus("fit") else "jobs"
     fit_settings = job_params(fit, sorted(set(fit) - {"device", "jobs", "gpu_jobs"}))
     users = ("min_tokens", "max_users", "max_tokens", "train_fraction")
     return [
@@ -322,7 +318,7 @@ def stages():
         Stage(
             "fit",
             FIT_RULES,
-            {**section_settings("fit", fit_settings), **section_settings("fit", {jobs_key: FIT_JOBS})},
+            {**section_settings("fit", fit_settings), **section_settings("fit", {FIT_JOBS_KEY: FIT_JOBS})},
             ("fit",),
             (results("tables", "personalization.csv"),),
             ("model", "users", "cache", "basis"),

@@ -140,7 +140,8 @@ class Objective:
             offset_free = not self.offset.any()
             self.shared.log_z0 = self.log_z_base if offset_free else self._log_partitions(torch.zeros(self.d), False)[0]
         if self.offset.any():
-            self.base_nll += self._mean_change(self.log_z_base, self.shared.log_z0) - float(self.offset @ self.ybar)
+            change = float(self._change(self.log_z_base, self.shared.log_z0))
+            self.base_nll += change / tokens.n - float(self.offset @ self.ybar)
 
     def _block(self, rows: int, columns: int) -> torch.Tensor:
         """The reused work block [rows <= self.block, columns]: on a CPU small enough to stay in cache, and
@@ -149,11 +150,6 @@ class Objective:
 
     def _a(self, i: int) -> torch.Tensor:
         return self.a[i] if self.a is not None else torch.ones(1, self.d, dtype=self.dtype, device=self.device)
-
-    def _mean_change(self, log_z, log_z_reference) -> float:
-        return (
-            float(sum((lz - ref).sum(dtype=torch.float64) for lz, ref in zip(log_z, log_z_reference))) / self.tokens.n
-        )
 
     def _exact(self, chunk: Chunk, rows: torch.Tensor, tilt: torch.Tensor):
         """log Σ_v exp(z0_tv - max z0_t + s_tv) [k] and P^T p_t [k, d] (p_t itself for P = I) for the
@@ -173,7 +169,7 @@ class Objective:
         flags = queued.chunk_flags().cpu().numpy()
         sums = self._finished(queued, flags if flags.any() else None)
         if sums.unsettled:
-            sums = self._settled(queued, sums, torch.stack([under.any() for under, _ in sums.unsettled.values()]).cpu())
+            sums = self._settled(queued, sums, sums.unders(self.device).cpu())
         return sums.log_z, None if sums.grad is None else sums.grad.cpu()
 
     def _queued(self, theta: torch.Tensor, need_grad: bool) -> _Pass:
@@ -329,9 +325,11 @@ class Objective:
         """J at the residual `theta` (the whole theta without an offset): evaluate_many of one."""
         return evaluate_many([(self, theta)], need_grad)[0]
 
-    def _change(self, log_z) -> torch.Tensor:
-        """Σ_t (L_t - L_t at the base) on the device (float64), from per chunk log-partitions `log_z`."""
-        return sum((lz - ref).sum(dtype=torch.float64) for lz, ref in zip(log_z, self.log_z_base))
+    def _change(self, log_z, reference=None) -> torch.Tensor:
+        """Σ_t (L_t - L_t at the base, or at `reference`) on the device (float64), from per chunk
+        log-partitions `log_z`."""
+        reference = self.log_z_base if reference is None else reference
+        return sum((lz - ref).sum(dtype=torch.float64) for lz, ref in zip(log_z, reference))
 
     def _value(self, theta: torch.Tensor, need_grad: bool, change: float, grad) -> Value:
         """J's Value at the residual `theta` (float64, host) from Σ_t (L_t - L_t at the base) `change` and
@@ -369,6 +367,12 @@ class _Sums:
     terms: list | None
     grad: torch.Tensor | None
     unsettled: dict
+
+    def unders(self, device) -> torch.Tensor:
+        """Whether each unsettled chunk still has a token whose sum underflows [chunks] (on `device`)."""
+        if not self.unsettled:
+            return torch.zeros(0, dtype=torch.bool, device=device)
+        return torch.stack([under.any() for under, _ in self.unsettled.values()])
 
 
 def _summed(grad: torch.Tensor, terms: list[torch.Tensor]) -> torch.Tensor:

@@ -35,11 +35,11 @@ def evaluate_many(requests: list[tuple[Objective, torch.Tensor]], need_grad: boo
     from its construction; the others' passes are queued on the device back to back and read back once
     for all of them (_device_round)."""
     thetas = [theta.detach().double().cpu() for _, theta in requests]
-    moving = [i for i, theta in enumerate(thetas) if theta.any()]
-    results = _device_round([(requests[i][0], thetas[i]) for i in moving], need_grad)
+    moving = [bool(theta.any()) for theta in thetas]
+    found = iter(_device_round([(o, theta) for (o, _), theta, m in zip(requests, thetas, moving) if m], need_grad))
     values = []
-    for i, ((objective, _), theta) in enumerate(zip(requests, thetas)):
-        change, grad = results.pop(0) if i in moving else (0.0, objective.mbar * objective.tokens.n)
+    for (objective, _), theta, moves in zip(requests, thetas, moving):
+        change, grad = next(found) if moves else (0.0, objective.mbar * objective.tokens.n)
         values.append(objective._value(theta, need_grad, change, grad))
     return values
 
@@ -61,7 +61,7 @@ def _device_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: boo
         return results
     shape = [flags[i].reshape(len(queued[i].flags), -1) for i in mend]
     mended = [objectives[i]._finished(queued[i], flag) for i, flag in zip(mend, shape)]
-    unders = [_unders(each, queued[i].theta.device) for i, each in zip(mend, mended)]
+    unders = [each.unders(queued[i].theta.device) for i, each in zip(mend, mended)]
     unders, found = _read([objectives[i] for i in mend], mended, need_grad, unders)
     for i, each, under, result in zip(mend, mended, unders, found):
         results[i] = result
@@ -69,13 +69,6 @@ def _device_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: boo
             settled = objectives[i]._settled(queued[i], each, under)
             results[i] = _read([objectives[i]], [settled], need_grad, [])[1][0]
     return results
-
-
-def _unders(sums, device) -> torch.Tensor:
-    """Whether each unsettled chunk of `sums` still has a token whose sum underflows (on the device)."""
-    if not sums.unsettled:
-        return torch.zeros(0, dtype=torch.bool, device=device)
-    return torch.stack([under.any() for under, _ in sums.unsettled.values()])
 
 
 def _read(objectives, sums, need_grad: bool, extras: list[torch.Tensor]) -> tuple[list, list[tuple]]:
