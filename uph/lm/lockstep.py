@@ -106,6 +106,14 @@ def lockstep_groups(train_tokens: dict[str, int], vocab: int, budget: float = LO
     return groups
 
 
+def user_groups(tokens: dict[str, int], vocab: int, device: torch.device, lockstep: bool | None = None):
+    """The groups a job's users (user -> the tokens whose p0 it holds) are fitted in: lockstep_groups where
+    `lockstep` (default: on a GPU), else one user a group (on a CPU the order gains nothing)."""
+    if device.type != "cpu" if lockstep is None else lockstep:
+        return lockstep_groups(tokens, vocab)
+    return [[user] for user in tokens]
+
+
 def run(steps: Generator):
     """What one fit's `steps` return, each request evaluated as it comes."""
     return run_lockstep([steps])[0]

@@ -29,7 +29,7 @@ from uph.lm.fit_job import (
     prepared,
 )
 from uph.lm.heads import Head
-from uph.lm.lockstep import lockstep_groups, run_lockstep
+from uph.lm.lockstep import run_lockstep, user_groups
 from uph.lm.neural_cache import NeuralCache
 from uph.lm.tokens import Tokens
 
@@ -274,11 +274,9 @@ def fit_users(
     its validation path's ball at the chosen radius where `starts` (warm_starts) has it. With `lockstep`
     (default: on a GPU) the users' refits advance together within uph.lm.lockstep's memory budget; each
     user's rows are the same either way."""
-    lockstep = job.device.type != "cpu" if lockstep is None else lockstep
     tokens = {user: len(states.train_targets) + len(states.test_targets) for user, states in job.users.items()}
-    groups = lockstep_groups(tokens, job.layer.W.shape[0]) if lockstep else [[user] for user in tokens]
     tables = ([], [])
-    for group in groups:
+    for group in user_groups(tokens, job.layer.W.shape[0], job.device, lockstep):
         steps = []
         for user in group:
             train, test = prepared(job.users[user], job.layer, job.device)

@@ -19,7 +19,7 @@ from uph.lm.evaluate import HeldOut
 from uph.lm.fit import HeadOnTokens, WarmStart, fit_path_steps
 from uph.lm.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, _choice_columns, _scored_path
 from uph.lm.heads import Head
-from uph.lm.lockstep import lockstep_groups, run_lockstep
+from uph.lm.lockstep import run_lockstep, user_groups
 from uph.lm.tokens import Tokens, prepare, validation_split
 
 log = logging.getLogger(__name__)
@@ -127,11 +127,9 @@ def validate_users(
     the fit job's refits read at the radii chosen) (validate_user_steps). With `lockstep` (default: on a
     GPU) the users' paths advance together, as many users at a time as uph.lm.lockstep's memory budget
     holds; each user's rows are the same either way."""
-    lockstep = job.device.type != "cpu" if lockstep is None else lockstep
     train_tokens = {user: len(states.train_targets) for user, states in job.users.items()}
-    groups = lockstep_groups(train_tokens, job.layer.W.shape[0]) if lockstep else [[user] for user in train_tokens]
     rows, warm = [], []
-    for group in groups:
+    for group in user_groups(train_tokens, job.layer.W.shape[0], job.device, lockstep):
         trains = {
             user: prepare(job.users[user].train_hidden, job.users[user].train_targets, job.layer, device=job.device)
             for user in group
