@@ -192,13 +192,13 @@ def test_score_magnitude_is_the_mean_absolute_causal_score():
     T = 6
     causal = torch.ones(T, T).tril().bool()
     dots = (q @ k.transpose(-1, -2) / 2)[..., causal]
-    assert score_magnitude("standard", q, k) == pytest.approx(dots.abs().mean().item())
+    assert score_magnitude("standard", q, k).item() == pytest.approx(dots.abs().mean().item())
     gram = literal_gram_scores(q, k, r)[..., causal]
-    assert score_magnitude("triple", q, k, r) == pytest.approx(gram.abs().mean().item())
+    assert score_magnitude("triple", q, k, r).item() == pytest.approx(gram.abs().mean().item())
     cube = torch.einsum("...id,...jd,...ld->...ijl", q, k, r) / 2
     i = torch.arange(T)
     past = (i[None, :, None] <= i[:, None, None]) & (i[None, None, :] <= i[:, None, None])
-    assert score_magnitude("simplicial", q, k, r) == pytest.approx(cube[..., past].abs().mean().item(), rel=1e-6)
+    assert score_magnitude("simplicial", q, k, r).item() == pytest.approx(cube[..., past].abs().mean().item(), rel=1e-6)
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
@@ -245,7 +245,7 @@ def test_soft_cap_is_the_capped_tempered_score_and_trains_its_temperature():
     x = torch.randn(1, 6, 16) * 20  # scores far beyond the cap
     q, k, r, v = layer.heads(x)
     raw = triple_scores(q, k, r)
-    capped = soft_capped(raw, layer.log_temperature.exp(), 50.0)
+    capped = soft_capped(raw, layer.log_temperature.exp()[0, :, None, None], 50.0)
     tau = torch.tensor([1.0, math.e])[:, None, None]
     causal = raw.isfinite()
     torch.testing.assert_close(capped[causal], (50.0 * torch.tanh(raw * tau / 50.0))[causal])
@@ -284,7 +284,7 @@ def test_the_controls_attend_as_written_out():
         if kind == "standard_qknorm":
             q, k = (t * 8**0.5 / t.norm(dim=-1, keepdim=True) for t in (q, k))
         k = k * loud[:, None, :, None]
-        s = q @ k.transpose(-1, -2) / 8**0.5 * layer.log_temperature.exp()[:, None, None]
+        s = q @ k.transpose(-1, -2) / 8**0.5 * layer.log_temperature.exp()[0, :, None, None]
         if kind == "standard_capped":
             s = 50 * torch.tanh(s / 50)
         s = s.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), -math.inf)
@@ -310,12 +310,12 @@ def test_diff_attends_as_written_out():
         for qa, ka in ((q1, k1), (q2, k2))
     )
     init = 0.8 - 0.6 * math.exp(-0.3 * 2)
-    lambda_q1, lambda_k1, lambda_q2, lambda_k2 = layer.lambdas
+    lambda_q1, lambda_k1, lambda_q2, lambda_k2 = layer.lambdas[0]
     lam = torch.exp((lambda_q1 * lambda_k1).sum()) - torch.exp((lambda_q2 * lambda_k2).sum()) + init
     y = torch.einsum("bhij,bhjd->bhid", A1, v) - lam * torch.einsum("bhij,bhjd->bhid", A2, v)
     y = (1 - init) * y / torch.sqrt(y.square().mean(-1, keepdim=True) + 1e-5)
     expected = layer.out(y.transpose(1, 2).reshape(B, T, C))
-    assert layer.lambda_init == pytest.approx(init) and layer.lambdas.shape == (4, D // 2)
+    assert layer.lambda_init == pytest.approx(init) and layer.lambdas.shape == (1, 4, D // 2)
     torch.testing.assert_close(layer(x, loud), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -363,8 +363,8 @@ def test_diff_equals_transformers_diffllama_attention_on_the_same_weights():
         theirs.q_proj.weight.copy_(Wq[:, :, turn].transpose(0, 1).reshape(C, C))
         theirs.k_proj.weight.copy_(Wk[:, :, turn].transpose(0, 1).reshape(C, C))
         theirs.v_proj.weight.copy_(Wv.transpose(0, 1).reshape(C, C))
-        theirs.o_proj.weight.copy_(layer.out.weight)
-        for name, row in zip(("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"), layer.lambdas):
+        theirs.o_proj.weight.copy_(layer.out.weight[0])
+        for name, row in zip(("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"), layer.lambdas[0]):
             getattr(theirs, name).copy_(row)
     x = torch.randn(B, T, C, dtype=torch.float64)
     position_embeddings = DiffLlamaRotaryEmbedding(config)(x, torch.arange(T)[None])
@@ -382,6 +382,6 @@ def test_a_learned_scale_on_the_triple_score_is_its_temperature_times_the_score(
     with torch.no_grad():
         layer.log_temperature.copy_(torch.tensor([0.4, -0.3]))
     q, k, r, v = layer.heads(x)
-    scores = triple_scores(q, k, r) * layer.log_temperature.exp()[:, None, None]
+    scores = triple_scores(q, k, r) * layer.log_temperature.exp()[0, :, None, None]
     expected = layer.out((torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(2, 10, 16))
     torch.testing.assert_close(layer(x), expected, rtol=1e-10, atol=1e-12)

@@ -15,6 +15,7 @@ from conftest import REPO, snakemake
 
 import uph.attention.self_attention as self_attention
 from uph.attention.model import ResidualModel, attention_stats, build_model
+from uph.attention.runs import load_runs
 from uph.attention.self_attention import ATTENTIONS, AttentionKind
 from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
@@ -26,7 +27,8 @@ from uph.attention.training import (
     first_step,
     lr_edge,
     run_cell,
-    train_run,
+    stacked,
+    train_runs,
 )
 from uph.config import schema_defaults, validate
 from uph.errors import ConfigError
@@ -152,18 +154,12 @@ def test_a_new_kind_is_one_registry_entry_and_trains(monkeypatch):
     monkeypatch.setitem(self_attention.KINDS, "distance", kind)
     cfg = study(vocab=8, items=3, distractors=2, train_len=12, d_model=8, n_head=2, n_layer=1, max_steps=1)
     cfg = dataclasses.replace(cfg, log_every=1, batch_size=8, eval_size=8, probe_size=4)
-    model, rows, final, diverged, _ = train_run(
-        cfg, "offset_copy", "residual", "distance", 0.01, 0, torch.device("cpu")
-    )
-    torch.manual_seed(0)  # train_run's initialization
-    initial = build_model("residual", "distance", cfg)
-    assert not diverged and math.isfinite(rows[0]["train_loss"]) and math.isfinite(final["val_loss"])
+    (run,) = train_runs(cfg, "offset_copy", "residual", "distance", [(0.01, 0)], torch.device("cpu"))
+    rows = run.rows
+    initial = build_model("residual", "distance", cfg, [0])  # train_runs' initialization
+    assert not run.diverged and math.isfinite(rows[0]["train_loss"]) and math.isfinite(run.final["val_loss"])
     assert rows[0]["score_abs"] > 0 and math.isfinite(rows[0]["attention_grad_norm"])
-    moved = [
-        name
-        for (name, after), before in zip(model.named_parameters(), initial.parameters())
-        if not torch.equal(after, before)
-    ]
+    moved = [name for name, before in initial.named_parameters() if not torch.equal(run.state[name], before[0])]
     assert {"blocks.0.attention.proj.weight", "blocks.0.attention.out.weight"} <= set(moved)
 
 
@@ -171,13 +167,13 @@ def test_attention_stats_read_the_held_gradients_and_the_scores():
     torch.manual_seed(0)
     model = ResidualModel(vocab=8, d_model=8, n_head=2, attention="standard", n_layer=2)
     tokens = torch.randint(0, 8, (2, 6))
-    assert torch.isnan(torch.tensor(attention_stats(model, tokens)["attention_grad_norm"]))
+    assert math.isnan(attention_stats(model, tokens)["attention_grad_norm"][0])
     model(tokens).square().sum().backward()
     stats = attention_stats(model, tokens)
     layers = [block.attention for block in model.blocks]
     expected = torch.cat([p.grad.flatten() for layer in layers for p in layer.parameters()]).norm()
-    assert stats["attention_grad_norm"] == pytest.approx(expected.item(), rel=1e-5)
-    assert stats["score_abs"] > 0 and not any(layer.measure_scores for layer in layers)
+    assert stats["attention_grad_norm"] == [pytest.approx(expected.item(), rel=1e-5)]
+    assert stats["score_abs"][0] > 0 and not any(layer.measure_scores for layer in layers)
 
 
 def test_best_lr_takes_the_best_mean_validation_accuracy_ties_by_loss_and_never_a_diverged_lr():
@@ -329,8 +325,9 @@ def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_it
     stops `patience` evaluations later and hands back the first evaluation's weights and metrics."""
     cfg = dataclasses.replace(CELL, max_steps=40, log_every=5, patience=2, min_delta=100.0)
     device = torch.device("cpu")
-    model, rows, final, diverged, progress = train_run(cfg, "mqar", "residual", "standard", 0.01, 0, device)
-    assert [row["step"] for row in rows] == [5, 10, 15] and not diverged
+    (run,) = train_runs(cfg, "mqar", "residual", "standard", [(0.01, 0)], device)
+    rows, final, progress = run.rows, run.final, run.progress
+    assert [row["step"] for row in rows] == [5, 10, 15] and not run.diverged
     assert progress == {
         "steps_run": 15,
         "best_step": 5,
@@ -339,11 +336,11 @@ def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_it
         "at_step_limit": False,
     }
     assert final["val_loss"] == rows[0]["val_loss"] != rows[-1]["val_loss"]
-    val = make_batch("mqar", cfg, cfg.eval_size, cfg.train_len, generator(0 * 1_000_003 + 1))
-    assert evaluate(model, val, cfg.batch_size)["loss"] == pytest.approx(final["val_loss"], rel=1e-6)
-    _, rows, _, _, progress = train_run(
-        dataclasses.replace(cfg, patience=100), "mqar", "residual", "standard", 0.01, 0, device
-    )
+    val = stacked([make_batch("mqar", cfg, cfg.eval_size, cfg.train_len, generator(0 * 1_000_003 + 1))], device)
+    model = load_runs(build_model("residual", "standard", cfg, [0]), [run.state])
+    assert evaluate(model, val, cfg.batch_size)[0]["loss"] == pytest.approx(final["val_loss"], rel=1e-6)
+    (run,) = train_runs(dataclasses.replace(cfg, patience=100), "mqar", "residual", "standard", [(0.01, 0)], device)
+    rows, progress = run.rows, run.progress
     assert progress["steps_run"] == 40 and progress["at_step_limit"] and len(rows) == 8
     assert list(progress) == PROGRESS
 
@@ -354,17 +351,18 @@ def test_a_run_still_improving_at_max_steps_trains_on_to_max_steps_extended_at_t
     first 20 steps are the same run (the schedule up to max_steps does not change)."""
     cfg = dataclasses.replace(CELL, max_steps=20, log_every=10, patience=100, schedule="cosine", warmup=0.1)
     device = torch.device("cpu")
-    _, plain, _, _, progress = train_run(cfg, "mqar", "residual", "standard", 0.01, 0, device)
-    assert progress["steps_run"] == 20 and progress["at_step_limit"]
+    (plain,) = train_runs(cfg, "mqar", "residual", "standard", [(0.01, 0)], device)
+    assert plain.progress["steps_run"] == 20 and plain.progress["at_step_limit"]
     extended = dataclasses.replace(cfg, max_steps_extended=35)
-    _, rows, _, _, progress = train_run(extended, "mqar", "residual", "standard", 0.01, 0, device)
+    (run,) = train_runs(extended, "mqar", "residual", "standard", [(0.01, 0)], device)
+    rows, progress, plain = run.rows, run.progress, plain.rows
     assert [row["step"] for row in rows] == [10, 20, 30, 35] and progress["steps_run"] == 35
     assert progress["at_step_limit"] and rows[:2] == plain
     factor = schedule(extended)
     assert factor(19) > 0 and factor(20) == 0.0 == factor(34)  # cosine ends at 0 at max_steps and stays there
     patient = dataclasses.replace(extended, patience=1, min_delta=100.0)  # patience met at max_steps: no extension
-    _, rows, _, _, progress = train_run(patient, "mqar", "residual", "standard", 0.01, 0, device)
-    assert progress["steps_run"] == 20 and not progress["at_step_limit"]
+    (run,) = train_runs(patient, "mqar", "residual", "standard", [(0.01, 0)], device)
+    assert run.progress["steps_run"] == 20 and not run.progress["at_step_limit"]
 
 
 def test_sample_efficiency_is_the_first_logged_step_at_the_accuracy():

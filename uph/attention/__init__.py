@@ -2,7 +2,8 @@
 
 self_attention  the kinds' kernels, their table KINDS (one AttentionKind entry per kind) and
                 CausalSelfAttention, which reads it
-model           seed 004's OneLayerModel and the pre-norm ResidualModel (build_model)
+runs            layers whose weights carry a run dimension, and AdamW and clipping per run: R runs as one model
+model           seed 004's OneLayerModel and the pre-norm ResidualModel (build_model), each of R runs
 study_config    the attention study's config, evaluation lengths and learning-rate schedules
 tasks           the study's tasks: offset_copy, loud_copy, mqar
 training        the study's training loop, learning-rate sweep and evaluation

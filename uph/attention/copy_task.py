@@ -131,7 +131,7 @@ def train(
             "step": step,
             "train_loss": train_loss,
             **evaluate(model, *eval_sets[L], cfg.batch_size, autocast),
-            **attention_stats(model, eval_sets[L][0][:PROBE_SIZE]),
+            **{name: values[0] for name, values in attention_stats(model, eval_sets[L][0][:PROBE_SIZE]).items()},
         }
 
     rows, running, start = [curve_row(0, float("nan"))], [], time.perf_counter()

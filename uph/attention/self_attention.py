@@ -84,6 +84,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from uph.attention.runs import RunLinear, with_run_dim
+
 SIMPLICIAL_BLOCK = 2**22  # most score entries in one block of queries of the 2-simplicial kernel (16 MiB in float32)
 SIMPLICIAL_QUERIES = 8  # most queries in one block
 ROPE_BASE = 10000.0
@@ -249,9 +251,16 @@ def simplicial_attention(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, v: t
     return probs.to(v.dtype) @ v
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options) -> torch.Tensor:
+    """F.scaled_dot_product_attention over [..., H, T, D] as one [N, H, T, D] batch (4-D takes the fused
+    kernels: on a CPU 1.5x faster, backward included, than 5-D runs x batch at the study's sizes)."""
+    flat = [t.reshape(-1, *t.shape[-3:]) for t in (q, k, v)]
+    return F.scaled_dot_product_attention(*flat, **options).view(*q.shape[:-1], v.shape[-1])
+
+
 def standard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal softmax(q·k / sqrt(D)) v (RoPE already applied to q, k)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return _sdpa(q, k, v, is_causal=True)
 
 
 def standard_scores(q: torch.Tensor, k: torch.Tensor, r: None = None) -> list[torch.Tensor]:
@@ -281,18 +290,19 @@ def lambda_init(layer: int) -> float:
 
 
 def differential_lambda(lambdas: torch.Tensor, init: float) -> torch.Tensor:
-    """λ = exp(λ_q1·λ_k1) - exp(λ_q2·λ_k2) + λ_init, a scalar; `lambdas` [4, D/2]: rows λ_q1, λ_k1, λ_q2, λ_k2."""
-    q1, k1, q2, k2 = lambdas
-    return (q1 @ k1).exp() - (q2 @ k2).exp() + init
+    """λ = exp(λ_q1·λ_k1) - exp(λ_q2·λ_k2) + λ_init [...]; `lambdas` [..., 4, D/2]: rows λ_q1, λ_k1, λ_q2, λ_k2."""
+    q1, k1, q2, k2 = lambdas.unbind(-2)
+    return (q1 * k1).sum(-1).exp() - (q2 * k2).sum(-1).exp() + init
 
 
 def differential_attention(q, k, v, lam: torch.Tensor, init: float) -> torch.Tensor:
     """Causal (1 - λ_init) RMSNorm(A_1 v - λ A_2 v) [..., T, D], A_a = softmax(q_a·k_a / sqrt(D/2)) over the
-    halves q = [q1 | q2], k = [k1 | k2] (RoPE already applied to each), v of the full width D. q_a·k_a is
-    the dot of q with its other half zeroed and the whole k: SDPA's fused kernels want v as wide as q and k."""
+    halves q = [q1 | q2], k = [k1 | k2] (RoPE already applied to each), v of the full width D; λ shaped to
+    broadcast against v. q_a·k_a is the dot of q with its other half zeroed and the whole k: SDPA's fused
+    kernels want v as wide as q and k."""
     first = torch.arange(q.shape[-1], device=q.device) < q.shape[-1] // 2  # q1's components
     scale = (q.shape[-1] // 2) ** -0.5
-    A1v, A2v = (F.scaled_dot_product_attention(q * half, k, v, is_causal=True, scale=scale) for half in (first, ~first))
+    A1v, A2v = (_sdpa(q * half, k, v, is_causal=True, scale=scale) for half in (first, ~first))
     y = A1v - lam.to(v.dtype) * A2v
     return (1 - init) * F.rms_norm(y, y.shape[-1:], eps=DIFF_EPS)
 
@@ -303,10 +313,11 @@ def normalized(vectors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def soft_capped(scores: torch.Tensor, temperature: torch.Tensor, cap: float) -> torch.Tensor:
-    """cap tanh(τ s / cap) per head (τ [n_head], s [B, n_head, T, T]), -inf kept off the causal entries:
-    Gemma 2's logit soft cap after a learned temperature. Near 0 it is τ s; it never leaves (-cap, cap)."""
+    """cap tanh(τ s / cap) per head (τ shaped to broadcast against s, e.g. [R, 1, n_head, 1, 1] for s
+    [R, B, n_head, T, T]), -inf kept off the causal entries: Gemma 2's logit soft cap after a learned
+    temperature. Near 0 it is τ s; it never leaves (-cap, cap)."""
     masked = scores == -math.inf  # capped at 0 first: tanh's zero slope times -inf would be a NaN gradient
-    capped = cap * torch.tanh(scores.masked_fill(masked, 0) * temperature[:, None, None] / cap)
+    capped = cap * torch.tanh(scores.masked_fill(masked, 0) * temperature / cap)
     return capped.masked_fill(masked, -math.inf)
 
 
@@ -333,7 +344,7 @@ class AttentionKind:
         if self.differential:  # lam: (λ, λ_init) of the layer
             return differential_attention(q, k, v, *lam)
         if self.temperature and self.soft_cap is None:  # τ s(q, k, r) = s(τ^(1 / q_degree) q, k, r): the kernel stays
-            q = q * temperature[:, None, None] ** (1 / self.q_degree)
+            q = q * temperature ** (1 / self.q_degree)
         if self.kernel is not None:
             return self.kernel(q, k, r, v)
         (scores,) = self.scores(q, k, r)
@@ -398,68 +409,91 @@ KINDS = {
 ATTENTIONS = tuple(KINDS)
 
 
-def score_magnitude(kind: str, q: torch.Tensor, k: torch.Tensor, r: torch.Tensor | None = None) -> float:
-    """Mean |score| over the causal entries (i, j), or (i, j, l) for simplicial, of turned head vectors."""
+def score_magnitude(kind: str, q: torch.Tensor, k: torch.Tensor, r: torch.Tensor | None = None) -> torch.Tensor:
+    """[R] each run's mean |score| over the causal entries (i, j), or (i, j, l) for simplicial, of turned
+    head vectors [R, ..., T, D]."""
     with torch.no_grad():
-        causal = [s[s.isfinite()] for s in KINDS[kind].scores(q, k, r)]
-        return (sum(s.abs().sum() for s in causal) / sum(s.numel() for s in causal)).item()
+        blocks = [s.reshape(q.shape[0], -1) for s in KINDS[kind].scores(q, k, r)]
+        total = sum(s.abs().nan_to_num_(posinf=0.0).sum(1) for s in blocks)  # -inf off the causal entries
+        return total / sum(s.isfinite().sum(1) for s in blocks)
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with RoPE inside, as seed 004 builds both kinds.
+    """Multi-head causal self-attention with RoPE inside, as seed 004 builds both kinds, for `runs`
+    independent runs (uph.attention.runs: every weight has a leading run dimension).
 
     One bias-free projection makes the kind's head vectors (q, k, v or q, k, r, v) for every head, RoPE
     turns the kind's `turned` first ones, the heads attend, one bias-free projection mixes them back.
-    `loud` [B, T] (optional) multiplies the key-side vectors of each position, after RoPE and the kind's
-    `before_loud` (triple_qknorm's normalization), before its `prepare` (triple_normed's): a loud token's k (and r, the second key, for
-    simplicial) grow by its factor, as the loud mismatch of seed 004's resilience table (|k| = m); its
-    query and value stay as they are. With `measure_scores` set, each forward stores the mean |score|
-    over causal entries in `score_abs` (an extra score computation; for probes only). `layer`: the
-    layer's 0-based index in its model (diff's λ_init reads it).
+    x is [R, B, T, C] (or [B, T, C] for one run). `loud` [R, B, T] (optional) multiplies the key-side
+    vectors of each position, after RoPE and the kind's `before_loud` (triple_qknorm's normalization),
+    before its `prepare` (triple_normed's): a loud token's k (and r, the second key, for simplicial) grow
+    by its factor, as the loud mismatch of seed 004's resilience table (|k| = m); its query and value stay
+    as they are. With `measure_scores` set, each forward stores each run's mean |score| over causal entries
+    in `score_abs` [R] (an extra score computation; for probes only). `layer`: the layer's 0-based index in
+    its model (diff's λ_init reads it).
     """
 
-    def __init__(self, d_model: int, n_head: int, kind: str, layer: int = 0):
+    def __init__(self, d_model: int, n_head: int, kind: str, layer: int = 0, runs: int = 1):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"attention kind {kind!r} is not one of {tuple(KINDS)}")
         self.kind, self.n_head = kind, n_head
         self.n_proj = KINDS[kind].vectors + 1
-        self.proj = nn.Linear(d_model, self.n_proj * d_model, bias=False)
-        self.out = nn.Linear(d_model, d_model, bias=False)
+        self.proj = RunLinear(runs, d_model, self.n_proj * d_model)
+        self.out = RunLinear(runs, d_model, d_model)
         if KINDS[kind].temperature:  # log of the learned per-head temperature τ, τ = 1 at the start
-            self.log_temperature = nn.Parameter(torch.zeros(n_head))
+            self.log_temperature = nn.Parameter(torch.zeros(runs, n_head))
         if KINDS[kind].differential:  # diff's λ_q1, λ_k1, λ_q2, λ_k2 of width D/2, N(0, 0.1), and its λ_init
             if d_model // n_head % 4:
                 raise ValueError(
                     f"diff needs a head width that is a multiple of 4 (RoPE turns its halves), not {d_model // n_head}"
                 )
-            self.lambdas = nn.Parameter(0.1 * torch.randn(4, d_model // n_head // 2))
+            self.lambdas = nn.Parameter(torch.empty(runs, 4, d_model // n_head // 2))
             self.lambda_init = lambda_init(layer)
         self.measure_scores, self.score_abs = False, None
+        for r in range(runs):
+            self.init_run(r)
+
+    def init_run(self, r: int) -> None:
+        """Run r's own weights, drawn after its projections' (the order of a one-run constructor)."""
+        if KINDS[self.kind].differential:
+            self.lambdas.data[r] = 0.1 * torch.randn(self.lambdas.shape[1:])
 
     def heads(self, x: torch.Tensor, loud: torch.Tensor | None = None):
-        """q, k, r (None for a kind without it), v [B, n_head, T, head width] as the score sees them."""
-        B, T, C = x.shape
+        """q, k, r (None for a kind without it), v [R, B, n_head, T, head width] as the score sees them
+        ([B, n_head, T, head width] for x [B, T, C])."""
+        x, one = with_run_dim(x, self.out.weight.shape[0], 3)
+        vectors = self._heads(x, None if loud is None else with_run_dim(loud, x.shape[0], 2)[0])
+        return tuple(t[0] if one and t is not None else t for t in vectors)
+
+    def _heads(self, x: torch.Tensor, loud: torch.Tensor | None):
+        R, B, T, C = x.shape
         kind = KINDS[self.kind]
-        heads = self.proj(x).view(B, T, self.n_proj, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
-        vectors = [*rope(heads[: kind.turned]), *heads[kind.turned : -1]]
+        heads = self.proj(x).view(R, B, T, self.n_proj, self.n_head, C // self.n_head).permute(3, 0, 1, 4, 2, 5)
+        # one copy into [n_proj, R, B, H, T, D]; split, not sliced: a slice's backward fills a zero tensor
+        # of the whole projection for each vector
+        turned, rest, v = heads.contiguous().split([kind.turned, self.n_proj - 1 - kind.turned, 1])
+        vectors = [*(rope(turned) if kind.turned else turned), *rest]
         if kind.before_loud is not None:
             vectors = kind.before_loud(vectors)
         if loud is not None:
-            factor = loud[:, None, :, None].to(vectors[1].dtype)
+            factor = loud[:, :, None, :, None].to(vectors[1].dtype)
             for i in kind.loud:
                 vectors[i] = vectors[i] * factor
         if kind.prepare is not None:
             vectors = kind.prepare(vectors)
         q, k, *r = vectors
-        return q, k, (r[0] if r else None), heads[-1]
+        return q, k, (r[0] if r else None), v[0]
 
     def forward(self, x: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
-        q, k, r, v = self.heads(x, loud)
+        x, one = with_run_dim(x, self.out.weight.shape[0], 3)
+        q, k, r, v = self._heads(x, None if loud is None else with_run_dim(loud, x.shape[0], 2)[0])
         if self.measure_scores:
             self.score_abs = score_magnitude(self.kind, q, k, r)
         kind = KINDS[self.kind]
-        temperature = self.log_temperature.exp() if kind.temperature else None
-        lam = (differential_lambda(self.lambdas, self.lambda_init), self.lambda_init) if kind.differential else None
-        y = kind.attend(q, k, r, v, temperature, lam)
-        return self.out(y.transpose(1, 2).reshape(x.shape))
+        temperature = self.log_temperature.exp()[:, None, :, None, None] if kind.temperature else None
+        lam = None
+        if kind.differential:  # (λ [R, 1, 1, 1, 1], λ_init) of the layer
+            lam = (differential_lambda(self.lambdas, self.lambda_init)[:, None, None, None, None], self.lambda_init)
+        y = self.out(kind.attend(q, k, r, v, temperature, lam).transpose(2, 3).reshape(x.shape))
+        return y[0] if one else y

@@ -22,20 +22,26 @@ the mean training loss since the last row, the validation loss and token accurac
 |score| over causal entries of every attention layer on `probe_size` validation sequences
 (score_abs, mean over layers) and the L2 norm of the gradient of all attention weights at that
 step before clipping (attention_grad_norm); the row of step s reads the model after s updates. A NaN or inf training loss ends the run as diverged.
+
+The runs of a stage (the sweep's lrs x sweep seeds, an extension's sweep seeds, the remaining seeds)
+train at once as one model of R runs (train_runs, uph.attention.runs): each keeps its own initial
+weights, batches, lr, Adam moments, clipping, early stopping and best weights, so it is the run it
+would be alone up to float32 rounding; a run that stops leaves the batch.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
 from uph.attention.model import attention_grad_norm, attention_stats, build_model
+from uph.attention.runs import RunAdamW, clip_grad_norms, keep_runs, load_runs, run_state
 from uph.attention.self_attention import KINDS
 from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
@@ -45,24 +51,36 @@ STREAM = 1_000_003
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batch: Batch, chunk: int) -> dict[str, float]:
-    """Loss, token accuracy and sequence accuracy (every scored target right) on the scored targets."""
+def evaluate(model: torch.nn.Module, batch: Batch, chunk: int) -> list[dict[str, float]]:
+    """Per run of `model`: loss, token accuracy and sequence accuracy (every scored target right) on the
+    scored targets of its own sequences (batch [R, N, T])."""
     model.eval()
     logits = torch.cat(
-        [model(inputs, loud).float() for inputs, loud in zip(batch.inputs.split(chunk), batch.loud.split(chunk))]
+        [model(inputs, loud).float() for inputs, loud in zip(batch.inputs.split(chunk, 1), batch.loud.split(chunk, 1))],
+        dim=1,
     )
     model.train()
     scored = batch.targets != IGNORE
     right = (logits.argmax(-1) == batch.targets) | ~scored
-    return {
-        "loss": F.cross_entropy(logits[scored], batch.targets[scored]).item(),
-        "token_acc": (right & scored).sum().item() / scored.sum().item(),
-        "seq_acc": right.all(dim=1).float().mean().item(),
-    }
+    losses = run_losses(logits, batch.targets)
+    token_acc = (right & scored).flatten(1).sum(1) / scored.flatten(1).sum(1)
+    seq_acc = right.all(dim=-1).float().mean(-1)
+    return [
+        {"loss": loss, "token_acc": token, "seq_acc": seq}
+        for loss, token, seq in zip(losses.tolist(), token_acc.tolist(), seq_acc.tolist())
+    ]
 
 
-def _on(batch: Batch, device: torch.device) -> Batch:
-    return Batch(*(t.to(device) for t in batch))
+def run_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[R] each run's mean cross-entropy over its scored targets (logits [R, ..., V], targets [R, ...])."""
+    nll = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE, reduction="none")
+    scored = (targets != IGNORE).flatten(1)
+    return nll.view(scored.shape).sum(1) / scored.sum(1)
+
+
+def stacked(batches: list[Batch], device: torch.device) -> Batch:
+    """One batch per run -> a Batch of [R, ...] tensors on `device`."""
+    return Batch(*(torch.stack(parts).to(device) for parts in zip(*batches)))
 
 
 PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
@@ -73,69 +91,132 @@ def first_step(rows: list[dict], accuracy: float) -> float:
     return next((row["step"] for row in rows if row["val_token_acc"] >= accuracy), math.nan)
 
 
-def train_run(
-    cfg: AttentionStudyConfig, task: str, model_name: str, attention: str, lr: float, seed: int, device: torch.device
-):
-    """Train one run to convergence; returns (model at its best validation loss, curve rows, that
-    evaluation's validation metrics, diverged, progress: PROGRESS's values)."""
-    torch.manual_seed(seed)
-    model = build_model(model_name, attention, cfg).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=cfg.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(cfg))
-    batches = torch.Generator().manual_seed(seed)
-    L = cfg.train_len
-    val = _on(make_batch(task, cfg, cfg.eval_size, L, torch.Generator().manual_seed(seed * STREAM + 1)), device)
-    probe = Batch(*(t[: cfg.probe_size] for t in val))
-    rows, running = [], []
-    best, best_state, waited = None, None, 0  # best: the row of the lowest validation loss so far
-    limit = step_limit(cfg)
+def train_step(
+    model: torch.nn.Module, optimizer: RunAdamW, batch: Batch, lr_factor: float, grad_clip: float, measure: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One AdamW step of every run of `model` on its slice of `batch` [R, B, T]: each run's weights get the
+    gradient of its own mean loss, clipped to its own norm `grad_clip`. Returns the losses [R] and, if
+    `measure`, each run's attention gradient norm before clipping [R]."""
+    losses = run_losses(model(batch.inputs, batch.loud), batch.targets)
+    for p in model.parameters():
+        p.grad = None
+    losses.sum().backward()  # run r's loss depends on run r's weights only
+    grad_norm = attention_grad_norm(model) if measure else None
+    clip_grad_norms(list(model.parameters()), grad_clip)
+    optimizer.step(lr_factor)
+    return losses.detach(), grad_norm
+
+
+@dataclass
+class RunResult:
+    """One run's outcome: its best weights (uph.attention.runs.run_state), curve rows, that evaluation's
+    validation metrics, whether it diverged, and PROGRESS's values."""
+
+    state: dict[str, torch.Tensor]
+    rows: list[dict] = field(default_factory=list)
+    final: dict[str, float] = field(default_factory=dict)
+    diverged: bool = False
+    progress: dict = field(default_factory=dict)
+
+
+def train_runs(
+    cfg: AttentionStudyConfig,
+    task: str,
+    model_name: str,
+    attention: str,
+    runs: list[tuple[float, int]],
+    device: torch.device,
+) -> list[RunResult]:
+    """Train the runs (lr, seed) at once, each to convergence as it would train alone (uph.attention.runs:
+    its own initial weights, data stream, lr, moments, clipping, early stopping and best weights); a run
+    that stops leaves the batch. Returns each run's RunResult, in order."""
+    seeds = [seed for _, seed in runs]
+    model = build_model(model_name, attention, cfg, seeds).to(device)
+    optimizer = RunAdamW(list(model.parameters()), [lr for lr, _ in runs], cfg.weight_decay)
+    factor = schedule(cfg)
+    streams = [torch.Generator().manual_seed(seed) for seed in seeds]
+    L, limit = cfg.train_len, step_limit(cfg)
+    val = stacked(
+        [make_batch(task, cfg, cfg.eval_size, L, torch.Generator().manual_seed(seed * STREAM + 1)) for seed in seeds],
+        device,
+    )
+    results: list[RunResult | None] = [None] * len(runs)
+    active = list(range(len(runs)))  # the runs still training, in the model's run order
+    rows = [[] for _ in runs]
+    best = [None] * len(runs)  # each run's row of its lowest validation loss so far, and its weights
+    best_state, waited = [None] * len(runs), [0] * len(runs)
+    running = torch.zeros(len(runs), device=device)  # the training losses' sum since the last row
+    since = 0
     for step in range(1, limit + 1):
-        batch = _on(make_batch(task, cfg, cfg.batch_size, L, batches), device)
-        logits = model(batch.inputs, batch.loud)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        running.append(loss.detach())
+        batch = stacked([make_batch(task, cfg, cfg.batch_size, L, streams[i]) for i in active], device)
         logging_step = step % cfg.log_every == 0 or step in (cfg.max_steps, limit)
-        grad_norm = attention_grad_norm(model) if logging_step else math.nan  # before clipping
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        scheduler.step()
+        losses, grad_norm = train_step(model, optimizer, batch, factor(step - 1), cfg.grad_clip, logging_step)
+        running += losses
+        since += 1
         if not logging_step:
             continue
-        train_loss = torch.stack(running).mean().item()
-        running = []
-        metrics = evaluate(model, val, cfg.batch_size) if math.isfinite(train_loss) else {}
-        rows.append(
-            {
-                "lr": lr,
-                "seed": seed,
-                "step": step,
-                "train_loss": train_loss,
-                "val_loss": metrics.get("loss", math.nan),
-                "val_token_acc": metrics.get("token_acc", math.nan),
-                **attention_stats(model, probe.inputs, probe.loud),
-                "attention_grad_norm": grad_norm,
-            }
-        )
-        if not math.isfinite(train_loss):
-            progress = dict(zip(PROGRESS, (step, math.nan, math.nan, math.nan, False)))
-            return model, rows, {"val_loss": math.nan, "val_token_acc": math.nan}, True, progress
-        if best is None or rows[-1]["val_loss"] < best["val_loss"] - cfg.min_delta:
-            best, best_state, waited = rows[-1], copy.deepcopy(model.state_dict()), 0
-        else:
-            waited += 1
-        if waited >= cfg.patience:
-            break
-    model.load_state_dict(best_state)
+        grad_norm = grad_norm.tolist()
+        train_loss, since = (running / since).tolist(), 0
+        running.zero_()
+        metrics = evaluate(model, val, cfg.batch_size)
+        stats = attention_stats(model, val.inputs[:, : cfg.probe_size], val.loud[:, : cfg.probe_size])
+        done = []
+        for j, i in enumerate(active):
+            finite = math.isfinite(train_loss[j])
+            rows[i].append(
+                {
+                    "lr": runs[i][0],
+                    "seed": seeds[i],
+                    "step": step,
+                    "train_loss": train_loss[j],
+                    "val_loss": metrics[j]["loss"] if finite else math.nan,
+                    "val_token_acc": metrics[j]["token_acc"] if finite else math.nan,
+                    "score_abs": stats["score_abs"][j],
+                    "attention_grad_norm": grad_norm[j],
+                }
+            )
+            if not finite:
+                progress = dict(zip(PROGRESS, (step, math.nan, math.nan, math.nan, False)))
+                results[i] = RunResult(
+                    run_state(model, j), rows[i], {"val_loss": math.nan, "val_token_acc": math.nan}, True, progress
+                )
+                done.append(j)
+                continue
+            if best[i] is None or rows[i][-1]["val_loss"] < best[i]["val_loss"] - cfg.min_delta:
+                best[i], best_state[i], waited[i] = rows[i][-1], run_state(model, j), 0
+            else:
+                waited[i] += 1
+            if waited[i] >= cfg.patience:
+                done.append(j)
+        if done:
+            keep = [j for j in range(len(active)) if j not in done]
+            for j in done:
+                i = active[j]
+                if results[i] is None:
+                    results[i] = _converged(rows[i], best[i], best_state[i], step, at_step_limit=False)
+            active = [active[j] for j in keep]
+            if not active:
+                break
+            index = torch.tensor(keep, device=device)
+            keep_runs(model, index)
+            optimizer.keep_runs(index, list(model.parameters()))
+            val, running = Batch(*(t[index] for t in val)), running[index]
+    for i in active:
+        results[i] = _converged(rows[i], best[i], best_state[i], step, at_step_limit=waited[i] < cfg.patience)
+    return results
+
+
+def _converged(rows: list[dict], best: dict, state: dict, step: int, at_step_limit: bool) -> RunResult:
     progress = {
         "steps_run": step,
         "best_step": best["step"],
         "steps_to_90": first_step(rows, 0.9),
         "steps_to_99": first_step(rows, 0.99),
-        "at_step_limit": waited < cfg.patience,
+        "at_step_limit": at_step_limit,
     }
-    return model, rows, {"val_loss": best["val_loss"], "val_token_acc": best["val_token_acc"]}, False, progress
+    return RunResult(
+        state, rows, {"val_loss": best["val_loss"], "val_token_acc": best["val_token_acc"]}, False, progress
+    )
 
 
 def best_lr(sweep: pd.DataFrame) -> float | None:
@@ -166,19 +247,11 @@ def extension(lr: float, tried, step: float) -> float | None:
     return None
 
 
-def test_sets(task: str, cfg: AttentionStudyConfig, seed: int, device: torch.device) -> dict[tuple[int, float], Batch]:
+def test_sets(task: str, cfg: AttentionStudyConfig, seed: int) -> dict[tuple[int, float], Batch]:
     """(eval length, level) -> the fixed test batch of `eval_size` sequences."""
     return {
-        (length, level): _on(
-            make_batch(
-                task,
-                cfg,
-                cfg.eval_size,
-                length,
-                torch.Generator().manual_seed(seed * STREAM + 2 + 64 * length + i),
-                level,
-            ),
-            device,
+        (length, level): make_batch(
+            task, cfg, cfg.eval_size, length, torch.Generator().manual_seed(seed * STREAM + 2 + 64 * length + i), level
         )
         for length in eval_lengths(cfg)
         for i, level in enumerate(levels(task, cfg))
@@ -193,37 +266,40 @@ def run_cell(
     device: torch.device,
     log: logging.Logger | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation)."""
+    """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation).
+    Each stage trains its runs at once (train_runs): the sweep's lrs x sweep seeds, each extension's
+    sweep seeds, the remaining seeds."""
     log = log or logging.getLogger(__name__)
     kind = KINDS[attention]
     cell = {"task": task, "model": model_name, "attention": attention}
     marks = {"family": kind.family, "loudness_invariant": kind.loudness_invariant}
-    curves, sweep, models = [], [], {}
+    curves, sweep, states = [], [], {}
 
-    def run(lr: float, seed: int) -> None:
+    def train(runs: list[tuple[float, int]]) -> None:
         start = time.perf_counter()
-        model, rows, final, diverged, progress = train_run(cfg, task, model_name, attention, lr, seed, device)
-        curves.extend(rows)
-        sweep.append({"lr": lr, "seed": seed, **final, "diverged": diverged, **progress})
-        models[lr, seed] = copy.deepcopy(model.state_dict())
+        for (lr, seed), result in zip(runs, train_runs(cfg, task, model_name, attention, runs, device)):
+            curves.extend(result.rows)
+            sweep.append({"lr": lr, "seed": seed, **result.final, "diverged": result.diverged, **result.progress})
+            states[lr, seed] = result.state
+            log.info(
+                "%s %s %s lr %g seed %d: val token acc %.4f%s after %d steps%s",
+                task,
+                model_name,
+                attention,
+                lr,
+                seed,
+                result.final["val_token_acc"],
+                ", diverged" if result.diverged else "",
+                result.progress["steps_run"],
+                ", at the step limit" if result.progress["at_step_limit"] else "",
+            )
         log.info(
-            "%s %s %s lr %g seed %d: val token acc %.4f%s after %d steps%s (%.1f s)",
-            task,
-            model_name,
-            attention,
-            lr,
-            seed,
-            final["val_token_acc"],
-            ", diverged" if diverged else "",
-            progress["steps_run"],
-            ", at the step limit" if progress["at_step_limit"] else "",
-            time.perf_counter() - start,
+            "%s %s %s: %d runs at once in %.1f s", task, model_name, attention, len(runs), time.perf_counter() - start
         )
 
+    sweep_seeds = cfg.seeds[: cfg.sweep_seeds]
     tried = list(cfg.lrs)
-    for lr in tried:
-        for seed in cfg.seeds[: cfg.sweep_seeds]:
-            run(lr, seed)
+    train([(lr, seed) for lr in tried for seed in sweep_seeds])
     for _ in range(cfg.lr_extensions):
         chosen = best_lr(pd.DataFrame(sweep))
         lr = None if chosen is None else extension(chosen, tried, cfg.lr_step)
@@ -231,8 +307,7 @@ def run_cell(
             break
         log.info("%s %s %s: the best lr %g is an end of %s; trying %g", task, model_name, attention, chosen, tried, lr)
         tried.append(lr)
-        for seed in cfg.seeds[: cfg.sweep_seeds]:
-            run(lr, seed)
+        train([(lr, seed) for seed in sweep_seeds])
     chosen = best_lr(pd.DataFrame(sweep))
     if chosen is None:
         raise TrainingDivergedError(
@@ -240,20 +315,20 @@ def run_cell(
             f"lower config key 'attention.lrs' ({list(cfg.lrs)})"
         )
     edge = lr_edge(chosen, tried)
-    for seed in cfg.seeds[cfg.sweep_seeds :]:
-        run(chosen, seed)
+    if cfg.seeds[cfg.sweep_seeds :]:
+        train([(chosen, seed) for seed in cfg.seeds[cfg.sweep_seeds :]])
     final = pd.DataFrame(sweep).set_index(["lr", "seed"])
+    seeds = list(cfg.seeds)
+    model = load_runs(build_model(model_name, attention, cfg, seeds), [states[chosen, seed] for seed in seeds])
+    model = model.to(device)
+    tests = [test_sets(task, cfg, seed) for seed in seeds]
     rows = []
-    for seed in cfg.seeds:
-        model = build_model(model_name, attention, cfg).to(device)
-        model.load_state_dict(models[chosen, seed])
-        validation = final.loc[(chosen, seed)]
-        for (length, level), batch in test_sets(task, cfg, seed, device).items():
-            metrics = (
-                dict.fromkeys(("loss", "token_acc", "seq_acc"), math.nan)
-                if validation["diverged"]
-                else evaluate(model, batch, cfg.batch_size)
-            )  # a diverged model's argmax is noise, not an accuracy
+    for key in tests[0]:  # (length, level); every seed's test batch of it at once
+        metrics = evaluate(model, stacked([sets[key] for sets in tests], device), cfg.batch_size)
+        for seed, seed_metrics in zip(seeds, metrics):
+            validation = final.loc[(chosen, seed)]
+            if validation["diverged"]:  # a diverged model's argmax is noise, not an accuracy
+                seed_metrics = dict.fromkeys(("loss", "token_acc", "seq_acc"), math.nan)
             rows.append(
                 {
                     **cell,
@@ -261,15 +336,16 @@ def run_cell(
                     "lr_at_edge": edge,
                     "seed": seed,
                     "train_len": cfg.train_len,
-                    "eval_len": length,
-                    "level": level,
-                    **metrics,
+                    "eval_len": key[0],
+                    "level": key[1],
+                    **seed_metrics,
                     "val_token_acc": validation["val_token_acc"],
                     "diverged": bool(validation["diverged"]),
                     **marks,
-                    **{key: validation[key] for key in PROGRESS},
+                    **{name: validation[name] for name in PROGRESS},
                 }
             )
+    rows.sort(key=lambda row: seeds.index(row["seed"]))  # by seed, then length and level, as before
     return (
         pd.DataFrame(curves).assign(**cell),
         pd.DataFrame(sweep).assign(

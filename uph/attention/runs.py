@@ -1,0 +1,204 @@
+"""R independent runs as one model: every weight carries a leading run dimension.
+
+A tensor that flows through these layers is [R, ...]; run r's slice only ever meets run r's weights,
+so R runs cost one kernel per op instead of R. At the attention study's sizes (32-wide matrices,
+768 tokens a step) one run leaves a CPU core mostly in per-op overhead and a GPU idle; R runs fill
+both. Each run keeps everything a run trained alone has: its initial weights (`init_runs`), its own
+lr, Adam moments, gradient clipping (`clip_grad_norms`) and best weights; a finished run leaves the
+batch (`keep_runs`) and stops costing.
+
+    RunLinear:     y[r] = x[r] W[r]^T            W [R, out, in]: one batched product
+    RunEmbedding:  y[r] = E[r][tokens[r]]        E [R, V, C]: one lookup in the flat [R V, C] table
+    RunRMSNorm:    y[r] = x[r] / rms(x[r]) * g[r]
+
+Run r's slice of each layer is drawn exactly as the torch layer it stands for draws its weight
+(nn.Linear's kaiming-uniform with a = sqrt 5, nn.Embedding's N(0, 1), nn.RMSNorm's ones), at
+construction (so a one-run model draws what its torch twin draws), and again by `init_runs`, which
+draws each run's layers in the order a constructor builds them (a module's children, then its own
+weights): run r under seed s starts where the one-run model built under torch.manual_seed(s) starts.
+
+RunAdamW is torch.optim.AdamW (decoupled weight decay, torch's defaults) with one lr per run:
+
+    p <- p (1 - lr_r wd);  m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
+    p <- p - lr_r / (1 - b1^t) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _per_run(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """values [R] shaped to broadcast against a tensor [R, ...] like `like`."""
+    return values.view(-1, *[1] * (like.dim() - 1))
+
+
+class RunLinear(nn.Module):
+    """Bias-free linear maps, one per run: x [R, ..., in] -> [R, ..., out]."""
+
+    def __init__(self, runs: int, in_features: int, out_features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(runs, out_features, in_features))
+        for r in range(runs):
+            self.init_run(r)
+
+    def init_run(self, r: int) -> None:
+        nn.init.kaiming_uniform_(self.weight.data[r], a=math.sqrt(5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        R, out, n_in = self.weight.shape
+        return torch.matmul(x.reshape(R, -1, n_in), self.weight.mT).view(*x.shape[:-1], out)
+
+
+class RunEmbedding(nn.Module):
+    """Token embeddings, one table per run: tokens [R, ...] -> [R, ..., C]."""
+
+    def __init__(self, runs: int, vocab: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(runs, vocab, dim))
+        for r in range(runs):
+            self.init_run(r)
+
+    def init_run(self, r: int) -> None:
+        self.weight.data[r].normal_()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        R, vocab, dim = self.weight.shape
+        offsets = _per_run(torch.arange(R, device=tokens.device) * vocab, tokens)
+        return F.embedding(tokens + offsets, self.weight.view(R * vocab, dim))
+
+
+class RunRMSNorm(nn.Module):
+    """RMSNorm over the last dimension with a learned gain per run (eps: the dtype's, as nn.RMSNorm's None)."""
+
+    def __init__(self, runs: int, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(runs, dim))
+        for r in range(runs):
+            self.init_run(r)
+
+    def init_run(self, r: int) -> None:
+        self.weight.data[r].fill_(1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gain = self.weight.view(self.weight.shape[0], *[1] * (x.dim() - 2), -1)
+        return F.rms_norm(x, x.shape[-1:]) * gain
+
+
+def _init_run(module: nn.Module, r: int) -> None:
+    for child in module.children():
+        _init_run(child, r)
+    if hasattr(module, "init_run"):
+        module.init_run(r)
+
+
+def init_runs(model: nn.Module, seeds: Sequence[int] | None = None) -> None:
+    """Draw every run's initial weights: run r under torch.manual_seed(seeds[r]), or all runs one after
+    another from the current generator when `seeds` is None."""
+    for r in range(runs_of(model)):
+        if seeds is not None:
+            torch.manual_seed(seeds[r])
+        _init_run(model, r)
+
+
+def runs_of(model: nn.Module) -> int:
+    return next(model.parameters()).shape[0]
+
+
+def with_run_dim(x: torch.Tensor, runs: int, dims: int) -> tuple[torch.Tensor, bool]:
+    """(x with a leading run dimension, whether one was added): a one-run model also reads x without it
+    (`dims` dimensions, e.g. tokens [B, T]); R runs need x [R, ...]."""
+    if x.dim() == dims:
+        if runs != 1:
+            raise ValueError(f"a model of {runs} runs reads inputs with a leading run dimension, not {tuple(x.shape)}")
+        return x[None], True
+    return x, False
+
+
+def run_state(model: nn.Module, r: int) -> dict[str, torch.Tensor]:
+    """Run r's weights, a copy: {name: [...]} without the run dimension."""
+    return {name: p.detach()[r].clone() for name, p in model.named_parameters()}
+
+
+def _replace_parameters(model: nn.Module, make) -> None:
+    """Every parameter of `model` replaced by a new one holding make(name, parameter) (new leaves: autograd
+    keeps a parameter's shape, so runs are never cut out of one in place)."""
+    for module_name, module in model.named_modules():
+        for name, p in list(module._parameters.items()):
+            full = f"{module_name}.{name}" if module_name else name
+            module._parameters[name] = nn.Parameter(make(full, p.detach()))
+
+
+def load_runs(model: nn.Module, states: Sequence[dict[str, torch.Tensor]]) -> nn.Module:
+    """Set the model's runs to `states` (run_state's), one run each, in order; returns the model."""
+    _replace_parameters(model, lambda name, p: torch.stack([state[name] for state in states]).to(p.device))
+    return model
+
+
+def keep_runs(model: nn.Module, index: torch.Tensor) -> None:
+    """Keep only the runs `index` [K] (positions in the current run order) of every weight, without gradients."""
+    _replace_parameters(model, lambda name, p: p[index])
+
+
+def grad_norms(parameters: Sequence[torch.Tensor]) -> torch.Tensor:
+    """[R] each run's L2 norm of the gradients its slices of `parameters` hold (NaN if none do)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.full((parameters[0].shape[0],), math.nan)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]), dim=0)
+
+
+def clip_grad_norms(parameters: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ for each run on its own: run r's gradients times
+    min(1, max_norm / (||g_r|| + 1e-6)); returns the norms before clipping [R]."""
+    norms = grad_norms(parameters)
+    scale = (max_norm / (norms + 1e-6)).clamp_(max=1.0)
+    for p in parameters:
+        if p.grad is not None:
+            p.grad.mul_(_per_run(scale, p.grad))
+    return norms
+
+
+class RunAdamW:
+    """torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8) over run-stacked parameters, run r at lrs[r] times the
+    schedule's factor; the step count is shared (the runs of a batch start together)."""
+
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        lrs: Sequence[float],
+        weight_decay: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
+        self.params, self.lrs, self.weight_decay = list(params), list(lrs), weight_decay
+        self.betas, self.eps, self.t = betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def step(self, factor: float = 1.0) -> None:
+        (b1, b2), self.t = self.betas, self.t + 1
+        device = self.params[0].device
+        lrs = [lr * factor for lr in self.lrs]  # in double, as torch computes its scalars
+        decay = torch.tensor([1 - lr * self.weight_decay for lr in lrs], device=device)
+        step = torch.tensor([lr / (1 - b1**self.t) for lr in lrs], device=device)
+        root = math.sqrt(1 - b2**self.t)
+        for p, m, v in zip(self.params, self.m, self.v):
+            g = p.grad
+            p.mul_(_per_run(decay, p))
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denominator = (v.sqrt() / root).add_(self.eps)
+            p.addcdiv_(m * _per_run(step, m), denominator, value=-1)
+
+    def keep_runs(self, index: torch.Tensor, params: Sequence[nn.Parameter]) -> None:
+        """Keep the runs `index` of the moments and lrs; `params`: the model's after keep_runs."""
+        self.params = list(params)
+        self.m, self.v = [m[index] for m in self.m], [v[index] for v in self.v]
+        self.lrs = [self.lrs[i] for i in index.tolist()]
