@@ -1,12 +1,20 @@
-"""One training step of the attention study's model per kind, side by side, at a config's sizes.
+"""Training steps of the attention study's model per kind: R runs one at a time against R runs at once.
 
-    .venv/bin/python benchmarks/bench_attention_study.py [--config config.yaml] [--steps 50] [--repeats 3]
+    .venv/bin/python benchmarks/bench_attention_study.py [--config config.yaml] [--runs 8] [--steps 20]
+        [--repeats 3] [--threads 1] [--device cpu] [--profile]
 
-A step is what uph.attention.training.train_run does between evaluations: a fresh loud_copy batch,
-forward, cross-entropy, backward, gradient clipping, AdamW. Each kind of the config's
-attention.attentions (and its models) runs `steps` steps per repeat; repeats interleave the kinds, so
-machine load hits all alike; the median over repeats is printed in ms a step, with its ratio to
-standard attention's. Times a run of the study: steps_run x this, plus the evaluations.
+A step is uph.attention.training.train_step: each run's fresh loud_copy batch, forward, cross-entropy,
+backward, per-run gradient clipping, AdamW. For each kind of the config's attention.attentions (and its
+models), `runs` runs train `steps` steps one at a time (R one-run models, the way the study trained
+before issue 43) and as one model of R runs; repeats interleave the kinds and both ways, so machine
+load hits all alike. Printed: the median ms per step of the R runs each way, their ratio (at once /
+one at a time), and ms per run-step against standard attention's.
+
+--profile instead prints a step profile per kind, one run alone and R at once (torch.profiler over
+`steps` steps, per step and per run): aten ops launched, their self time by kind of op (products,
+elementwise, reductions and softmax, copies and indexing, other), the products' FLOPs (the profiler's
+count for mm, bmm and addmm-style ops; the attention kernels' own products included) and the rate
+they ran at.
 """
 
 from __future__ import annotations
@@ -14,70 +22,225 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 import yaml
 
 from uph.attention.model import build_model
+from uph.attention.runs import RunAdamW
 from uph.attention.study_config import AttentionStudyConfig
-from uph.attention.tasks import IGNORE, make_batch
+from uph.attention.tasks import make_batch
+from uph.attention.training import stacked, train_step
 from uph.config import validate
 
 
-def step_time(cfg: AttentionStudyConfig, model_name: str, attention: str, steps: int) -> float:
-    """Seconds a training step takes, mean over `steps` after one warm-up step."""
-    torch.manual_seed(0)
-    model = build_model(model_name, attention, cfg)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=cfg.weight_decay)
-    batches = torch.Generator().manual_seed(0)
+class Runs:
+    """`seeds` as one model of len(seeds) runs, each with its own batch stream, lr 1e-3."""
 
-    def step():
-        batch = make_batch("loud_copy", cfg, cfg.batch_size, cfg.train_len, batches)
-        logits = model(batch.inputs, batch.loud)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+    def __init__(self, cfg: AttentionStudyConfig, model_name: str, attention: str, seeds, device):
+        self.cfg, self.device = cfg, device
+        self.model = build_model(model_name, attention, cfg, list(seeds)).to(device)
+        self.optimizer = RunAdamW(list(self.model.parameters()), [1e-3] * len(seeds), cfg.weight_decay)
+        self.streams = [torch.Generator().manual_seed(seed) for seed in seeds]
 
-    step()
+    def step(self) -> None:
+        cfg = self.cfg
+        batch = stacked(
+            [make_batch("loud_copy", cfg, cfg.batch_size, cfg.train_len, g) for g in self.streams], self.device
+        )
+        train_step(self.model, self.optimizer, batch, 1.0, cfg.grad_clip)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_time(groups: list[Runs], steps: int) -> float:
+    """Seconds for one step of every group, mean over `steps` after one warm-up step."""
+    for group in groups:
+        group.step()
+    sync(groups[0].device)
     start = time.perf_counter()
     for _ in range(steps):
-        step()
+        for group in groups:
+            group.step()
+    sync(groups[0].device)
     return (time.perf_counter() - start) / steps
+
+
+PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_scaled_dot_product", "addmv", "mv", "dot")
+REDUCTIONS = (
+    "sum",
+    "mean",
+    "norm",
+    "softmax",
+    "amax",
+    "max",
+    "min",
+    "all",
+    "any",
+    "logsumexp",
+    "nll_loss",
+    "_log_softmax",
+)
+COPIES = (
+    "copy_",
+    "to",
+    "_to_copy",
+    "cat",
+    "stack",
+    "index",
+    "gather",
+    "scatter",
+    "embedding",
+    "clone",
+    "contiguous",
+    "masked_fill",
+    "where",
+    "fill_",
+    "zero_",
+    "empty",
+    "zeros",
+    "ones",
+    "full",
+    "arange",
+    "triu",
+)
+
+
+def op_kind(name: str) -> str:
+    op = name.removeprefix("aten::")
+    if op.startswith(PRODUCTS):
+        return "products"
+    if op.startswith(REDUCTIONS) or "softmax" in op:
+        return "reductions"
+    if op.startswith(COPIES) or op in (
+        "view",
+        "reshape",
+        "permute",
+        "transpose",
+        "expand",
+        "select",
+        "slice",
+        "unsqueeze",
+        "squeeze",
+        "t",
+        "unbind",
+        "split",
+        "chunk",
+        "as_strided",
+        "flatten",
+        "detach",
+        "alias",
+        "narrow",
+        "view_as",
+        "unflatten",
+    ):
+        return "copies and views"
+    if op.endswith("_backward") or "Backward" in op:
+        return "other"
+    return "elementwise" if op[0].isalpha() else "other"
+
+
+def profile(group: Runs, steps: int) -> dict:
+    """Per step: aten ops launched, self CPU time by kind of op (ms), product FLOPs."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    group.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if group.device.type == "cuda" else [])
+    with torch_profile(activities=activities, with_flops=True) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            group.step()
+        sync(group.device)
+        wall = (time.perf_counter() - start) / steps
+    by_kind, ops, flops = defaultdict(float), 0, 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        if event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"):
+            ops += 1  # an op the Python side launched, not one another aten op called
+        by_kind[op_kind(event.name)] += event.self_cpu_time_total / 1e3
+        flops += event.flops or 0
+    return {
+        "wall": wall * 1e3,
+        "ops": ops / steps,
+        "flops": flops / steps,
+        **{k: v / steps for k, v in by_kind.items()},
+    }
+
+
+def config_section(paths: list[str]) -> dict:
+    config = {}
+    for path in paths:
+        for key, value in yaml.safe_load(open(path)).items():
+            config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
+    validate(config)
+    return config["attention"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", default=["config.yaml"], help="config files, merged in order")
-    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--attentions", nargs="*", help="only these kinds (default: the config's)")
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = {}
-    for path in args.config:
-        for key, value in yaml.safe_load(open(path)).items():
-            config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
-    validate(config)
-    section = config["attention"]
+    device = torch.device(args.device)
+    section = config_section(args.config)
     cfg = AttentionStudyConfig.from_config(section)
-    cells = [(model, attention) for model in section["models"] for attention in section["attentions"]]
-    times = {cell: [] for cell in cells}
-    for _ in range(args.repeats):
-        for cell in cells:
-            times[cell].append(step_time(cfg, *cell, args.steps))
+    cells = [(model, kind) for model in section["models"] for kind in args.attentions or section["attentions"]]
+    seeds = range(args.runs)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(
         f"batch {cfg.batch_size} x T {cfg.train_len}, d {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers, "
-        f"{args.threads} thread(s); median of {args.repeats} x {args.steps} steps"
+        f"{args.runs} runs, {args.threads} thread(s), {name}, torch {torch.__version__}"
     )
-    print("| model | attention | ms a step | x standard |\n| --- | --- | ---: | ---: |")
-    for model, attention in cells:
-        ms = 1e3 * statistics.median(times[model, attention])
-        reference = times.get((model, "standard"))
-        ratio = f"{ms / (1e3 * statistics.median(reference)):.2f}" if reference else "-"
-        print(f"| {model} | {attention} | {ms:.2f} | {ratio} |")
+    if args.profile:
+        kinds = ("products", "elementwise", "reductions", "copies and views", "other")
+        print(f"per step of one run, {args.steps} steps profiled (torch.profiler; self CPU time of aten ops)")
+        print(
+            "| model | attention | runs at once | ms a step | ms a run-step | aten ops | "
+            + " | ".join(f"{k} ms" for k in kinds)
+            + " | MFLOP a run-step | products GFLOP/s |\n| --- | --- | ---: |"
+            + " ---: |" * (5 + len(kinds))
+        )
+        for model, kind in cells:
+            for runs in (1, args.runs):
+                p = profile(Runs(cfg, model, kind, range(runs), device), args.steps)
+                print(
+                    f"| {model} | {kind} | {runs} | {p['wall']:.2f} | {p['wall'] / runs:.2f} | {p['ops']:.0f} | "
+                    + " | ".join(f"{p.get(k, 0.0):.2f}" for k in kinds)
+                    + f" | {p['flops'] / runs / 1e6:.0f} | {p['flops'] / 1e6 / max(p.get('products', 0), 1e-9):.1f} |"
+                )
+        return
+    times = defaultdict(list)
+    for _ in range(args.repeats):
+        for cell in cells:
+            alone = [Runs(cfg, *cell, [seed], device) for seed in seeds]
+            times[cell, "alone"].append(step_time(alone, args.steps))
+            times[cell, "together"].append(step_time([Runs(cfg, *cell, seeds, device)], args.steps))
+    print(f"median of {args.repeats} x {args.steps} steps of all {args.runs} runs")
+    print(
+        "| model | attention | one at a time ms | at once ms | at once / one at a time | ms a run-step at once | x standard |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for model, kind in cells:
+        alone, together = (1e3 * statistics.median(times[(model, kind), way]) for way in ("alone", "together"))
+        reference = times.get(((model, "standard"), "together"))
+        ratio = f"{together / (1e3 * statistics.median(reference)):.2f}" if reference else "-"
+        print(
+            f"| {model} | {kind} | {alone:.1f} | {together:.1f} | {together / alone:.2f} | "
+            f"{together / args.runs:.2f} | {ratio} |"
+        )
 
 
 if __name__ == "__main__":
