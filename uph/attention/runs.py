@@ -176,18 +176,18 @@ class RunAdamW:
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
     ):
-        self.params, self.lrs, self.weight_decay = list(params), list(lrs), weight_decay
+        self.params, self.weight_decay = list(params), weight_decay
         self.betas, self.eps, self.t = betas, eps, 0
+        # in double, as torch computes its scalars, and on the device: no copy to it, so no wait, each step
+        self.lrs = torch.tensor(lrs, dtype=torch.float64, device=self.params[0].device)
         self.m = [torch.zeros_like(p) for p in self.params]
         self.v = [torch.zeros_like(p) for p in self.params]
 
     @torch.no_grad()
     def step(self, factor: float = 1.0) -> None:
         (b1, b2), self.t = self.betas, self.t + 1
-        device = self.params[0].device
-        lrs = [lr * factor for lr in self.lrs]  # in double, as torch computes its scalars
-        decay = torch.tensor([1 - lr * self.weight_decay for lr in lrs], device=device)
-        step = torch.tensor([lr / (1 - b1**self.t) for lr in lrs], device=device)
+        lrs = self.lrs * factor
+        decay, step = (1 - lrs * self.weight_decay).float(), (lrs / (1 - b1**self.t)).float()
         root = math.sqrt(1 - b2**self.t)
         for p, m, v in zip(self.params, self.m, self.v):
             g = p.grad
@@ -201,4 +201,4 @@ class RunAdamW:
         """Keep the runs `index` of the moments and lrs; `params`: the model's after keep_runs."""
         self.params = list(params)
         self.m, self.v = [m[index] for m in self.m], [v[index] for v in self.v]
-        self.lrs = [self.lrs[i] for i in index.tolist()]
+        self.lrs = self.lrs[index]

@@ -79,8 +79,12 @@ def run_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def stacked(batches: list[Batch], device: torch.device) -> Batch:
-    """One batch per run -> a Batch of [R, ...] tensors on `device`."""
-    return Batch(*(torch.stack(parts).to(device) for parts in zip(*batches)))
+    """One batch per run -> a Batch of [R, ...] tensors on `device` (to a GPU from pinned memory, without
+    waiting for the steps queued before it)."""
+    parts = [torch.stack(part) for part in zip(*batches)]
+    if device.type == "cuda":
+        return Batch(*(part.pin_memory().to(device, non_blocking=True) for part in parts))
+    return Batch(*(part.to(device) for part in parts))
 
 
 PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
