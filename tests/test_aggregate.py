@@ -851,3 +851,22 @@ def test_user_ids_are_read_back_as_written(tmp_path):
     assert back[["theta_user", "text_user"]].values.tolist() == matrix[["theta_user", "text_user"]].values.tolist()
     assert (back["theta_user"] == back["text_user"]).sum() == len(ids)
     assert back["delta_nll"].dtype == float
+
+
+def test_the_summary_names_each_run_stopped_at_its_step_limit_and_why():
+    from uph.report.summary import _steps
+
+    runs = pd.DataFrame(
+        {
+            "model": "residual",
+            "attention": ["standard", "standard", "triple_capped", "triple_capped"],
+            "seed": [0, 1, 0, 1],
+            "steps_run": [800, 900, 4000, 1500],
+            "best_step": [600, 700, 3900, 1300],
+            "at_step_limit": [False, False, True, False],
+            "steps_to_99": [300, 350, np.nan, 1200],
+        }
+    )
+    (line,) = _steps(runs)
+    assert "standard 850, 0.99 at 325 (2 of 2)" in line
+    assert "triple_capped 2750 (1 of 2 at the step limit: seed 0 still improving, best at step 3900 of 4000)" in line

@@ -331,8 +331,9 @@ def _lengths(table: pd.DataFrame) -> list[str]:
 
 def _steps(table: pd.DataFrame) -> list[str]:
     """Per kind at its chosen lr: the steps its runs took (mean over seeds), how many stopped at the step
-    limit rather than by patience, and the mean first step at 0.99 validation accuracy over the seeds
-    that reached it (sample efficiency)."""
+    limit rather than by patience, each by seed with why (its validation loss still fell within patience
+    evaluations of the limit: its best step), and the mean first step at 0.99 validation accuracy over the
+    seeds that reached it (sample efficiency)."""
     if "steps_run" not in table:
         return []
     runs = table.drop_duplicates(["model", "attention", "seed"])
@@ -342,14 +343,20 @@ def _steps(table: pd.DataFrame) -> list[str]:
         several = runs["model"].nunique() > 1
         parts.append(
             f"{attention}{f' ({model})' if several else ''} {kind['steps_run'].mean():.0f}"
-            + (
-                f" ({int(kind['at_step_limit'].sum())} of {len(kind)} at the step limit)"
-                if kind["at_step_limit"].any()
-                else ""
-            )
+            + (_at_limit(kind) if kind["at_step_limit"].any() else "")
             + (f", 0.99 at {reached.mean():.0f} ({len(reached)} of {len(kind)})" if len(reached) else ", never 0.99")
         )
     return ["steps run, mean over seeds (trained to convergence): " + "; ".join(parts)]
+
+
+def _at_limit(kind: pd.DataFrame) -> str:
+    """' (k of n at the step limit: seed s still improving, best at step b of its steps, ...)'."""
+    stopped = kind[kind["at_step_limit"].astype(bool)]
+    named = ", ".join(
+        f"seed {row.seed} still improving, best at step {row.best_step:.0f} of {row.steps_run:.0f}"
+        for row in stopped.itertuples()
+    )
+    return f" ({len(stopped)} of {len(kind)} at the step limit: {named})"
 
 
 def _solved(table: pd.DataFrame, threshold: float = 0.99) -> list[str]:
