@@ -41,7 +41,7 @@ class Runs:
     def __init__(self, cfg: AttentionStudyConfig, model_name: str, attention: str, seeds, device):
         self.cfg, self.device = cfg, device
         self.model = build_model(model_name, attention, cfg, list(seeds)).to(device)
-        self.optimizer = RunAdamW(list(self.model.parameters()), [1e-3] * len(seeds), cfg.weight_decay)
+        self.optimizer = RunAdamW(self.model, [1e-3] * len(seeds), cfg.weight_decay)
         self.streams = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def step(self) -> None:

@@ -11,7 +11,7 @@ import torch.nn as nn
 from test_attention_study import study
 
 from uph.attention.model import build_model
-from uph.attention.runs import RunAdamW, RunLinear, clip_grad_norms, keep_runs
+from uph.attention.runs import RunAdamW, RunLinear
 from uph.attention.self_attention import ATTENTIONS
 from uph.attention.training import train_runs
 
@@ -40,39 +40,46 @@ def test_each_run_starts_where_the_torch_layers_built_under_its_seed_start():
 
 
 def test_adamw_and_clipping_per_run_are_torchs_on_each_run():
-    """Two runs of a linear map at lrs 0.01 and 0.003, with gradients clipped to norm 0.5, step as two
-    nn.Linear with torch.optim.AdamW and clip_grad_norm_ do, each on its own data (float32 rounding)."""
+    """Two runs of a model of two maps at lrs 0.01 and 0.003, with gradients clipped to norm 0.1, step as
+    two torch models of nn.Linear with torch.optim.AdamW and clip_grad_norm_ do, each on its own data, up
+    to float32 rounding (the norms sum in another order); a run then left alone steps as before."""
     torch.manual_seed(0)
-    stacked_map = RunLinear(2, 6, 4)
-    alone = [nn.Linear(6, 4, bias=False) for _ in range(2)]
-    for r, linear in enumerate(alone):
-        linear.weight.data.copy_(stacked_map.weight.data[r])
+    stacked_model = nn.Sequential(RunLinear(2, 6, 5), nn.Tanh(), RunLinear(2, 5, 4))
+    alone = [nn.Sequential(nn.Linear(6, 5, bias=False), nn.Tanh(), nn.Linear(5, 4, bias=False)) for _ in range(2)]
+    for r, model in enumerate(alone):
+        for mine, theirs in zip(stacked_model.parameters(), model.parameters()):
+            theirs.data.copy_(mine.data[r])
     lrs = [0.01, 0.003]
-    optimizer = RunAdamW([stacked_map.weight], lrs, weight_decay=0.1)
-    references = [torch.optim.AdamW(linear.parameters(), lr=lr, weight_decay=0.1) for linear, lr in zip(alone, lrs)]
-    for _ in range(5):
-        x, y = torch.randn(2, 10, 6), torch.randn(2, 10, 4)
-        stacked_map.weight.grad = None
-        (stacked_map(x) - y).square().mean((1, 2)).sum().backward()
-        norms = clip_grad_norms([stacked_map.weight], 0.5)
+    optimizer = RunAdamW(stacked_model, lrs, weight_decay=0.1)
+    references = [torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1) for model, lr in zip(alone, lrs)]
+    for step in range(6):
+        if step == 4:  # run 0 leaves the batch; run 1 goes on as the only run
+            optimizer.keep_runs(torch.tensor([1]))
+            alone, references = alone[1:], references[1:]
+        x, y = torch.randn(len(alone), 10, 6), torch.randn(len(alone), 10, 4)
+        optimizer.zero_grad()
+        (stacked_model(x) - y).square().mean((1, 2)).sum().backward()
+        norms = optimizer.clip_grad_norms(0.1)
         optimizer.step()
-        for r, (linear, reference) in enumerate(zip(alone, references)):
+        for r, (model, reference) in enumerate(zip(alone, references)):
             reference.zero_grad()
-            (linear(x[r]) - y[r]).square().mean().backward()
-            norm = torch.nn.utils.clip_grad_norm_(linear.parameters(), 0.5)
+            (model(x[r]) - y[r]).square().mean().backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
             reference.step()
             assert norms[r].item() == pytest.approx(norm.item(), rel=1e-6)
-            torch.testing.assert_close(stacked_map.weight[r], linear.weight, rtol=1e-6, atol=1e-7)
-    assert (norms > 0.5).all()  # the clipping was exercised
+            assert norm.item() > 0.1  # the clipping was exercised
+            for mine, theirs in zip(stacked_model.parameters(), model.parameters()):
+                torch.testing.assert_close(mine[r], theirs, rtol=1e-6, atol=1e-7)
 
 
 def test_a_kept_subset_of_runs_computes_what_those_runs_computed():
     torch.manual_seed(0)
     model = build_model("residual", "triple_capped", TINY, [0, 1, 2])
+    optimizer = RunAdamW(model, [0.01] * 3, weight_decay=0.1)
     tokens = torch.randint(0, TINY.vocab, (3, 4, 12))
     with torch.no_grad():
         before = model(tokens)
-        keep_runs(model, torch.tensor([0, 2]))
+        optimizer.keep_runs(torch.tensor([0, 2]))
         torch.testing.assert_close(model(tokens[[0, 2]]), before[[0, 2]], rtol=0, atol=0)
     with pytest.raises(ValueError, match="leading run dimension"):
         model(tokens[0])

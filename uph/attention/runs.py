@@ -4,8 +4,8 @@ A tensor that flows through these layers is [R, ...]; run r's slice only ever me
 so R runs cost one kernel per op instead of R. At the attention study's sizes (32-wide matrices,
 768 tokens a step) one run leaves a CPU core mostly in per-op overhead and a GPU idle; R runs fill
 both. Each run keeps everything a run trained alone has: its initial weights (`init_runs`), its own
-lr, Adam moments, gradient clipping (`clip_grad_norms`) and best weights; a finished run leaves the
-batch (`keep_runs`) and stops costing.
+lr, Adam moments, gradient clipping and best weights (RunAdamW); a finished run leaves the batch
+(RunAdamW.keep_runs) and stops costing.
 
     RunLinear:     y[r] = x[r] W[r]^T            W [R, out, in]: one batched product
     RunEmbedding:  y[r] = E[r][tokens[r]]        E [R, V, C]: one lookup in the flat [R V, C] table
@@ -70,7 +70,7 @@ class RunEmbedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         R, vocab, dim = self.weight.shape
         offsets = _per_run(torch.arange(R, device=tokens.device) * vocab, tokens)
-        return F.embedding(tokens + offsets, self.weight.view(R * vocab, dim))
+        return F.embedding(tokens + offsets, self.weight.reshape(R * vocab, dim))  # a copy where RunAdamW holds it
 
 
 class RunRMSNorm(nn.Module):
@@ -140,11 +140,6 @@ def load_runs(model: nn.Module, states: Sequence[dict[str, torch.Tensor]]) -> nn
     return model
 
 
-def keep_runs(model: nn.Module, index: torch.Tensor) -> None:
-    """Keep only the runs `index` [K] (positions in the current run order) of every weight, without gradients."""
-    _replace_parameters(model, lambda name, p: p[index])
-
-
 def grad_norms(parameters: Sequence[torch.Tensor]) -> torch.Tensor:
     """[R] each run's L2 norm of the gradients its slices of `parameters` hold (NaN if none do)."""
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -153,52 +148,75 @@ def grad_norms(parameters: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]), dim=0)
 
 
-def clip_grad_norms(parameters: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """torch.nn.utils.clip_grad_norm_ for each run on its own: run r's gradients times
-    min(1, max_norm / (||g_r|| + 1e-6)); returns the norms before clipping [R]."""
-    norms = grad_norms(parameters)
-    scale = (max_norm / (norms + 1e-6)).clamp_(max=1.0)
-    for p in parameters:
-        if p.grad is not None:
-            p.grad.mul_(_per_run(scale, p.grad))
-    return norms
-
-
 class RunAdamW:
-    """torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8) over run-stacked parameters, run r at lrs[r] times the
-    schedule's factor; the step count is shared (the runs of a batch start together)."""
+    """torch.optim.AdamW (betas 0.9, 0.999, eps 1e-8) and clip_grad_norm_ for each run of `model`, run r at
+    lrs[r] times the schedule's factor; the step count is shared (the runs of a batch start together).
+
+    The model's weights live in one buffer [R, N], row r all of run r's N weights (its parameters become
+    views of it), and so do their moments and, gathered by one cat after backward, their gradients: a step
+    is a dozen ops on that buffer whatever the number of weights, not a dozen per weight, and a per-run
+    scalar is a column [R, 1]. (Gradients written straight into views of one buffer cost more: autograd
+    adds each into its view instead of handing it over.)"""
 
     def __init__(
         self,
-        params: Sequence[nn.Parameter],
+        model: nn.Module,
         lrs: Sequence[float],
         weight_decay: float,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
     ):
-        self.params, self.weight_decay = list(params), weight_decay
-        self.betas, self.eps, self.t = betas, eps, 0
+        self.model, self.weight_decay, self.betas, self.eps, self.t = model, weight_decay, betas, eps, 0
+        device = next(model.parameters()).device
         # in double, as torch computes its scalars, and on the device: no copy to it, so no wait, each step
-        self.lrs = torch.tensor(lrs, dtype=torch.float64, device=self.params[0].device)
-        self.m = [torch.zeros_like(p) for p in self.params]
-        self.v = [torch.zeros_like(p) for p in self.params]
+        self.lrs = torch.tensor(lrs, dtype=torch.float64, device=device)
+        weights = torch.cat([p.detach().reshape(len(lrs), -1) for p in model.parameters()], dim=1)
+        self._hold(weights, torch.zeros_like(weights), torch.zeros_like(weights))
+
+    def _hold(self, weights: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
+        """Hold the buffers [R, N] (fresh, contiguous) and the model's parameters as views of the weights."""
+        self.flat, self.m, self.v = weights.contiguous(), m.contiguous(), v.contiguous()
+        runs, offset = self.flat.shape[0], 0
+        self.params, self.grad = [], None
+        for module in self.model.modules():
+            for name, p in list(module._parameters.items()):
+                shape, size = (runs, *p.shape[1:]), p[0].numel()
+                module._parameters[name] = nn.Parameter(self.flat[:, offset : offset + size].view(shape))
+                self.params.append(module._parameters[name])
+                offset += size
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.grad = None
+
+    def _gradients(self) -> torch.Tensor:
+        """[R, N] the gradients backward left, gathered once after it."""
+        if self.grad is None:
+            self.grad = torch.cat([p.grad.reshape(p.shape[0], -1) for p in self.params], dim=1)
+        return self.grad
+
+    @torch.no_grad()
+    def clip_grad_norms(self, max_norm: float) -> torch.Tensor:
+        """torch.nn.utils.clip_grad_norm_ for each run on its own: run r's gradients (gathered into one buffer
+        for `step`) times min(1, max_norm / (||g_r|| + 1e-6)); returns the norms before clipping [R]."""
+        norms = torch.linalg.vector_norm(self._gradients(), dim=1)
+        self.grad.mul_((max_norm / (norms + 1e-6)).clamp_(max=1.0)[:, None])
+        return norms
 
     @torch.no_grad()
     def step(self, factor: float = 1.0) -> None:
         (b1, b2), self.t = self.betas, self.t + 1
         lrs = self.lrs * factor
-        decay, step = (1 - lrs * self.weight_decay).float(), (lrs / (1 - b1**self.t)).float()
-        root = math.sqrt(1 - b2**self.t)
-        for p, m, v in zip(self.params, self.m, self.v):
-            g = p.grad
-            p.mul_(_per_run(decay, p))
-            m.lerp_(g, 1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denominator = (v.sqrt() / root).add_(self.eps)
-            p.addcdiv_(m * _per_run(step, m), denominator, value=-1)
+        decay, step = (1 - lrs * self.weight_decay).float()[:, None], (lrs / (1 - b1**self.t)).float()[:, None]
+        grad = self._gradients()
+        self.flat.mul_(decay)
+        self.m.lerp_(grad, 1 - b1)
+        self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        denominator = (self.v.sqrt() / math.sqrt(1 - b2**self.t)).add_(self.eps)
+        self.flat.addcdiv_(self.m * step, denominator, value=-1)
 
-    def keep_runs(self, index: torch.Tensor, params: Sequence[nn.Parameter]) -> None:
-        """Keep the runs `index` of the moments and lrs; `params`: the model's after keep_runs."""
-        self.params = list(params)
-        self.m, self.v = [m[index] for m in self.m], [v[index] for v in self.v]
+    def keep_runs(self, index: torch.Tensor) -> None:
+        """Keep the runs `index` [K] (positions in the current run order) of the model, its moments and lrs."""
+        self._hold(self.flat[index], self.m[index], self.v[index])
         self.lrs = self.lrs[index]

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from uph.attention.model import attention_grad_norm, attention_stats, build_model
-from uph.attention.runs import RunAdamW, clip_grad_norms, keep_runs, load_runs, run_state
+from uph.attention.runs import RunAdamW, load_runs, run_state
 from uph.attention.self_attention import KINDS
 from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
@@ -102,11 +102,10 @@ def train_step(
     gradient of its own mean loss, clipped to its own norm `grad_clip`. Returns the losses [R] and, if
     `measure`, each run's attention gradient norm before clipping [R]."""
     losses = run_losses(model(batch.inputs, batch.loud), batch.targets)
-    for p in model.parameters():
-        p.grad = None
+    optimizer.zero_grad()
     losses.sum().backward()  # run r's loss depends on run r's weights only
     grad_norm = attention_grad_norm(model) if measure else None
-    clip_grad_norms(list(model.parameters()), grad_clip)
+    optimizer.clip_grad_norms(grad_clip)
     optimizer.step(lr_factor)
     return losses.detach(), grad_norm
 
@@ -136,7 +135,7 @@ def train_runs(
     that stops leaves the batch. Returns each run's RunResult, in order."""
     seeds = [seed for _, seed in runs]
     model = build_model(model_name, attention, cfg, seeds).to(device)
-    optimizer = RunAdamW(list(model.parameters()), [lr for lr, _ in runs], cfg.weight_decay)
+    optimizer = RunAdamW(model, [lr for lr, _ in runs], cfg.weight_decay)  # holds the weights from here on
     factor = schedule(cfg)
     streams = [torch.Generator().manual_seed(seed) for seed in seeds]
     L, limit = cfg.train_len, step_limit(cfg)
@@ -202,8 +201,7 @@ def train_runs(
             if not active:
                 break
             index = torch.tensor(keep, device=device)
-            keep_runs(model, index)
-            optimizer.keep_runs(index, list(model.parameters()))
+            optimizer.keep_runs(index)
             val, running = Batch(*(t[index] for t in val)), running[index]
     for i in active:
         results[i] = _converged(rows[i], best[i], best_state[i], step, at_step_limit=waited[i] < cfg.patience)
