@@ -1179,7 +1179,15 @@ def test_ctrl_c_stops_every_job_without_a_traceback_and_the_rerun_resumes(tiny_s
     log_path = tmp_path / "interrupted.log"
     with open(log_path, "w") as log:
         command = snakemake_command(workdir, "--forcerun", "validate", *LM_TABLES)
-        run = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # SIGINT at its default, as a terminal's shell starts Snakemake: a test run in the background
+        # (`make test &`) ignores SIGINT, and a child inherits that
+        run = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         deadline = time.monotonic() + 300
         while " validate INFO 4 users x " not in log_path.read_text():
             assert run.poll() is None, log_path.read_text()[-3000:]
