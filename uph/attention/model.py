@@ -37,8 +37,7 @@ class OneLayerModel(nn.Module):
         self.unembed = RunLinear(runs, d_model, vocab)
 
     def forward(self, tokens: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
-        tokens, one = with_run_dim(tokens, runs_of(self), 2)
-        loud = None if loud is None else with_run_dim(loud, tokens.shape[0], 2)[0]
+        tokens, loud, one = with_run_dim(tokens, loud, runs_of(self), 2)
         logits = self.unembed(self.attention(self.embed(tokens), loud))
         return logits[0] if one else logits
 
@@ -66,8 +65,7 @@ class ResidualModel(nn.Module):
         self.unembed = RunLinear(runs, d_model, vocab)
 
     def forward(self, tokens: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
-        tokens, one = with_run_dim(tokens, runs_of(self), 2)
-        loud = None if loud is None else with_run_dim(loud, tokens.shape[0], 2)[0]
+        tokens, loud, one = with_run_dim(tokens, loud, runs_of(self), 2)
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, loud)

@@ -110,14 +110,16 @@ def runs_of(model: nn.Module) -> int:
     return next(model.parameters()).shape[0]
 
 
-def with_run_dim(x: torch.Tensor, runs: int, dims: int) -> tuple[torch.Tensor, bool]:
-    """(x with a leading run dimension, whether one was added): a one-run model also reads x without it
-    (`dims` dimensions, e.g. tokens [B, T]); R runs need x [R, ...]."""
+def with_run_dim(
+    x: torch.Tensor, loud: torch.Tensor | None, runs: int, dims: int
+) -> tuple[torch.Tensor, torch.Tensor | None, bool]:
+    """(x and `loud` with a leading run dimension, whether one was added): a one-run model also reads x
+    without it (`dims` dimensions, e.g. tokens [B, T], and loud [B, T]); R runs need x [R, ...]."""
     if x.dim() == dims:
         if runs != 1:
             raise ValueError(f"a model of {runs} runs reads inputs with a leading run dimension, not {tuple(x.shape)}")
-        return x[None], True
-    return x, False
+        return x[None], (None if loud is None else loud[None]), True
+    return x, loud, False
 
 
 def run_state(model: nn.Module, r: int) -> dict[str, torch.Tensor]:
@@ -125,18 +127,19 @@ def run_state(model: nn.Module, r: int) -> dict[str, torch.Tensor]:
     return {name: p.detach()[r].clone() for name, p in model.named_parameters()}
 
 
-def _replace_parameters(model: nn.Module, make) -> None:
-    """Every parameter of `model` replaced by a new one holding make(name, parameter) (new leaves: autograd
-    keeps a parameter's shape, so runs are never cut out of one in place)."""
-    for module_name, module in model.named_modules():
-        for name, p in list(module._parameters.items()):
-            full = f"{module_name}.{name}" if module_name else name
-            module._parameters[name] = nn.Parameter(make(full, p.detach()))
+def _set_parameters(model: nn.Module, tensors: Sequence[torch.Tensor]) -> list[nn.Parameter]:
+    """Every parameter of `model`, in parameters() order, replaced by a new one holding the next of `tensors`
+    (new leaves: autograd keeps a parameter's shape, so runs are never cut out of one in place); returns them."""
+    slots = [(module, name) for module in model.modules() for name in module._parameters]
+    for (module, name), tensor in zip(slots, tensors, strict=True):
+        module._parameters[name] = nn.Parameter(tensor)
+    return [module._parameters[name] for module, name in slots]
 
 
 def load_runs(model: nn.Module, states: Sequence[dict[str, torch.Tensor]]) -> nn.Module:
     """Set the model's runs to `states` (run_state's), one run each, in order; returns the model."""
-    _replace_parameters(model, lambda name, p: torch.stack([state[name] for state in states]).to(p.device))
+    stacked = [torch.stack([state[name] for state in states]).to(p.device) for name, p in model.named_parameters()]
+    _set_parameters(model, stacked)
     return model
 
 
@@ -176,14 +179,12 @@ class RunAdamW:
     def _hold(self, weights: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> None:
         """Hold the buffers [R, N] (fresh, contiguous) and the model's parameters as views of the weights."""
         self.flat, self.m, self.v = weights.contiguous(), m.contiguous(), v.contiguous()
-        runs, offset = self.flat.shape[0], 0
-        self.params, self.grad = [], None
-        for module in self.model.modules():
-            for name, p in list(module._parameters.items()):
-                shape, size = (runs, *p.shape[1:]), p[0].numel()
-                module._parameters[name] = nn.Parameter(self.flat[:, offset : offset + size].view(shape))
-                self.params.append(module._parameters[name])
-                offset += size
+        runs, offset, views = self.flat.shape[0], 0, []
+        for p in self.model.parameters():
+            size = p[0].numel()
+            views.append(self.flat[:, offset : offset + size].view(runs, *p.shape[1:]))
+            offset += size
+        self.params, self.grad = _set_parameters(self.model, views), None
 
     def zero_grad(self) -> None:
         for p in self.params:

@@ -84,7 +84,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from uph.attention.runs import RunLinear, with_run_dim
+from uph.attention.runs import RunLinear, runs_of, with_run_dim
 
 SIMPLICIAL_BLOCK = 2**22  # most score entries in one block of queries of the 2-simplicial kernel (16 MiB in float32)
 SIMPLICIAL_QUERIES = 8  # most queries in one block
@@ -462,8 +462,8 @@ class CausalSelfAttention(nn.Module):
     def heads(self, x: torch.Tensor, loud: torch.Tensor | None = None):
         """q, k, r (None for a kind without it), v [R, B, n_head, T, head width] as the score sees them
         ([B, n_head, T, head width] for x [B, T, C])."""
-        x, one = with_run_dim(x, self.out.weight.shape[0], 3)
-        vectors = self._heads(x, None if loud is None else with_run_dim(loud, x.shape[0], 2)[0])
+        x, loud, one = with_run_dim(x, loud, runs_of(self), 3)
+        vectors = self._heads(x, loud)
         return tuple(t[0] if one and t is not None else t for t in vectors)
 
     def _heads(self, x: torch.Tensor, loud: torch.Tensor | None):
@@ -486,8 +486,8 @@ class CausalSelfAttention(nn.Module):
         return q, k, (r[0] if r else None), v[0]
 
     def forward(self, x: torch.Tensor, loud: torch.Tensor | None = None) -> torch.Tensor:
-        x, one = with_run_dim(x, self.out.weight.shape[0], 3)
-        q, k, r, v = self._heads(x, None if loud is None else with_run_dim(loud, x.shape[0], 2)[0])
+        x, loud, one = with_run_dim(x, loud, runs_of(self), 3)
+        q, k, r, v = self._heads(x, loud)
         if self.measure_scores:
             self.score_abs = score_magnitude(self.kind, q, k, r)
         kind = KINDS[self.kind]

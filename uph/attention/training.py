@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -116,10 +116,10 @@ class RunResult:
     validation metrics, whether it diverged, and PROGRESS's values."""
 
     state: dict[str, torch.Tensor]
-    rows: list[dict] = field(default_factory=list)
-    final: dict[str, float] = field(default_factory=dict)
-    diverged: bool = False
-    progress: dict = field(default_factory=dict)
+    rows: list[dict]
+    final: dict[str, float]
+    diverged: bool
+    progress: dict
 
 
 def train_runs(
