@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO, snakemake
 
 import uph.attention.self_attention as self_attention
+import uph.attention.training
 from uph.attention.model import ResidualModel, attention_stats, build_model
 from uph.attention.runs import load_runs
 from uph.attention.self_attention import ATTENTIONS, AttentionKind
@@ -27,6 +28,7 @@ from uph.attention.training import (
     first_step,
     lr_edge,
     run_cell,
+    split_seeds,
     stacked,
     train_runs,
 )
@@ -238,6 +240,31 @@ def test_a_cell_sweeps_lrs_on_the_sweep_seeds_then_tests_every_seed_at_the_chose
     pd.testing.assert_frame_equal(evaluation, again)
 
 
+def test_a_cell_whose_seeds_split_trains_more_seeds_at_its_lr():
+    """split_seeds: runs at the chosen lr that split between solving (val token accuracy >= 0.99) and not
+    (a diverged run counts as not) get seeds max + 1, ... up to the number wanted; agreeing runs, or None
+    wanted, get none. run_cell tests the added seeds beside the others at the chosen lr."""
+    sweep = pd.DataFrame(
+        {
+            "lr": [0.01, 0.01, 0.01, 0.001],
+            "seed": [0, 1, 2, 0],
+            "val_token_acc": [1.0, 0.44, 0.995, 0.3],
+            "diverged": [False, False, False, False],
+        }
+    )
+    assert split_seeds(sweep, 0.01, [0, 1, 2], 6) == [3, 4, 5]
+    assert split_seeds(sweep, 0.01, [0, 1, 2], None) == [] and split_seeds(sweep, 0.001, [0], 6) == []
+    solved_or_diverged = sweep.assign(val_token_acc=1.0, diverged=[False, True, False, False])
+    assert split_seeds(solved_or_diverged, 0.01, [0, 1, 2], 6) == [3, 4, 5]
+    assert split_seeds(sweep.assign(val_token_acc=1.0), 0.01, [0, 1, 2], 6) == []
+    cell = dataclasses.replace(CELL, seeds=(0, 1), seeds_if_split=3, lrs=(0.01,), lr_extensions=0, max_steps=4, log_every=2)
+    with pytest.MonkeyPatch.context() as patch:  # whatever the runs reached, call them split
+        patch.setattr(uph.attention.training, "split_seeds", lambda s, lr, seeds, wanted: [2])
+        _, sweep, evaluation = run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"))
+    assert sorted(sweep["seed"]) == [0, 1, 2] and sorted(evaluation["seed"].unique()) == [0, 1, 2]
+    assert set(evaluation["lr"]) == {0.01} and evaluation["token_acc"].notna().all()
+
+
 def test_the_lr_sweep_extends_past_the_end_its_best_lr_sits_at():
     """lr_edge and extension: a best lr at the low (high) end of the lrs tried gets one lr_step lower
     (higher), never above 1; inside, or the only lr tried (no direction), none."""
@@ -260,6 +287,7 @@ def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
         ({"items": 12, "distractors": 4}, "config key 'attention.items': loud_copy needs items + distractors = 16"),
         ({"pairs": [2, 9]}, "config key 'attention.pairs': mqar with 9 pairs needs attention.train_len >= 27"),
         ({"sweep_seeds": 6}, "config key 'attention.sweep_seeds': 6 is more than the 5 attention.seeds"),
+        ({"seeds_if_split": 4}, "config key 'attention.seeds_if_split': 4 is fewer than the 5 attention.seeds"),
         ({"d_model": 12, "n_head": 4}, "config key 'attention.d_model': 12 must split"),
         (
             {"d_model": 24, "n_head": 4, "attentions": ["standard", "diff"]},

@@ -505,6 +505,11 @@ def _check_attention(study: dict) -> None:
             f"config key 'attention.sweep_seeds': {study['sweep_seeds']} is more than the "
             f"{len(study['seeds'])} attention.seeds"
         )
+    if study["seeds_if_split"] is not None and study["seeds_if_split"] < len(study["seeds"]):
+        raise ConfigError(
+            f"config key 'attention.seeds_if_split': {study['seeds_if_split']} is fewer than the "
+            f"{len(study['seeds'])} attention.seeds it adds to"
+        )
     vocab, length = study["vocab"], study["train_len"]
     copies = {"offset_copy": 0, "loud_copy": study["distractors"]}
     for task, distractors in copies.items():

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from uph.config import dataclass_fields
 
 
+SOLVED = 0.99  # token accuracy from which a run counts as having solved its task (validation or test)
+
+
 @dataclass(frozen=True)
 class AttentionStudyConfig:
     """The `attention:` config section as one training job reads it: every key but the models and
@@ -18,6 +21,7 @@ class AttentionStudyConfig:
     tasks: tuple[str, ...]
     seeds: tuple[int, ...]
     sweep_seeds: int
+    seeds_if_split: int | None
     lrs: tuple[float, ...]
     lr_extensions: int
     lr_step: float

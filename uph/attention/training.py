@@ -7,7 +7,11 @@ the best lr is an end of the lrs tried, the sweep tries one more `lr_step` beyon
 `lr_extensions` times (never above 1); a choice still at an end is flagged `lr_at_edge` (low, high,
 or both when only one lr was tried), so a budget-bound "best" lr is never taken for an optimum. The
 runs at the chosen lr are then tested at train_len and every eval factor times it, on each level
-of the task (uph.attention.tasks.levels). Validation and test sets are disjoint streams of fresh
+of the task (uph.attention.tasks.levels). Where the runs at the chosen lr split (some solve the
+task's validation set, token accuracy >= SOLVED, some do not: a bimodal kind, whose mean over a few seeds
+float32 rounding can swing), the cell trains more seeds at that lr, up to `seeds_if_split` in all
+(split_seeds), so its mean, interval and share of seeds solved rest on enough seeds to agree across
+machines. Validation and test sets are disjoint streams of fresh
 sequences: training batches come from a generator seeded with the seed, validation from
 seed * STREAM + 1, the test set of (length, level index i) from seed * STREAM + 2 + 64 * length + i.
 
@@ -43,7 +47,7 @@ import torch.nn.functional as F
 from uph.attention.model import attention_grad_norm, attention_stats, build_model
 from uph.attention.runs import RunAdamW, load_runs, run_state
 from uph.attention.self_attention import KINDS
-from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule, step_limit
+from uph.attention.study_config import SOLVED, AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
 from uph.errors import TrainingDivergedError
 
@@ -231,6 +235,17 @@ def best_lr(sweep: pd.DataFrame) -> float | None:
     return float(means.sort_values(["val_token_acc", "val_loss"], ascending=[False, True], kind="stable").index[0])
 
 
+def split_seeds(sweep: pd.DataFrame, lr: float, seeds: list[int], wanted: int | None) -> list[int]:
+    """The seeds to add to `seeds` (max(seeds) + 1, ...) until there are `wanted`, where the runs at `lr`
+    split: some solve the task's validation set (token accuracy >= SOLVED) and some do not (diverged runs
+    count as not). [] where they agree, or `wanted` is None."""
+    runs = sweep[sweep["lr"] == lr]
+    solved = (runs["val_token_acc"] >= SOLVED) & ~runs["diverged"]
+    if wanted is None or solved.all() or not solved.any():
+        return []
+    return list(range(max(seeds) + 1, max(seeds) + 1 + wanted - len(seeds)))
+
+
 def lr_edge(lr: float, tried) -> str:
     """Where `lr` sits among the lrs `tried`: "low" or "high" at an end, "both" if it is the only one,
     "" inside."""
@@ -319,8 +334,13 @@ def run_cell(
     edge = lr_edge(chosen, tried)
     if cfg.seeds[cfg.sweep_seeds :]:
         train([(chosen, seed) for seed in cfg.seeds[cfg.sweep_seeds :]])
-    final = pd.DataFrame(sweep).set_index(["lr", "seed"])
     seeds = list(cfg.seeds)
+    extra = split_seeds(pd.DataFrame(sweep), chosen, seeds, cfg.seeds_if_split)
+    if extra:
+        log.info("%s %s %s: its seeds split at lr %g; training seeds %s", task, model_name, attention, chosen, extra)
+        train([(chosen, seed) for seed in extra])
+        seeds += extra
+    final = pd.DataFrame(sweep).set_index(["lr", "seed"])
     model = load_runs(build_model(model_name, attention, cfg, seeds), [states[chosen, seed] for seed in seeds])
     model = model.to(device)
     tests = [test_sets(task, cfg, seed) for seed in seeds]

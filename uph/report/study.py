@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from uph.artifacts import COPY_TASK_RUN, FEEDBACK_RUN
+from uph.attention.study_config import SOLVED
 from uph.io import read_table
 from uph.stats import t_interval
 
@@ -85,8 +86,10 @@ def baselines_at(personalization: pd.DataFrame, solver: str, control: str = "per
 
 def over_seeds(table: pd.DataFrame, keys: list, metric: str) -> pd.DataFrame:
     """Per group of `keys`: the mean of `metric` over seeds (each seed's rows averaged first), its 95 %
-    Student-t interval over seeds (uph.stats.t_interval; NaN with one seed), and the seeds counted and
-    diverged (a diverged run's metric is NaN and is left out)."""
+    Student-t interval over seeds (uph.stats.t_interval; NaN with one seed), the seeds counted and
+    diverged (a diverged run's metric is NaN and is left out), and how many of them reach SOLVED (an
+    accuracy metric: a kind whose seeds split between solving and stalling reads as that share, not as
+    its mean alone)."""
     per_seed = table.groupby([*keys, "seed"], dropna=False)[metric].mean().reset_index()
     rows = []
     for group, runs in per_seed.groupby(keys, sort=True):
@@ -100,6 +103,7 @@ def over_seeds(table: pd.DataFrame, keys: list, metric: str) -> pd.DataFrame:
                 "ci_high": high,
                 "seeds": len(values),
                 "diverged": len(runs) - len(values),
+                "solved": int((values >= SOLVED).sum()),
             }
         )
     return pd.DataFrame(rows)

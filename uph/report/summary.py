@@ -291,15 +291,24 @@ def gram_resilience_finding(study: Study) -> list[str]:
 
 
 def _attention_cells(table: pd.DataFrame, metric: str = "token_acc") -> str:
-    """'kind mean [95 % t CI]' per (model, attention), best first, from the seeds of `table`."""
+    """'kind mean [95 % t CI]' per (model, attention), best first, from the seeds of `table`; where a kind's
+    seeds split between solving (SOLVED) and not, how many of how many solve, since its mean is then a
+    share of bimodal runs, not a typical run."""
     stats = over_seeds(table, ["model", "attention"], metric).sort_values("mean", ascending=False, kind="stable")
     several = stats["model"].nunique() > 1
     return ", ".join(
         f"{row.attention}{f' ({row.model})' if several else ''} {row.mean:.3f}"
         + (f" [{row.ci_low:.3f}, {row.ci_high:.3f}]" if row.seeds > 1 else "")
+        + (f" ({row.solved} of {row.seeds} seeds solve it)" if 0 < row.solved < row.seeds else "")
         + (f", {row.diverged} diverged" if row.diverged else "")
         for row in stats.itertuples()
     )
+
+
+def _seed_counts(table: pd.DataFrame) -> str:
+    """'5 seeds', or '5 to 10 seeds' where cells trained more (attention.seeds_if_split)."""
+    counts = table.groupby(["model", "attention"])["seed"].nunique()
+    return seeds(counts.min()) if counts.min() == counts.max() else f"{counts.min()} to {counts.max()} seeds"
 
 
 def _lengths(table: pd.DataFrame) -> list[str]:
@@ -309,7 +318,7 @@ def _lengths(table: pd.DataFrame) -> list[str]:
     levels = " (mean over its levels)" if table["level"].nunique() > 1 else ""
     facts = [
         f"at the training length ({train_len} tokens) test token accuracy{levels}, mean [95 % t CI] over "
-        f"{seeds(table['seed'].nunique())}: " + _attention_cells(table[table["eval_len"] == train_len]),
+        f"{_seed_counts(table)}: " + _attention_cells(table[table["eval_len"] == train_len]),
         "best validation lrs: "
         + ", ".join(
             f"{attention} {row.lr:g}"
