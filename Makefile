@@ -8,7 +8,7 @@ RESULTS := results
 LINT_ALLOWED := Specify a conda environment or container for each rule.
 LINT_LOG := .snakemake/lint.log
 
-.PHONY: setup reproduce test gpu-check lint dry-run clean
+.PHONY: setup reproduce test compare gpu-check lint dry-run clean
 # A failed recipe leaves no half-written target that would look up to date.
 .DELETE_ON_ERROR:
 
@@ -36,6 +36,12 @@ $(RESULTS)/report.html: $(RESULTS)/summary.md $(RESULTS)/provenance.json
 
 test: setup
 	$(BIN)/pytest -q
+
+# Does a regeneration agree with the study? RESULTS (default results/) against REFERENCE (default: the
+# committed reference/<name>/ made with the settings RESULTS records); exit 0 agree, 1 not, 2 cannot compare.
+# Tolerances and what they rest on: uph/compare.py. README: "Checking a regeneration".
+compare: setup
+	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
 
 # The CUDA path against the CPU path on this machine (README: "On a GPU"): the kernels' tests, then the
 # tiny study on CPU and on CUDA with their tables compared and timed (gpu-check/). Without a GPU: the

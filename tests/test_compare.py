@@ -1,0 +1,158 @@
+"""`make compare` (uph.compare): a regeneration against a reference, on copies of the tiny study's
+results with planted differences: beyond tolerance caught and named, at rounding level not; a choice
+that differs reported with its margin (a near tie named, a real change a disagreement); another config
+or a missing table cannot be compared."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from uph.compare import NLL_RTOL, compare_folders, find_reference, main
+from uph.io import read_table
+
+
+@pytest.fixture
+def pair(tiny_study, tmp_path):
+    """(results, reference): two copies of the tiny study's tables and record, to plant differences in."""
+    source = tiny_study.workdir / "results"
+    folders = []
+    for name in ("results", "reference"):
+        folder = tmp_path / name
+        shutil.copytree(source / "tables", folder / "tables")
+        shutil.copy(source / ".uph-config.json", folder)
+        folders.append(folder)
+    return tuple(folders)
+
+
+def edit(folder, name, change) -> pd.DataFrame:
+    table = read_table(folder / "tables" / f"{name}.csv")
+    change(table)
+    table.to_csv(folder / "tables" / f"{name}.csv", index=False)
+    return table
+
+
+def nll_scale(folder) -> float:
+    table = read_table(folder / "tables" / "personalization.csv")
+    return float(table[["base_nll", "nll"]].abs().max().max())
+
+
+def test_a_run_agrees_with_itself_and_a_rounding_level_difference_is_not_flagged(pair, capsys):
+    results, reference = pair
+    assert main([str(results), "--reference", str(reference)]) == 0
+    tol = NLL_RTOL * nll_scale(reference)
+
+    def nudge(table):  # every NLL moved by half the tolerance: float32 rounding across machines
+        for column in ("base_nll", "nll", "delta_nll", "delta_nll_ci_low", "delta_nll_ci_high"):
+            table[column] += 0.5 * tol
+
+    edit(results, "personalization", nudge)
+    edit(results, "attention", lambda t: t.__setitem__("token_acc", (t["token_acc"] - 0.004).clip(lower=0)))
+    assert main([str(results), "--reference", str(reference)]) == 0
+    assert "verdict: AGREE" in capsys.readouterr().out
+
+
+def test_a_planted_difference_beyond_tolerance_is_caught_and_its_row_printed(pair, capsys):
+    results, reference = pair
+    tol = NLL_RTOL * nll_scale(reference)
+    table = edit(
+        results,
+        "personalization",
+        lambda t: t.__setitem__("delta_nll", t["delta_nll"].where(t.index != 1, t["delta_nll"] + 3 * tol)),
+    )
+    assert main([str(results), "--reference", str(reference)]) == 1
+    out = capsys.readouterr().out
+    row = table.loc[1]
+    wrong = [line for line in out.splitlines() if line.startswith("personalization [")]
+    assert len(wrong) == 1 and f"head={row['head']}" in wrong[0] and f"control={row['control']}" in wrong[0]
+    assert f" delta_nll: {row['delta_nll']:.6g} against {row['delta_nll'] - 3 * tol:.6g} (within" in wrong[0]
+    assert "verdict: DISAGREE" in out
+
+
+def test_seeded_tables_agree_within_their_intervals_and_not_beyond(pair):
+    """A cell's every seed moved by far more than its spread disagrees; one seed moved within the spread
+    of the others does not."""
+    results, reference = pair
+    attention = read_table(reference / "tables" / "attention.csv")
+    cell = attention.iloc[0][["task", "model", "attention"]]
+    in_cell = (attention[["task", "model", "attention"]] == cell).all(axis=1)
+    shift = 100 * (float(attention.loc[in_cell, "loss"].max() - attention.loc[in_cell, "loss"].min()) + 1)
+    edit(results, "attention", lambda t: t.__setitem__("loss", t["loss"].where(~in_cell, t["loss"] + shift)))
+    lines = compare_folders(results, reference).disagreements
+    assert lines and all(line.startswith(f"attention [task={cell['task']}") and " loss: " in line for line in lines)
+    feedback = read_table(reference / "tables" / "feedback.csv")
+    method = feedback["method"].iloc[0]
+    shutil.copy(reference / "tables" / "attention.csv", results / "tables" / "attention.csv")
+    first = feedback.index[feedback["method"] == method][0]
+    edit(
+        results,
+        "feedback",
+        lambda t: t.__setitem__("final_loss", t["final_loss"].where(t.index != first, t["final_loss"] + 1e-3)),
+    )
+    assert compare_folders(results, reference).disagreements == []
+
+
+def test_a_radius_chosen_otherwise_reads_as_a_near_tie_or_a_real_change_by_its_margin(pair):
+    results, reference = pair
+    capacity = read_table(reference / "tables" / "capacity.csv")
+    chosen = capacity.index[capacity["chosen"]][0]
+    group = ["model", "head", "alpha", "d", "solver", "arm", "train_tokens", "temperature"]
+    same = (capacity[group].map(str) == capacity.loc[chosen, group].map(str)).all(axis=1)
+    other = capacity.index[same & (capacity.index != chosen)][0]
+
+    def move(table, margin):
+        table.loc[chosen, "chosen"], table.loc[other, "chosen"] = False, True
+        table.loc[other, "validation_nll"] = table.loc[chosen, "validation_nll"] - margin
+
+    tol = NLL_RTOL * max(float(capacity["validation_nll"].abs().max()), 1.0)
+    edit(results, "capacity", lambda t: move(t, 0.1 * tol))
+    edit(
+        reference,
+        "capacity",
+        lambda t: t.__setitem__(
+            "validation_nll", t["validation_nll"].where(t.index != other, t.loc[chosen, "validation_nll"] + 0.1 * tol)
+        ),
+    )
+    report = compare_folders(results, reference)
+    assert len(report.near_ties) == 1 and "a near tie" in report.near_ties[0]
+    assert not [line for line in report.disagreements if line.startswith("capacity [")]
+    edit(
+        results,
+        "capacity",
+        lambda t: t.__setitem__(
+            "validation_nll", t["validation_nll"].where(t.index != other, t.loc[chosen, "validation_nll"] - 100 * tol)
+        ),
+    )
+    report = compare_folders(results, reference)
+    assert not report.near_ties and any("a real change" in line for line in report.disagreements)
+
+
+def test_another_config_or_a_missing_table_cannot_be_compared(pair, capsys):
+    results, reference = pair
+    record = json.loads((reference / ".uph-config.json").read_text())
+    record["stages"]["fit"]["settings"]["fit.radii"] = [99.0]
+    (reference / ".uph-config.json").write_text(json.dumps(record))
+    assert main([str(results), "--reference", str(reference)]) == 2
+    assert "another config: fit.radii: " in capsys.readouterr().out
+    shutil.copy(results / ".uph-config.json", reference)
+    (reference / "tables" / "feedback.csv").unlink()
+    assert main([str(results), "--reference", str(reference)]) == 2
+    assert "feedback: no table" in capsys.readouterr().out
+
+
+def test_the_default_reference_is_the_committed_one_made_with_the_results_settings(pair, tmp_path, capsys):
+    results, reference = pair
+    references = tmp_path / "committed"
+    committed = references / "tiny"
+    shutil.copytree(reference / "tables", committed / "tables")
+    shutil.copy(reference / ".uph-config.json", committed / "record.json")
+    assert find_reference(results, references) == committed
+    record = json.loads((results / ".uph-config.json").read_text())
+    record["stages"]["fit"]["settings"]["fit.alphas"] = [0.25]
+    (results / ".uph-config.json").write_text(json.dumps(record))
+    assert find_reference(results, references) is None
+    assert main([str(results)]) == 2  # reference/ holds no reference of the tiny config's settings
+    assert "no committed reference" in capsys.readouterr().err

@@ -1,0 +1,583 @@
+"""`make compare`: does a regeneration of the study agree with a reference run of the same config?
+
+    python -m uph.compare RESULTS [--reference REFERENCE]
+
+RESULTS is a results folder; REFERENCE another, or a committed reference (reference/<name>/: its tables/,
+summary.md, provenance.json and record.json, the results record of the run that made it). Without
+--reference, the committed reference whose record holds RESULTS' settings is used. Every table of
+uph.report.catalog.TABLES and every answer of the summary is compared; each disagreement is one line
+(table, row, column, both values, the tolerance), then a verdict. Exit 0: they agree; 1: they do not;
+2: they cannot be compared (another config, a missing table or record).
+
+What "agree" means, per kind of number (TABLES below says which column is which):
+
+- **The language-model tables** (personalization, capacity, dose_response, cross_user) are float32
+  computations whose kernels, and so summation order, differ across CPUs and devices. Each hidden state
+  comes out of about layers x width multiply-adds (30 x 576 for the embedded model), whose rounding
+  errors of 2^-24 accumulate like a random walk: sqrt(17,280) x 6e-8 = 8e-6 relative, and the exact
+  solver stops anywhere within fit.tol (1e-5) of the optimum, which moves an NLL in its fifth decimal
+  (BENCHMARKS.md). So NLLs, their changes and intervals agree within NLL_RTOL = 1e-5 of the table's NLL
+  scale (its largest |NLL|, about 5 nats: 5e-5, against effects of 1e-3 to 1e-1); theta norms within
+  1e-3 relative; certificates are no worse than max(fit.tol, twice the reference's); users counted
+  (improved, on the ball) within one user, who may sit within rounding of the threshold; the rest
+  (users, parameters) exactly.
+- **Choices made on validation** (a radius, a temperature, an edge flag; an attention lr) that differ
+  are reported with their validation margin: the two choices' validation NLLs (or mean accuracies)
+  within the tolerance above (the seeds' interval for an lr) in both runs are a near tie, named and not
+  counted, and the rows that rest on it are compared no further; a larger margin is a disagreement.
+- **Seeded training** (attention, attention_sweep, copy_task, feedback): a run's float32 rounding
+  changes its trajectory, so runs diverge across CPUs and agree only as samples. Per row of a table
+  (its seeds averaged first), the two runs' means agree when their 95 % Student-t intervals over seeds,
+  Bonferroni-widened over the table's training cells (as the summary's picked comparisons are), overlap;
+  each interval is widened by the metric's RESOLUTION (what a figure can show: 0.01 of accuracy, 0.01
+  nats, one evaluation interval of steps), so seeds that all agree still agree with a near value.
+  Training curves (attention_curves) are not compared row by row: their summaries are, in attention.
+- **Exact tables** (gram_resilience): within float32's relative rounding.
+- **Answers**: identical (yes, no, not shown, untested), question by question.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from uph.io import read_table
+from uph.report.catalog import TABLES
+from uph.stats import SIGNIFICANCE
+
+REPO = Path(__file__).resolve().parent.parent
+REFERENCES = REPO / "reference"
+RECORDS = (".uph-config.json", "record.json")  # a results folder's record; a committed reference's copy of it
+# Settings that cut or batch the same computation: tables agree across them (tests/test_reliability.py holds
+# fit.jobs to byte-identical tables; extraction batches and shards move hidden states by rounding only)
+CUTS = {"extract.batch_size", "extract.shards", "fit.jobs"}
+NLL_RTOL = 1e-5  # of the table's NLL scale (module docstring)
+NORM_RTOL = 1e-3
+FLOAT32_RTOL = 2.0**-23
+RESOLUTION = {"acc": 0.01, "loss": 0.01, "steps": 50.0}  # seeded metrics, by the kind their name ends in
+
+
+@dataclass(frozen=True)
+class Table:
+    """How one table compares: `keys` name a row (over `seed` for seeded tables), `cell` the training
+    cell a seeded row belongs to (its choice of lr, its Bonferroni family), and the columns by kind."""
+
+    kind: str  # "lm", "seeded" or "exact"
+    keys: tuple[str, ...]
+    choices: tuple[str, ...] = ()
+    counts: tuple[str, ...] = ()  # users counted: within one user
+    exact: tuple[str, ...] = ()
+    norms: tuple[str, ...] = ()
+    certificates: tuple[str, ...] = ()
+    metrics: tuple[str, ...] = ()  # seeded: compared over seeds
+    cell: tuple[str, ...] = ()
+    skipped: dict = field(default_factory=dict)  # column -> why it is not compared
+
+
+POINT = ("model", "head", "alpha", "d", "solver")
+TABLE_RULES = {
+    "personalization": Table(
+        "lm",
+        (*POINT, "control", "reference"),
+        choices=("capacity", "temperature", "at_edge"),
+        counts=("n_users_improved", "frac_users_improved", "frac_on_ball"),
+        exact=("n_users", "params_per_user"),
+        norms=("sum_theta_norm",),
+        certificates=("fit_certificate_max",),
+        skipped={"sign_test_p": "a function of the users improved, compared as a count"},
+    ),
+    "capacity": Table(
+        "lm",
+        (*POINT, "arm", "train_tokens", "temperature", "capacity"),
+        choices=("chosen", "at_edge"),
+        counts=("frac_on_ball",),
+        exact=("n_users",),
+    ),
+    "dose_response": Table(
+        "lm",
+        (*POINT, "train_tokens"),
+        choices=("radius", "at_edge"),
+        counts=("n_users_improved", "frac_users_improved"),
+        exact=("n_users", "all_train_tokens"),
+        skipped={"sign_test_p": "a function of the users improved, compared as a count"},
+    ),
+    "cross_user": Table("lm", (*POINT, "theta_user", "text_user")),
+    "gram_resilience": Table("exact", ("magnitude", "dot")),
+    "attention": Table(
+        "seeded",
+        ("task", "model", "attention", "train_len", "eval_len", "level"),
+        choices=("lr", "lr_at_edge"),
+        exact=("family", "loudness_invariant"),
+        metrics=("token_acc", "seq_acc", "loss", "val_token_acc", "diverged", "steps_run", "best_step"),
+        cell=("task", "model", "attention"),
+        skipped={
+            "steps_to_90": "NaN where a seed never got there: its seeds' steps_run and accuracy are compared",
+            "steps_to_99": "NaN where a seed never got there: its seeds' steps_run and accuracy are compared",
+            "at_step_limit": "named by seed in the summary; its seeds' steps_run are compared",
+        },
+    ),
+    "attention_sweep": Table(
+        "seeded",
+        ("task", "model", "attention", "lr"),
+        metrics=("val_token_acc", "val_loss", "diverged", "steps_run"),
+        cell=("task", "model", "attention"),
+        skipped={
+            "chosen": "the lr choice is compared in attention",
+            "extended": "follows the choice",
+            "lr_at_edge": "compared in attention",
+            "best_step": "its seeds' steps_run are compared",
+            "steps_to_90": "NaN where a seed never got there",
+            "steps_to_99": "NaN where a seed never got there",
+            "at_step_limit": "its seeds' steps_run are compared",
+        },
+    ),
+    "copy_task": Table(
+        "seeded",
+        ("attention", "train_len", "eval_len"),
+        metrics=("final_loss", "token_acc", "seq_acc"),
+        cell=("attention",),
+    ),
+    "feedback": Table(
+        "seeded",
+        ("method", "signal", "needs_backward", "forward_passes_per_step"),
+        exact=("steps",),
+        metrics=("final_loss", "final_acc", "mean_alignment", "final_alignment", "final_train_loss"),
+        cell=("method",),
+        skipped={"seconds_per_step": "a timing of the machine, not a result"},
+    ),
+}
+NOT_ROW_BY_ROW = {
+    "attention_curves": "training curves of runs that diverge across CPUs: their summaries are in attention"
+}
+
+
+@dataclass
+class Report:
+    """What a comparison found: disagreements (one line each), near ties (named, not counted) and
+    notes (what was compared how), and whether the two could be compared at all."""
+
+    disagreements: list[str] = field(default_factory=list)
+    near_ties: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    incomparable: list[str] = field(default_factory=list)
+    compared: dict = field(default_factory=dict)  # table -> values compared
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.incomparable else 1 if self.disagreements else 0
+
+
+def _shown(value) -> str:
+    if isinstance(value, (float, np.floating)):
+        return "NaN" if math.isnan(value) else f"{value:.6g}"
+    return str(value)
+
+
+def _row_name(keys: tuple[str, ...], values) -> str:
+    return ", ".join(f"{k}={_shown(v)}" for k, v in zip(keys, values) if not (isinstance(v, float) and math.isnan(v)))
+
+
+# -- which config made a folder ------------------------------------------------------------------------------
+
+
+def settings(folder: Path) -> dict | None:
+    """'section.key' -> value of every stage in the folder's results record (RECORDS), less CUTS; None
+    without a record."""
+    for name in RECORDS:
+        path = folder / name
+        if path.is_file():
+            stages = json.loads(path.read_text()).get("stages", {})
+            merged = {key: value for stage in stages.values() for key, value in stage["settings"].items()}
+            return {key: value for key, value in sorted(merged.items()) if key not in CUTS}
+    return None
+
+
+def setting_differences(a: dict, b: dict) -> list[str]:
+    """Each setting the two records hold differently, or only one of them holds, as 'key: a against b'."""
+    return [
+        f"{key}: {json.dumps(a.get(key, '(not recorded)'))} against {json.dumps(b.get(key, '(not recorded)'))}"
+        for key in sorted(set(a) | set(b))
+        if a.get(key, "(not recorded)") != b.get(key, "(not recorded)")
+    ]
+
+
+def find_reference(results: Path, references: Path = REFERENCES) -> Path | None:
+    """The committed reference (a folder of `references`) whose record holds `results`' settings."""
+    own = settings(results)
+    if own is None:
+        return None
+    for folder in sorted(path for path in references.glob("*") if path.is_dir()):
+        if settings(folder) == own:
+            return folder
+    return None
+
+
+# -- language-model tables -----------------------------------------------------------------------------------
+
+
+def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report):
+    """The two tables' rows matched on rule.keys (NaN keys match NaN): (merged, keys), or None (reported)."""
+    if list(a.columns) != list(b.columns):
+        report.incomparable.append(f"{name}: columns differ ({', '.join(a.columns)} against {', '.join(b.columns)})")
+        return None
+    keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in rule.keys}) for frame in (a, b)]
+    key_cols = [f"_k_{k}" for k in rule.keys]
+    merged = keyed[0].merge(keyed[1], on=key_cols, how="outer", suffixes=("", "_ref"), indicator=True)
+    for side, label in (("left_only", "RESULTS"), ("right_only", "REFERENCE")):
+        for _, row in merged[merged["_merge"] == side].iterrows():
+            values = [row[k] if side == "left_only" else row[f"{k}_ref"] for k in rule.keys]
+            report.disagreements.append(f"{name} [{_row_name(rule.keys, values)}]: a row only {label} has")
+    return merged[merged["_merge"] == "both"], key_cols
+
+
+def _differs(x, y) -> bool:
+    """Whether two table values differ as text would (NaN equals NaN; 1 equals 1.0)."""
+    if pd.isna(x) and pd.isna(y):
+        return False
+    try:
+        return float(x) != float(y)
+    except (TypeError, ValueError):
+        return str(x) != str(y)
+
+
+def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: float, ties: set, report: Report):
+    """A language-model table (module docstring): NLLs within NLL_RTOL of the reference table's NLL
+    scale, norms, certificates, counts and exact columns; rows at a near-tie point (`ties`: POINT values)
+    are left out of the numeric comparison."""
+    aligned = _aligned(name, rule, a, b, report)
+    if aligned is None:
+        return
+    merged, _ = aligned
+    nll_columns = [
+        c
+        for c in a.columns
+        if c not in (*rule.keys, *rule.choices, *rule.counts, *rule.exact, *rule.norms, *rule.certificates)
+        and c not in rule.skipped
+        and pd.api.types.is_numeric_dtype(a[c])
+    ]
+    scale = max((float(b[c].abs().max()) for c in nll_columns if b[c].notna().any()), default=1.0)
+    n_users = merged["n_users_ref"] if "n_users" in a.columns else None
+    compared = 0
+    for _, row in merged.iterrows():
+        point = tuple(str(row[k]) for k in POINT if k in rule.keys)
+        where = f"{name} [{_row_name(rule.keys, [row[k] for k in rule.keys])}]"
+        if point in ties:
+            continue
+        for column in a.columns:
+            if column in rule.keys or column in rule.skipped or column in rule.choices:
+                continue
+            x, y = row[column], row[f"{column}_ref"]
+            compared += 1
+            if pd.isna(x) and pd.isna(y):
+                continue
+            if column in rule.certificates:
+                allowed = max(tol, 2 * float(y))
+                if not float(x) <= allowed:
+                    report.disagreements.append(
+                        f"{where} {column}: {_shown(x)} against {_shown(y)} (at most max(fit.tol, 2 x reference) = {allowed:.3g})"
+                    )
+            elif column in rule.norms:
+                if not abs(float(x) - float(y)) <= NORM_RTOL * abs(float(y)):
+                    report.disagreements.append(
+                        f"{where} {column}: {_shown(x)} against {_shown(y)} (within {NORM_RTOL:g} relative)"
+                    )
+            elif column in rule.counts:
+                users = float(n_users[row.name]) if n_users is not None else 1.0
+                unit = 1.0 if column.startswith("n_") else 1.0 / users
+                if not abs(float(x) - float(y)) <= unit + 1e-9:
+                    report.disagreements.append(
+                        f"{where} {column}: {_shown(x)} against {_shown(y)} (within one user: {unit:.3g})"
+                    )
+            elif column in nll_columns:
+                if not abs(float(x) - float(y)) <= NLL_RTOL * scale:
+                    report.disagreements.append(
+                        f"{where} {column}: {_shown(x)} against {_shown(y)} "
+                        f"(within {NLL_RTOL:g} x {scale:.3g} = {NLL_RTOL * scale:.2g} nats)"
+                    )
+            elif _differs(x, y):
+                report.disagreements.append(f"{where} {column}: {_shown(x)} against {_shown(y)} (identical)")
+    report.compared[name] = compared
+
+
+def capacity_ties(a: pd.DataFrame, b: pd.DataFrame, report: Report) -> set:
+    """The sweep points whose radius chosen on validation differs between the two capacity tables: each
+    reported with its margin, the validation NLLs of the two radii in each run. A near tie (both margins
+    within NLL_RTOL of the scale) is named and its point returned (its rows rest on the choice); a larger
+    margin is a disagreement."""
+    group = [*POINT, "arm", "train_tokens", "temperature"]
+    scale = max(float(b["validation_nll"].abs().max()), 1.0)
+    ties = set()
+    chosen = {side: frame[frame["chosen"].map(str) == "True"] for side, frame in (("a", a), ("b", b))}
+    key = lambda frame: frame[group].map(str).agg("|".join, axis=1)  # noqa: E731  (map: NaN as "nan")
+    picks = [dict(zip(key(chosen[s]), chosen[s]["capacity"])) for s in ("a", "b")]
+    curves = [frame.assign(_g=key(frame)) for frame in (a, b)]
+    for g in sorted(set(picks[0]) & set(picks[1])):
+        ra, rb = picks[0][g], picks[1][g]
+        if ra == rb:
+            continue
+        margins = []
+        for curve in curves:
+            rows = curve[curve["_g"] == g].set_index("capacity")["validation_nll"]
+            margins.append(float(rows.get(rb, math.nan) - rows.get(ra, math.nan)))
+        what = (
+            f"capacity [{g.replace('|', ', ')}]: radius {ra:g} chosen against {rb:g}; validation NLL of "
+            f"{rb:g} minus {ra:g}: {margins[0]:+.2g} in RESULTS, {margins[1]:+.2g} in REFERENCE"
+        )
+        if all(abs(m) <= NLL_RTOL * scale for m in margins):
+            report.near_ties.append(f"{what} (a near tie: within {NLL_RTOL * scale:.2g} nats)")
+            ties.add(tuple(g.split("|")[: len(POINT)]))
+        else:
+            report.disagreements.append(f"{what} (beyond {NLL_RTOL * scale:.2g} nats: a real change)")
+    return ties
+
+
+# -- seeded training -----------------------------------------------------------------------------------------
+
+
+def _resolution(metric: str) -> float:
+    if metric.endswith("acc") or metric == "diverged" or "alignment" in metric:
+        return RESOLUTION["acc"]
+    if metric.startswith("steps") or metric.endswith("step"):
+        return RESOLUTION["steps"]
+    return RESOLUTION["loss"]
+
+
+def seed_interval(values, level: float, resolution: float) -> tuple[float, float, float, int]:
+    """(mean, low, high, n) of per-seed values: the Student-t interval at `level`, widened by `resolution`
+    on each side (one seed: its value +- resolution)."""
+    values = np.asarray([v for v in values if not pd.isna(v)], dtype=float)
+    if len(values) == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean, half = float(values.mean()), 0.0
+    if len(values) > 1:
+        from scipy import stats
+
+        half = float(stats.t.ppf((1 + level) / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    return mean, mean - half - resolution, mean + half + resolution, len(values)
+
+
+def lr_choices(a: pd.DataFrame, b: pd.DataFrame, sweep_a, sweep_b, report: Report) -> None:
+    """Each attention cell whose chosen lr differs: its margin in each run, the paired differences of
+    validation token accuracy between the two lrs over the sweep seeds both trained (t interval at 95 %);
+    a near tie where each run's interval holds 0 (or every difference is 0), else a disagreement."""
+    cell = ["task", "model", "attention"]
+    lrs = [frame.groupby(cell)["lr"].first() for frame in (a, b)]
+    for key in sorted(set(lrs[0].index) & set(lrs[1].index)):
+        la, lb = float(lrs[0][key]), float(lrs[1][key])
+        if la == lb:
+            continue
+        margins, ties = [], []
+        for sweep in (sweep_a, sweep_b):
+            runs = sweep[(sweep[cell] == pd.Series(key, index=cell)).all(axis=1)] if sweep is not None else None
+            if runs is None:
+                margins.append("no sweep table")
+                ties.append(False)
+                continue
+            per = runs.pivot_table(index="seed", columns="lr", values="val_token_acc")
+            if la not in per or lb not in per:
+                margins.append("not both tried")
+                ties.append(True)
+                continue
+            diff = (per[la] - per[lb]).dropna()
+            _, low, high, n = seed_interval(diff, 1 - SIGNIFICANCE, 0.0)
+            margins.append(f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}] over {n} seeds")
+            ties.append(bool((diff == 0).all() or (n > 1 and low <= 0 <= high)))
+        what = (
+            f"attention [{_row_name(tuple(cell), key)}]: lr {la:g} chosen against {lb:g}; validation token accuracy "
+            f"of {la:g} minus {lb:g}: {margins[0]} in RESULTS, {margins[1]} in REFERENCE"
+        )
+        if all(ties):
+            report.near_ties.append(f"{what} (a near tie)")
+        else:
+            report.disagreements.append(f"{what} (a real change)")
+
+
+def compare_seeded(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
+    """A seeded table (module docstring): per row of rule.keys, each metric's seeds in the two runs
+    agree when their intervals overlap; exact columns identical. Rows only one run has (an lr its sweep
+    alone tried) are notes where the table is a sweep, else disagreements."""
+    if list(a.columns) != list(b.columns):
+        report.incomparable.append(f"{name}: columns differ ({', '.join(a.columns)} against {', '.join(b.columns)})")
+        return
+    cells = len(pd.concat([a[list(rule.cell)], b[list(rule.cell)]]).drop_duplicates())
+    level = 1 - SIGNIFICANCE / max(cells, 1)
+    groups = [dict(tuple(frame.groupby(list(rule.keys), dropna=False))) for frame in (a, b)]
+    compared = 0
+    for key in sorted(set(groups[0]) | set(groups[1]), key=str):
+        where = f"{name} [{_row_name(rule.keys, key)}]"
+        if key not in groups[0] or key not in groups[1]:
+            only = "RESULTS" if key in groups[0] else "REFERENCE"
+            line = f"{where}: a row only {only} has"
+            (report.notes if name == "attention_sweep" else report.disagreements).append(line)
+            continue
+        ra, rb = groups[0][key], groups[1][key]
+        for column in rule.exact:
+            compared += 1
+            if sorted(map(str, ra[column].unique())) != sorted(map(str, rb[column].unique())):
+                report.disagreements.append(
+                    f"{where} {column}: {_shown(ra[column].iloc[0])} against {_shown(rb[column].iloc[0])} (identical)"
+                )
+        for metric in rule.metrics:
+            compared += 1
+            per_seed = [frame.groupby("seed")[metric].mean() for frame in (ra, rb)]
+            res = _resolution(metric)
+            (ma, la, ha, na), (mb, lb, hb, nb) = (seed_interval(v.astype(float), level, res) for v in per_seed)
+            if na == 0 and nb == 0:
+                continue
+            if na == 0 or nb == 0 or ha < lb or hb < la:
+                report.disagreements.append(
+                    f"{where} {metric}: {_shown(ma)} [{la + res:.4g}, {ha - res:.4g}] over {na} seeds against "
+                    f"{_shown(mb)} [{lb + res:.4g}, {hb - res:.4g}] over {nb} (intervals at {level:.4g}, "
+                    f"Bonferroni over {cells} cells, widened by {res:g}, do not overlap)"
+                )
+    report.compared[name] = compared
+
+
+def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
+    aligned = _aligned(name, rule, a, b, report)
+    if aligned is None:
+        return
+    merged, _ = aligned
+    for _, row in merged.iterrows():
+        for column in a.columns:
+            if column in rule.keys:
+                continue
+            x, y = row[column], row[f"{column}_ref"]
+            number = pd.api.types.is_numeric_dtype(a[column]) and not pd.api.types.is_bool_dtype(a[column])
+            bad = abs(float(x) - float(y)) > FLOAT32_RTOL * abs(float(y)) if number else _differs(x, y)
+            if bad:
+                report.disagreements.append(
+                    f"{name} [{_row_name(rule.keys, [row[k] for k in rule.keys])}] {column}: {_shown(x)} against "
+                    f"{_shown(y)} (within float32 rounding)"
+                )
+    report.compared[name] = len(merged) * (len(a.columns) - len(rule.keys))
+
+
+# -- answers -------------------------------------------------------------------------------------------------
+
+
+def study_answers(tables: dict[str, pd.DataFrame]) -> dict[str, tuple[str, str]]:
+    """question -> (answer, what it rests on), computed by uph.report.answers from the tables alone."""
+    from uph.report.answers import answers
+    from uph.report.study import Study
+
+    study = Study(**tables, copy_task_curves=pd.DataFrame(), feedback_curves=pd.DataFrame(), copy_task_vocab=0)
+    return {row.question: (row.answer, row.rests_on) for row in answers(study)}
+
+
+def compare_answers(a: dict, b: dict, report: Report) -> None:
+    """Each question whose answer differs between the two runs (or that only one asks)."""
+    for question in sorted(set(a) | set(b)):
+        if question not in a or question not in b:
+            report.disagreements.append(
+                f"answers [{question}]: asked only in {'RESULTS' if question in a else 'REFERENCE'}"
+            )
+        elif a[question][0] != b[question][0]:
+            report.disagreements.append(
+                f"answers [{question}] answer: {a[question][0]} ({a[question][1]}) against {b[question][0]} "
+                f"({b[question][1]}) (identical)"
+            )
+    report.compared["answers"] = len(set(a) & set(b))
+
+
+# -- the whole comparison ------------------------------------------------------------------------------------
+
+
+def fit_tol(folder: Path) -> float:
+    """fit.tol of the folder's record (the schema's 1e-5 where it holds none)."""
+    return float((settings(folder) or {}).get("fit.tol", 1e-5))
+
+
+def compare_folders(results: Path, reference: Path) -> Report:
+    """Every table and answer of `results` against `reference` (module docstring)."""
+    report = Report()
+    mine, theirs = settings(results), settings(reference)
+    for folder, recorded in ((results, mine), (reference, theirs)):
+        if recorded is None:
+            report.incomparable.append(
+                f"'{folder}' holds no results record ({' or '.join(RECORDS)}): which config made it?"
+            )
+    if mine is not None and theirs is not None:
+        report.incomparable += [f"another config: {line}" for line in setting_differences(mine, theirs)]
+    tables = {}
+    for name in TABLES:
+        paths = [folder / "tables" / f"{name}.csv" for folder in (results, reference)]
+        missing = [str(path) for path in paths if not path.is_file()]
+        if missing:
+            report.incomparable.append(f"{name}: no table {' nor '.join(missing)}")
+        else:
+            tables[name] = tuple(read_table(path) for path in paths)
+    if report.incomparable:
+        return report
+    ties = capacity_ties(*tables["capacity"], report)
+    lr_choices(*tables["attention"], tables["attention_sweep"][0], tables["attention_sweep"][1], report)
+    for name, (a, b) in tables.items():
+        if name in NOT_ROW_BY_ROW:
+            report.notes.append(f"{name}: not compared row by row ({NOT_ROW_BY_ROW[name]})")
+            continue
+        rule = TABLE_RULES[name]
+        if rule.kind == "lm":
+            compare_lm(name, rule, a, b, fit_tol(reference), ties, report)
+        elif rule.kind == "seeded":
+            compare_seeded(name, rule, a, b, report)
+        else:
+            compare_exact(name, rule, a, b, report)
+    mine_answers, their_answers = (study_answers({n: t[i] for n, t in tables.items()}) for i in (0, 1))
+    compare_answers(mine_answers, their_answers, report)
+    return report
+
+
+def verdict(report: Report, results: Path, reference: Path) -> str:
+    """The one-screen verdict: what was compared, the near ties, and agree / disagree / incomparable."""
+    lines = [f"compare: {results} against {reference}"]
+    if report.incomparable:
+        lines += [f"  cannot compare: {line}" for line in report.incomparable]
+        return "\n".join([*lines, "verdict: CANNOT BE COMPARED (exit 2)"])
+    lines += [f"  {name}: {n} values compared" for name, n in report.compared.items()]
+    lines += [f"  near tie: {line}" for line in report.near_ties]
+    lines += [f"  note: {line}" for line in report.notes[:10]]
+    if len(report.notes) > 10:
+        lines.append(f"  ... and {len(report.notes) - 10} more notes")
+    if report.disagreements:
+        return "\n".join([*lines, f"verdict: DISAGREE: {len(report.disagreements)} values beyond tolerance (exit 1)"])
+    ties = f", {len(report.near_ties)} near ties named above" if report.near_ties else ""
+    return "\n".join([*lines, f"verdict: AGREE within the tolerances of uph/compare.py{ties} (exit 0)"])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path, help="a results folder (config.yaml's `results`)")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        help="a results folder or reference/<name>/; default: the committed reference of its config",
+    )
+    args = parser.parse_args(argv)
+    if not (args.results / "tables").is_dir():
+        print(f"compare: '{args.results}' holds no tables/: run the study first (make reproduce)", file=sys.stderr)
+        return 2
+    reference = args.reference or find_reference(args.results)
+    if reference is None:
+        available = ", ".join(sorted(p.name for p in REFERENCES.glob("*") if p.is_dir())) or "none"
+        print(
+            f"compare: no committed reference under {REFERENCES} was made with the settings recorded in "
+            f"'{args.results}' (references: {available}); name one with REFERENCE=",
+            file=sys.stderr,
+        )
+        return 2
+    report = compare_folders(args.results, reference)
+    for line in report.disagreements:
+        print(line)
+    print(verdict(report, args.results, reference))
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
