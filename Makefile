@@ -8,7 +8,7 @@ RESULTS := results
 LINT_ALLOWED := Specify a conda environment or container for each rule.
 LINT_LOG := .snakemake/lint.log
 
-.PHONY: setup reproduce test compare gpu-check lint dry-run clean
+.PHONY: setup reproduce test compare reference gpu-check lint dry-run clean
 # A failed recipe leaves no half-written target that would look up to date.
 .DELETE_ON_ERROR:
 
@@ -42,6 +42,12 @@ test: setup
 # Tolerances and what they rest on: uph/compare.py. README: "Checking a regeneration".
 compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
+
+# A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, record; README:
+# "Checking a regeneration" says how the committed ones were made).
+NAME ?= default
+reference: setup
+	$(BIN)/python -m uph.compare $(RESULTS) --make-reference reference/$(NAME)
 
 # The CUDA path against the CPU path on this machine (README: "On a GPU"): the kernels' tests, then the
 # tiny study on CPU and on CUDA with their tables compared and timed (gpu-check/). Without a GPU: the

@@ -487,6 +487,59 @@ def compare_answers(a: dict, b: dict, report: Report) -> None:
     report.compared["answers"] = len(set(a) & set(b))
 
 
+# -- a committed reference -----------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """This machine's CPU as /proc/cpuinfo names it, with the vector extensions that change float32 kernels."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        import platform
+
+        return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if flag in flags]
+    return f"{name} ({', '.join(vector) or 'no AVX2'})"
+
+
+def make_reference(results: Path, folder: Path) -> None:
+    """Write `folder` as a committed reference of `results`: its tables (CSV), summary.md, provenance.json,
+    record.json (its results record) and reference.json (commit, CPU, torch, job-seconds and peak RSS per
+    rule from its benchmark files): kilobytes, no caches or weights."""
+    import shutil
+
+    if settings(results) is None or not (results / "provenance.json").is_file():
+        raise SystemExit(f"compare: '{results}' is no finished run (no results record or provenance.json)")
+    shutil.rmtree(folder, ignore_errors=True)
+    (folder / "tables").mkdir(parents=True)
+    for name in TABLES:
+        shutil.copy(results / "tables" / f"{name}.csv", folder / "tables")
+    shutil.copy(results / "summary.md", folder)
+    shutil.copy(results / "provenance.json", folder)
+    shutil.copy(results / RECORDS[0], folder / RECORDS[1])
+    provenance = json.loads((results / "provenance.json").read_text())
+    rules = {}
+    for path in sorted((results / "benchmarks").glob("*.tsv")):
+        rule, row = path.stem.split("-")[0], pd.read_csv(path, sep="\t").iloc[0]
+        seconds, rss = rules.get(rule, (0.0, 0.0))
+        rules[rule] = (seconds + float(row["s"]), max(rss, float(row["max_rss"])))
+    record = {
+        "commit": provenance["git"]["commit"],
+        "dirty": provenance["git"]["dirty"],
+        "code_sha256": provenance["code_sha256"],
+        "cpu": cpu_model(),
+        "torch": provenance["packages"]["torch"],
+        "job_seconds": round(sum(seconds for seconds, _ in rules.values())),
+        "peak_rss_mb": round(max((rss for _, rss in rules.values()), default=0.0)),
+        "rules": {
+            rule: {"job_seconds": round(s, 1), "peak_rss_mb": round(r)} for rule, (s, r) in sorted(rules.items())
+        },
+    }
+    (folder / "reference.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
 # -- the whole comparison ------------------------------------------------------------------------------------
 
 
@@ -559,7 +612,12 @@ def main(argv=None) -> int:
         type=Path,
         help="a results folder or reference/<name>/; default: the committed reference of its config",
     )
+    parser.add_argument("--make-reference", type=Path, metavar="FOLDER", help="write RESULTS as a committed reference")
     args = parser.parse_args(argv)
+    if args.make_reference:
+        make_reference(args.results, args.make_reference)
+        print(f"compare: {args.make_reference} holds the reference of {args.results}")
+        return 0
     if not (args.results / "tables").is_dir():
         print(f"compare: '{args.results}' holds no tables/: run the study first (make reproduce)", file=sys.stderr)
         return 2
