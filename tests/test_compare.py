@@ -10,8 +10,9 @@ import shutil
 
 import pandas as pd
 import pytest
+import torch
 
-from uph.compare import NLL_RTOL, compare_folders, find_reference, main
+from uph.compare import NLL_RTOL, compare_folders, find_reference, main, make_reference
 from uph.io import read_table
 
 
@@ -143,13 +144,25 @@ def test_another_config_or_a_missing_table_cannot_be_compared(pair, capsys):
     assert "feedback: no table" in capsys.readouterr().out
 
 
-def test_the_default_reference_is_the_committed_one_made_with_the_results_settings(pair, tmp_path, capsys):
-    results, reference = pair
+def test_the_default_reference_is_the_committed_one_made_with_the_results_settings(tiny_study, pair, tmp_path, capsys):
+    """make_reference writes a finished run as a reference (kilobytes: no caches, no weights) that
+    find_reference picks for results of the same settings and compare_folders holds them to."""
+    results, _ = pair
     references = tmp_path / "committed"
     committed = references / "tiny"
-    shutil.copytree(reference / "tables", committed / "tables")
-    shutil.copy(reference / ".uph-config.json", committed / "record.json")
+    make_reference(tiny_study.workdir / "results", committed)
+    assert sorted(path.name for path in committed.iterdir()) == [
+        "provenance.json",
+        "record.json",
+        "reference.json",
+        "summary.md",
+        "tables",
+    ]
+    assert sum(path.stat().st_size for path in committed.rglob("*")) < 2e6
+    info = json.loads((committed / "reference.json").read_text())
+    assert info["job_seconds"] > 0 and info["cpu"] and info["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert find_reference(results, references) == committed
+    assert compare_folders(results, committed).exit_code == 0
     record = json.loads((results / ".uph-config.json").read_text())
     record["stages"]["fit"]["settings"]["fit.alphas"] = [0.25]
     (results / ".uph-config.json").write_text(json.dumps(record))

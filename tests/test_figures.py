@@ -198,10 +198,11 @@ def odd_user_ids(study: Study) -> Study:
     return replace(study, cross_user=study.cross_user.replace({"theta_user": rename, "text_user": rename}))
 
 
-def many_users(study: Study, n: int = 41) -> Study:
-    """A cross-user matrix beyond the users the figure names (uph.report.figures.NAMED_USERS)."""
+def many_users(study: Study, n: int = 189) -> Study:
+    """A cross-user matrix beyond the users the figure names (uph.report.figures.NAMED_USERS): n roles of
+    plays of 1 to 8 roles each, as config/full.yaml's 189 roles of 36 plays."""
     point = study.cross_user.iloc[0]
-    users = [f"play_{i:02d}/Role" for i in range(n)]
+    users = [f"play_{i % 36:02d}/Role {i:03d}" for i in range(n)]
     delta = np.random.default_rng(0).normal(0, 0.003, (n, n))
     rows = [
         {**point, "theta_user": u, "text_user": v, "delta_nll": delta[i, j]}
@@ -237,7 +238,7 @@ VARIANTS = {
     "no adam": without_solver("adam"),
     "no exact": without_solver("exact"),
     "odd user ids": odd_user_ids,
-    "41 users": many_users,
+    "189 users": many_users,
     "no cross-user point": no_cross_user,
     "every attention kind": every_attention_kind,
 }
@@ -263,9 +264,19 @@ def test_the_cross_user_figure_names_every_user_as_it_is_and_outlines_the_diagon
         assert outlined == [(k - 0.5, k - 0.5) for k in range(len(ODD_IDS))]
         assert ax.images[0].norm.vmin == -ax.images[0].norm.vmax  # centred on 0
 
-    fig = render("cross_user", many_users(tiny_tables))
+    fig = render("cross_user", many_users(tiny_tables))  # 189 users: each play named over its block of roles
     (ax,) = [ax for ax in fig.axes if ax.images]
-    assert not ax.get_xticks().size and len([p for p in ax.patches if not p.get_fill()]) == 41
+    assert len([p for p in ax.patches if not p.get_fill()]) == 189
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels == [f"play_{i:02d} ({6 if i < 9 else 5})" for i in range(36)]
+    assert ax.get_xticks()[0] == pytest.approx(2.5) and len(ax.get_lines()) == 2 * 35  # block borders
+    study = many_users(tiny_tables, 100)  # ids that name no play: every third user named
+    plain = {user: f"user{k:03d}" for k, user in enumerate(sorted(study.cross_user["theta_user"].unique()))}
+    fig = render(
+        "cross_user", replace(study, cross_user=study.cross_user.replace({"theta_user": plain, "text_user": plain}))
+    )
+    (ax,) = [ax for ax in fig.axes if ax.images]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"user{k:03d}" for k in range(0, 100, 3)]
 
 
 def test_a_matched_control_is_dashed_in_its_variants_colour(tiny_tables):

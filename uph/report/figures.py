@@ -285,7 +285,30 @@ def dose_response(fig: Figure, study: Study) -> None:
     fig.suptitle(f"Personal gain beyond the global θ, {literal(solver)} solver: mean over users, 95 % interval band")
 
 
-NAMED_USERS = 40  # the cross-user matrix names up to this many users; beyond, its outlined diagonal carries the reading
+NAMED_USERS = 40  # the cross-user matrix names up to this many users; beyond, the plays, each over its block of roles
+
+
+def play_starts(users: list[str]) -> list[int]:
+    """The index of each play's first user in `users` (sorted 'play/role' ids: a play's roles are
+    consecutive); every user its own where ids name no play."""
+    plays = [user.split("/")[0] if "/" in user else user for user in users]
+    return [k for k in range(len(users)) if k == 0 or plays[k] != plays[k - 1]]
+
+
+def user_ticks(users: list[str]) -> tuple[list[float], list[str]]:
+    """Tick positions and labels for a matrix over `users`: each user up to NAMED_USERS; beyond, each
+    play at the middle of its block of roles (alphabetical within it), or, where ids name no plays,
+    every k-th user."""
+    if len(users) <= NAMED_USERS:
+        return list(range(len(users))), [literal(user) for user in users]
+    starts = play_starts(users)
+    if len(starts) > NAMED_USERS:  # no plays to group by: name every k-th user
+        step = -(-len(users) // NAMED_USERS)
+        return list(range(0, len(users), step)), [literal(users[k]) for k in range(0, len(users), step)]
+    ends = [*starts[1:], len(users)]
+    return [(a + b - 1) / 2 for a, b in zip(starts, ends)], [
+        literal(f"{users[a].split('/')[0]} ({b - a})") for a, b in zip(starts, ends)
+    ]
 
 
 def cross_user(fig: Figure, study: Study) -> None:
@@ -307,15 +330,16 @@ def cross_user(fig: Figure, study: Study) -> None:
         ax.grid(False)
         n = len(users)
         for k in range(n):
-            ax.add_patch(Rectangle((k - 0.5, k - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=0.8))
-        if n <= NAMED_USERS:
-            names = [literal(user) for user in users]
-            size = min(6.0, 150 / n)  # points: each name fits its row
-            ax.set_xticks(range(n), names, rotation=90, fontsize=size)
-            ax.set_yticks(range(n), names if ax is axes[0] else [], fontsize=size)
-            ax.tick_params(length=0)
-        else:
-            ax.set_xticks([]), ax.set_yticks([])
+            outline = 0.8 if n <= NAMED_USERS else 0.25
+            ax.add_patch(Rectangle((k - 0.5, k - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=outline))
+        ticks, names = user_ticks(users)
+        size = min(6.0, 150 / max(len(ticks), 1))  # points: each name fits its row (or its play's block)
+        ax.set_xticks(ticks, names, rotation=90, fontsize=size)
+        ax.set_yticks(ticks, names if ax is axes[0] else [], fontsize=size)
+        ax.tick_params(length=0)
+        for start in play_starts(users)[1:] if n > NAMED_USERS else []:
+            ax.axhline(start - 0.5, color="0.25", linewidth=0.4)
+            ax.axvline(start - 0.5, color="0.25", linewidth=0.4)
         if n <= 12:
             for (row, col), value in np.ndenumerate(matrix.to_numpy()):
                 color = "white" if abs(value) > 0.6 * limit else "black"
