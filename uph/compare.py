@@ -223,18 +223,20 @@ def find_reference(results: Path, references: Path = REFERENCES) -> Path | None:
 
 
 def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report):
-    """The two tables' rows matched on rule.keys (NaN keys match NaN): (merged, keys), or None (reported)."""
+    """The two tables' rows matched on rule.keys (NaN keys match NaN; the reference's columns suffixed
+    _ref), or None where their columns differ; rows only one has are disagreements."""
     if list(a.columns) != list(b.columns):
         report.incomparable.append(f"{name}: columns differ ({', '.join(a.columns)} against {', '.join(b.columns)})")
         return None
     keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in rule.keys}) for frame in (a, b)]
-    key_cols = [f"_k_{k}" for k in rule.keys]
-    merged = keyed[0].merge(keyed[1], on=key_cols, how="outer", suffixes=("", "_ref"), indicator=True)
+    merged = keyed[0].merge(
+        keyed[1], on=[f"_k_{k}" for k in rule.keys], how="outer", suffixes=("", "_ref"), indicator=True
+    )
     for side, label in (("left_only", "RESULTS"), ("right_only", "REFERENCE")):
         for _, row in merged[merged["_merge"] == side].iterrows():
             values = [row[k] if side == "left_only" else row[f"{k}_ref"] for k in rule.keys]
             report.disagreements.append(f"{name} [{_row_name(rule.keys, values)}]: a row only {label} has")
-    return merged[merged["_merge"] == "both"], key_cols
+    return merged[merged["_merge"] == "both"]
 
 
 def _differs(x, y) -> bool:
@@ -251,10 +253,9 @@ def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: fl
     """A language-model table (module docstring): NLLs within NLL_RTOL of the reference table's NLL
     scale, norms, certificates, counts and exact columns; rows at a near-tie point (`ties`: POINT values)
     are left out of the numeric comparison."""
-    aligned = _aligned(name, rule, a, b, report)
-    if aligned is None:
+    merged = _aligned(name, rule, a, b, report)
+    if merged is None:
         return
-    merged, _ = aligned
     nll_columns = [
         c
         for c in a.columns
@@ -271,7 +272,7 @@ def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: fl
         if point in ties:
             continue
         for column in a.columns:
-            if column in rule.keys or column in rule.skipped or column in rule.choices:
+            if column in rule.keys or column in rule.skipped:
                 continue
             x, y = row[column], row[f"{column}_ref"]
             compared += 1
@@ -301,8 +302,9 @@ def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: fl
                         f"{where} {column}: {_shown(x)} against {_shown(y)} "
                         f"(within {NLL_RTOL:g} x {scale:.3g} = {NLL_RTOL * scale:.2g} nats)"
                     )
-            elif _differs(x, y):
-                report.disagreements.append(f"{where} {column}: {_shown(x)} against {_shown(y)} (identical)")
+            elif _differs(x, y):  # a choice (a near tie's rows are skipped above: capacity_ties names it) or exact
+                what = "a choice made on validation, identical" if column in rule.choices else "identical"
+                report.disagreements.append(f"{where} {column}: {_shown(x)} against {_shown(y)} ({what})")
     report.compared[name] = compared
 
 
@@ -441,10 +443,9 @@ def compare_seeded(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, rep
 
 
 def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
-    aligned = _aligned(name, rule, a, b, report)
-    if aligned is None:
+    merged = _aligned(name, rule, a, b, report)
+    if merged is None:
         return
-    merged, _ = aligned
     for _, row in merged.iterrows():
         for column in a.columns:
             if column in rule.keys:
