@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from uph.compare import NLL_RTOL, compare_folders, find_reference, main, make_reference
+from uph.compare import NLL_RTOL, Report, compare_folders, find_reference, lr_choices, main, make_reference
 from uph.io import read_table
 
 
@@ -169,3 +169,35 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     assert find_reference(results, references) is None
     assert main([str(results)]) == 2  # reference/ holds no reference of the tiny config's settings
     assert "no committed reference" in capsys.readouterr().err
+
+
+def test_an_lr_chosen_otherwise_reads_as_a_near_tie_or_a_real_change_by_its_seeds():
+    """lr_choices: the two lrs' validation accuracies paired by sweep seed; a t interval holding 0 in both
+    runs is a near tie, one that excludes 0 (three seeds that all prefer one lr by 0.5) a real change."""
+
+    def tables(chosen, acc_low, acc_high):
+        cell = {"task": "mqar", "model": "residual", "attention": "triple_capped"}
+        attention = pd.DataFrame([{**cell, "lr": chosen, "seed": 0}])
+        sweep = pd.DataFrame(
+            [
+                {**cell, "lr": lr, "seed": s, "val_token_acc": acc[s]}
+                for lr, acc in ((0.001, acc_low), (0.01, acc_high))
+                for s in range(3)
+            ]
+        )
+        return attention, sweep
+
+    a, sweep_a = tables(0.001, [1.0, 0.44, 1.0], [0.44, 1.0, 1.0])  # 0.81 against 0.81: a coin's toss
+    b, sweep_b = tables(0.01, [0.44, 1.0, 0.44], [1.0, 1.0, 0.44])
+    report = Report()
+    lr_choices(a, b, sweep_a, sweep_b, report)
+    assert (
+        len(report.near_ties) == 1
+        and not report.disagreements
+        and "lr 0.001 chosen against 0.01" in report.near_ties[0]
+    )
+    a, sweep_a = tables(0.001, [1.0, 1.0, 1.0], [0.44, 0.45, 0.43])  # every seed prefers 0.001 by 0.56
+    b, sweep_b = tables(0.01, [0.44, 0.45, 0.46], [1.0, 1.0, 0.99])
+    report = Report()
+    lr_choices(a, b, sweep_a, sweep_b, report)
+    assert not report.near_ties and len(report.disagreements) == 1 and "a real change" in report.disagreements[0]
