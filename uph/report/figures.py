@@ -30,7 +30,16 @@ from uph.config import schema_enum
 from uph.io import atomic_path
 from uph.report.answers import MATCHED_CONTROLS
 from uph.report.catalog import FIGURES
-from uph.report.study import MILLI, Study, baselines_at, headline_solver, ordered, over_seeds, split_baselines
+from uph.report.study import (
+    MILLI,
+    Study,
+    baselines_at,
+    headline_solver,
+    ordered,
+    over_seeds,
+    seed_counts,
+    split_baselines,
+)
 from uph.stats import diagonal_dominance
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
@@ -112,11 +121,6 @@ def _mean_and_spread(ax, run: pd.DataFrame, x: str, y: str, color, label=None, l
     stats = run.groupby(x)[y].agg(["mean", "min", "max"])
     ax.plot(stats.index, stats["mean"], color=color, label=label, linestyle=linestyle)
     ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.2, linewidth=0)
-
-
-def _seeds(curves: pd.DataFrame) -> str:
-    n = curves["seed"].nunique()
-    return f"{n} seed" + ("s" if n != 1 else "")
 
 
 COMPARISONS = {  # personalization.csv control -> what its delta_nll compares, drawn left to right
@@ -417,7 +421,7 @@ def copy_task_curves(fig: Figure, study: Study) -> None:
     for ax in (loss_ax, acc_ax):
         ax.set_xlabel("training step")
     fig.legend(loc="outside right center")
-    fig.suptitle(f"Copy task at the training length: mean and min–max over {_seeds(curves)}")
+    fig.suptitle(f"Copy task at the training length: mean and min–max over {seed_counts(curves)}")
 
 
 def copy_task_lengths(fig: Figure, study: Study) -> None:
@@ -549,7 +553,7 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
         axes[1].set_ylabel("whole-sequence accuracy")
     fig.legend(handles=handles, loc="outside right center")
     fig.suptitle(
-        f"{literal(task)}: mean and 95 % Student-t interval over {_seeds(table)}, each kind at its best validation lr"
+        f"{literal(task)}: mean and 95 % Student-t interval over {seed_counts(table)}, each kind at its best validation lr"
     )
 
 
@@ -572,11 +576,11 @@ def attention_dynamics(fig: Figure, study: Study) -> None:
     study_curves = study.attention_curves if study.attention_curves is not None else pd.DataFrame()
     task = ordered(study_curves["task"], ["offset_copy"])[0] if not study_curves.empty else None
     task_curves = study_curves[study_curves["task"] == task] if task else study_curves
-    title = f"{literal(task)}, {_seeds(study_curves)}"
+    title = f"{literal(task)}, {seed_counts(study_curves)}"
     if "model" in task_curves and task_curves["model"].nunique() > 1:  # one model, as the answers read
         model = "residual" if "residual" in set(task_curves["model"]) else sorted(task_curves["model"].unique())[0]
         task_curves = task_curves[task_curves["model"] == model]
-        title = f"{literal(task)}, {literal(model)} model, {_seeds(task_curves)}"
+        title = f"{literal(task)}, {literal(model)} model, {seed_counts(task_curves)}"
     rows = ((study.copy_task_curves, "seed 004 copy task"), (task_curves, title))
     names = pd.concat([curves["attention"] for curves, _ in rows if not curves.empty])
     styles, labeled = attention_styles(names), set()
@@ -629,7 +633,7 @@ def feedback(fig: Figure, study: Study) -> None:
         for layer, style in linestyles.items()
     ]
     fig.legend(handles=loss_ax.get_legend_handles_labels()[0] + layer_styles, loc="outside right center")
-    fig.suptitle(f"Character MLP language model: mean and min–max over {_seeds(curves)}")
+    fig.suptitle(f"Character MLP language model: mean and min–max over {seed_counts(curves)}")
 
 
 DRAW: dict[str, Callable[[Figure, Study], None]] = {  # one per figure of uph.report.catalog.FIGURES

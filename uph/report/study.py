@@ -84,6 +84,15 @@ def baselines_at(personalization: pd.DataFrame, solver: str, control: str = "per
     return baselines.sort_values("solver", key=lambda solvers: solvers != solver, kind="stable").drop_duplicates("head")
 
 
+def seed_counts(table: pd.DataFrame) -> str:
+    """'5 seeds', or '5 to 10 seeds' where the kinds (attention, method, per model) ran different numbers
+    of them (attention.seeds_if_split)."""
+    keys = [key for key in ("model", "attention", "method") if key in table]
+    counts = table.groupby(keys)["seed"].nunique() if keys else pd.Series([table["seed"].nunique()])
+    low, high = int(counts.min()), int(counts.max())
+    return f"{low if low == high else f'{low} to {high}'} seed{'s' if high != 1 else ''}"
+
+
 def over_seeds(table: pd.DataFrame, keys: list, metric: str) -> pd.DataFrame:
     """Per group of `keys`: the mean of `metric` over seeds (each seed's rows averaged first), its 95 %
     Student-t interval over seeds (uph.stats.t_interval; NaN with one seed), the seeds counted and

@@ -41,6 +41,7 @@ from uph.report.study import (
     headline_solver,
     heads_at_headline,
     over_seeds,
+    seed_counts,
     split_baselines,
 )
 from uph.stats import diagonal_dominance
@@ -305,12 +306,6 @@ def _attention_cells(table: pd.DataFrame, metric: str = "token_acc") -> str:
     )
 
 
-def _seed_counts(table: pd.DataFrame) -> str:
-    """'5 seeds', or '5 to 10 seeds' where cells trained more (attention.seeds_if_split)."""
-    counts = table.groupby(["model", "attention"])["seed"].nunique()
-    return seeds(counts.min()) if counts.min() == counts.max() else f"{counts.min()} to {counts.max()} seeds"
-
-
 def _lengths(table: pd.DataFrame) -> list[str]:
     """Test token accuracy at the training length, the chosen lrs, and at every longer length."""
     train_len = table["train_len"].iloc[0]
@@ -318,7 +313,7 @@ def _lengths(table: pd.DataFrame) -> list[str]:
     levels = " (mean over its levels)" if table["level"].nunique() > 1 else ""
     facts = [
         f"at the training length ({train_len} tokens) test token accuracy{levels}, mean [95 % t CI] over "
-        f"{_seed_counts(table)}: " + _attention_cells(table[table["eval_len"] == train_len]),
+        f"{seed_counts(table)}: " + _attention_cells(table[table["eval_len"] == train_len]),
         "best validation lrs: "
         + ", ".join(
             f"{attention} {row.lr:g}"
