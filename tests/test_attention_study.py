@@ -257,7 +257,9 @@ def test_a_cell_whose_seeds_split_trains_more_seeds_at_its_lr():
     solved_or_diverged = sweep.assign(val_token_acc=1.0, diverged=[False, True, False, False])
     assert split_seeds(solved_or_diverged, 0.01, [0, 1, 2], 6) == [3, 4, 5]
     assert split_seeds(sweep.assign(val_token_acc=1.0), 0.01, [0, 1, 2], 6) == []
-    cell = dataclasses.replace(CELL, seeds=(0, 1), seeds_if_split=3, lrs=(0.01,), lr_extensions=0, max_steps=4, log_every=2)
+    cell = dataclasses.replace(
+        CELL, seeds=(0, 1), seeds_if_split=3, lrs=(0.01,), lr_extensions=0, max_steps=4, log_every=2
+    )
     with pytest.MonkeyPatch.context() as patch:  # whatever the runs reached, call them split
         patch.setattr(uph.attention.training, "split_seeds", lambda s, lr, seeds, wanted: [2])
         _, sweep, evaluation = run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"))

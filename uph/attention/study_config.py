@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from uph.config import dataclass_fields
 
-
 SOLVED = 0.99  # token accuracy from which a run counts as having solved its task (validation or test)
 
 
