@@ -38,7 +38,8 @@ test: setup
 	$(BIN)/pytest -q
 
 # Does a regeneration agree with the study? RESULTS (default results/) against REFERENCE (default: the
-# committed reference/<name>/ made with the settings RESULTS records); exit 0 agree, 1 not, 2 cannot compare.
+# committed reference/<name>/ made with the settings RESULTS records); make exits 0 when they agree (python -m
+# uph.compare gives 0 agree, 1 not, 2 cannot compare; make turns any failure into 2).
 # Tolerances and what they rest on: uph/compare.py. README: "Checking a regeneration".
 compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
