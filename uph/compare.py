@@ -24,7 +24,8 @@ What "agree" means, per kind of number (TABLES below says which column is which)
 - **Choices made on validation** (a radius, a temperature, an edge flag; an attention lr) that differ
   are reported with their validation margin: the two choices' validation NLLs (or mean accuracies)
   within the tolerance above (the seeds' interval for an lr) in both runs are a near tie, named and not
-  counted, and the rows that rest on it are compared no further; a larger margin is a disagreement.
+  counted (a near-tie radius's point is compared no further; a near-tie lr's cell still is, by its seeds);
+  a larger margin is a disagreement.
 - **Seeded training** (attention, attention_sweep, copy_task, feedback): a run's float32 rounding
   changes its trajectory, so runs diverge across CPUs and agree only as samples. Per row of a table
   (its seeds averaged first), the two runs' means agree when their 95 % Student-t intervals over seeds,
