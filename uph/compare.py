@@ -51,7 +51,7 @@ import pandas as pd
 
 from uph.io import read_table
 from uph.report.catalog import TABLES
-from uph.stats import SIGNIFICANCE
+from uph.stats import SIGNIFICANCE, t_interval
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO / "reference"
@@ -223,11 +223,17 @@ def find_reference(results: Path, references: Path = REFERENCES) -> Path | None:
 # -- language-model tables -----------------------------------------------------------------------------------
 
 
+def _same_columns(name: str, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> bool:
+    """Whether the two tables have the same columns in order; where not, they cannot be compared."""
+    if list(a.columns) != list(b.columns):
+        report.incomparable.append(f"{name}: columns differ ({', '.join(a.columns)} against {', '.join(b.columns)})")
+    return list(a.columns) == list(b.columns)
+
+
 def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report):
     """The two tables' rows matched on rule.keys (NaN keys match NaN; the reference's columns suffixed
     _ref), or None where their columns differ; rows only one has are disagreements."""
-    if list(a.columns) != list(b.columns):
-        report.incomparable.append(f"{name}: columns differ ({', '.join(a.columns)} against {', '.join(b.columns)})")
+    if not _same_columns(name, a, b, report):
         return None
     keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in rule.keys}) for frame in (a, b)]
     merged = keyed[0].merge(
@@ -358,12 +364,9 @@ def seed_interval(values, level: float, resolution: float) -> tuple[float, float
     values = np.asarray([v for v in values if not pd.isna(v)], dtype=float)
     if len(values) == 0:
         return math.nan, math.nan, math.nan, 0
-    mean, half = float(values.mean()), 0.0
-    if len(values) > 1:
-        from scipy import stats
-
-        half = float(stats.t.ppf((1 + level) / 2, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
-    return mean, mean - half - resolution, mean + half + resolution, len(values)
+    mean = float(values.mean())
+    low, high = t_interval(values, level) if len(values) > 1 else (mean, mean)
+    return mean, low - resolution, high + resolution, len(values)
 
 
 def lr_choices(a: pd.DataFrame, b: pd.DataFrame, sweep_a, sweep_b, report: Report) -> None:
@@ -378,11 +381,7 @@ def lr_choices(a: pd.DataFrame, b: pd.DataFrame, sweep_a, sweep_b, report: Repor
             continue
         margins, ties = [], []
         for sweep in (sweep_a, sweep_b):
-            runs = sweep[(sweep[cell] == pd.Series(key, index=cell)).all(axis=1)] if sweep is not None else None
-            if runs is None:
-                margins.append("no sweep table")
-                ties.append(False)
-                continue
+            runs = sweep[(sweep[cell] == pd.Series(key, index=cell)).all(axis=1)]
             per = runs.pivot_table(index="seed", columns="lr", values="val_token_acc")
             if la not in per or lb not in per:
                 margins.append("not both tried")
@@ -406,8 +405,7 @@ def compare_seeded(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, rep
     """A seeded table (module docstring): per row of rule.keys, each metric's seeds in the two runs
     agree when their intervals overlap; exact columns identical. Rows only one run has (an lr its sweep
     alone tried) are notes where the table is a sweep, else disagreements."""
-    if list(a.columns) != list(b.columns):
-        report.incomparable.append(f"{name}: columns differ ({', '.join(a.columns)} against {', '.join(b.columns)})")
+    if not _same_columns(name, a, b, report):
         return
     cells = len(pd.concat([a[list(rule.cell)], b[list(rule.cell)]]).drop_duplicates())
     level = 1 - SIGNIFICANCE / max(cells, 1)
@@ -492,18 +490,17 @@ def compare_answers(a: dict, b: dict, report: Report) -> None:
 # -- a committed reference -----------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    """This machine's CPU as /proc/cpuinfo names it, with the vector extensions that change float32 kernels."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        import platform
+def cpu_description() -> str:
+    """This machine's CPU (uph.device.cpu_model) with the vector extensions that change float32 kernels."""
+    from uph.device import cpu_model
 
-        return platform.processor() or "unknown"
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return f"{cpu_model()} (vector extensions unknown)"
+    lines = cpuinfo.read_text(errors="replace").splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
     vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if flag in flags]
-    return f"{name} ({', '.join(vector) or 'no AVX2'})"
+    return f"{cpu_model()} ({', '.join(vector) or 'no AVX2'})"
 
 
 def make_reference(results: Path, folder: Path) -> None:
@@ -531,7 +528,7 @@ def make_reference(results: Path, folder: Path) -> None:
         "commit": provenance["git"]["commit"],
         "dirty": provenance["git"]["dirty"],
         "code_sha256": provenance["code_sha256"],
-        "cpu": cpu_model(),
+        "cpu": cpu_description(),
         "torch": provenance["packages"]["torch"],
         "job_seconds": round(sum(seconds for seconds, _ in rules.values())),
         "peak_rss_mb": round(max((rss for _, rss in rules.values()), default=0.0)),
@@ -543,11 +540,6 @@ def make_reference(results: Path, folder: Path) -> None:
 
 
 # -- the whole comparison ------------------------------------------------------------------------------------
-
-
-def fit_tol(folder: Path) -> float:
-    """fit.tol of the folder's record (the schema's 1e-5 where it holds none)."""
-    return float((settings(folder) or {}).get("fit.tol", 1e-5))
 
 
 def compare_folders(results: Path, reference: Path) -> Report:
@@ -579,7 +571,7 @@ def compare_folders(results: Path, reference: Path) -> Report:
             continue
         rule = TABLE_RULES[name]
         if rule.kind == "lm":
-            compare_lm(name, rule, a, b, fit_tol(reference), ties, report)
+            compare_lm(name, rule, a, b, float(theirs.get("fit.tol", 1e-5)), ties, report)
         elif rule.kind == "seeded":
             compare_seeded(name, rule, a, b, report)
         else:
