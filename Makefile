@@ -44,7 +44,7 @@ test: setup
 compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
 
-# A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, record; README:
+# A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance; README:
 # "Checking a regeneration" says how the committed ones were made).
 NAME ?= default
 reference: setup

@@ -28,6 +28,7 @@ if "--unlock" not in sys.argv:
     include: "rules/aggregate.smk"
 
     check_results()
+    write_settings()  # once the config passed every check: a refused config never touches them
 
     # Seconds-long jobs (tables read small, the model install moves a folder): on a cluster they run beside
     # Snakemake, not in the queue.
@@ -43,15 +44,14 @@ if "--unlock" not in sys.argv:
         aggregate,
         provenance,
 
-    # The record of what the results folder was made with (uph.results_record), around every real run.
-    onstart:
-        record_started()
+    note_interrupts()
 
+    # A settings file this run rewrote that no job used is put back (uph.stage_settings); Ctrl-C exits 130.
     onsuccess:
-        record_finished()
+        finished(failed=False)
 
     onerror:
-        record_finished()
+        finished(failed=True)
 
     rule all:
         default_target: True

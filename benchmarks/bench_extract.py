@@ -41,9 +41,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from uph.config import CPU_BATCH, batch_windows
 from uph.device import cpu_model, setup_device
 from uph.lm.cache import shard_users
-from uph.lm.extract import CPU_BATCH, batch_windows, extract_users, user_groups, user_windows
+from uph.lm.extract import extract_users, user_groups, user_windows
 from uph.lm.splits import temporal_split
 
 SMOLLM2_135M = dict(  # the shape of the embedded model (its config.json)

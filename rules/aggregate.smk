@@ -7,7 +7,8 @@ rule aggregate:
     input:
         tables=[results("tables", f"{name}.csv") for name in TABLES],
         copy_task_curves=rules.copy_task_table.input.curves,
-        feedback_curves=rules.feedback_table.input,
+        feedback_curves=rules.feedback_table.input.runs,
+        settings=settings("aggregate"),
     output:
         png=[
             report(results("figures", f"{name}.png"), caption=f"../report/figures/{name}.rst", category=spec.category)
@@ -21,7 +22,7 @@ rule aggregate:
     benchmark:
         results("benchmarks", "aggregate.tsv")
     params:
-        copy_task_vocab=COPY_TASK["vocab"],
+        **SETTINGS["aggregate"],
     script:
         "../workflow_scripts/aggregate.py"
 
@@ -30,6 +31,7 @@ rule provenance:
     input:
         model=rules.model.output.identity,
         summary=rules.aggregate.output.summary,  # last: every other job's benchmark file is written
+        settings=settings("provenance"),
     output:
         report(results("provenance.json"), caption="../report/provenance.rst", category="Provenance"),
     log:

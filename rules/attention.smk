@@ -3,6 +3,8 @@
 
 
 rule attention_train:
+    input:
+        settings=settings("attention_train"),
     output:
         curves=f"{ATTENTION_JOB}/curves.parquet",
         sweep=f"{ATTENTION_JOB}/sweep.parquet",
@@ -20,7 +22,7 @@ rule attention_train:
         gpu=gpus("attention"),
     params:
         # not the lists the wildcards pick: adding or dropping a task (model, kind) reruns no other job
-        attention=job_settings(ATTENTION, "models", "attentions", "tasks"),
+        **SETTINGS["attention_train"],
         device=job_device("attention"),
     script:
         "../workflow_scripts/attention_train.py"
@@ -31,6 +33,7 @@ rule attention_table:
         evaluations=attention_runs("eval.parquet"),
         sweeps=attention_runs("sweep.parquet"),
         curves=attention_runs("curves.parquet"),
+        settings=settings("attention_table"),
     output:
         csv=report(results("tables", "attention.csv"), caption="../report/attention.rst", category="Attention study"),
         md=results("tables", "attention.md"),

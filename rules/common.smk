@@ -1,10 +1,13 @@
 # Helpers shared by every stage: config validation, paths, targets.
 import hashlib
 import os
+import re
+import signal
 from pathlib import Path
 
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
 from uph.config import (
+    batch_windows,
     EXTRACT_KEYS,
     FEEDBACK_COMMON_KEYS,
     FEEDBACK_METHOD_KEYS,
@@ -27,16 +30,17 @@ from uph.config import (
 from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.model_identity import IDENTITY, folder_digest, read_identity
-from uph import results_record
-from uph.results_record import Stage, section_settings
+from uph import stage_settings
+from snakemake.io import regex_from_filepattern
+from uph.stage_settings import plans_only
 
 
 def gguf_dropped_for():
     """The model.source whose results folder's model was made without config.yaml's carried-over GGUF file
-    (its record: model.gguf_file None): only the first run on that folder warns that it drops it."""
+    (its settings file: model.gguf_file None): only the first run on that folder warns that it drops it."""
     results = config.get("results", "results")
-    made = results_record.read(results).get("model", {}).get("settings", {}) if isinstance(results, str) else {}
-    return made.get("model.source") if "model.gguf_file" in made and made["model.gguf_file"] is None else None
+    made = (stage_settings.read(results, "model") or {}).get("model", {}) if isinstance(results, str) else {}
+    return made.get("source") if isinstance(made, dict) and made.get("gguf_file", "") is None else None
 
 
 try:
@@ -166,10 +170,10 @@ FIT_OTHERS = job_params(FIT, FIT_OTHERS_KEYS)
 CACHE_IDENTITY = job_params(config["extract"], EXTRACT_KEYS)
 
 
-def feedback_settings(wildcards):
-    """The feedback keys the job's method reads, so that changing node perturbation's sigma reruns
-    feedback_learned only."""
-    keys = FEEDBACK_COMMON_KEYS + FEEDBACK_METHOD_KEYS[wildcards.method]
+def feedback_settings(method):
+    """The feedback keys `method` reads, so that changing node perturbation's sigma reruns feedback_learned
+    only."""
+    keys = FEEDBACK_COMMON_KEYS + FEEDBACK_METHOD_KEYS[method]
     return job_params(config["feedback"], keys)
 
 
@@ -199,6 +203,70 @@ MODEL = model_settings()
 # The candidate folder is named by the settings it is built from: a refused candidate (which Snakemake
 # still records) or one left by a kill is never taken for the candidate of other settings.
 MODEL_CANDIDATE = results(f"model_candidate-{hashlib.sha256(repr(MODEL).encode()).hexdigest()[:12]}")
+
+
+def extract_settings():
+    """The extract keys but the device, `batch_size: null` resolved for the device the jobs ask for
+    (uph.config.batch_windows): a CPU's and a GPU's caches differ in their rounding, so their settings differ."""
+    extract = config["extract"]
+    on = "cuda" if gpus("extract") else "cpu"
+    return {**job_settings(extract), "batch_size": batch_windows(extract["batch_size"], extract["context"], on)}
+
+
+# What each rule's outputs rest on besides their input files: its params but the device (a rule's own
+# `params: **SETTINGS[rule]`), or for a table the config keys that list what it gathers. Each is also the
+# rule's input <results>/settings/<rule>.json (`settings`), rewritten only where it changes: Snakemake then
+# reruns the jobs whose settings changed, and what is built from them, for any target, history or not.
+SETTINGS = {
+    "corpus_roles": {"source": config["corpus"]["source"], "plays": config["corpus"]["plays"]},
+    "corpus": {
+        "corpus": job_params(config["corpus"], ("min_tokens", "max_users", "max_tokens", "train_fraction")),
+        "gap": config["extract"]["context"],
+    },
+    "model": {"model": MODEL},
+    "extract": {"extract": extract_settings()},
+    "svd_basis": {"rank": max(d for _, _, d in sweep_points(FIT))},
+    **{
+        name: {"fit": FIT_GLOBAL, "cache": CACHE_IDENTITY}
+        for name in ("fit_global", "fit_global_unigram", "fit_global_neural_cache")
+    },
+    "validate": {"fit": FIT_VALIDATE, "jobs": FIT_JOBS, "cache": CACHE_IDENTITY},
+    "capacity": {"fit": FIT_SWEEP, "cache": CACHE_IDENTITY},
+    "fit": {"fit": FIT_USERS, "jobs": FIT_JOBS, "cache": CACHE_IDENTITY},
+    "fit_others": {"fit": FIT_OTHERS, "jobs": FIT_JOBS, "cache": CACHE_IDENTITY},
+    "cross_user": {"listed": FIT["cross_user"], "heads": FIT_HEADS, "jobs": FIT_JOBS, "cache": CACHE_IDENTITY},
+    "headline_point": {
+        "fit": FIT_SWEEP,
+        "listed": FIT["cross_user"],
+        "bootstrap": FIT["bootstrap"],
+        "cache": CACHE_IDENTITY,
+    },
+    "cross_user_headline": {"heads": FIT_HEADS, "jobs": FIT_JOBS, "cache": CACHE_IDENTITY},
+    "personalization_table": {
+        "bootstrap": FIT["bootstrap"],
+        "fit": FIT_SWEEP,
+        "cache": CACHE_IDENTITY,
+        "gathers": {"jobs": FIT_JOBS, "cross_user": FIT["cross_user"]},
+    },
+    "copy_task_train": {"copy_task": job_settings(COPY_TASK, "attentions", "seeds")},
+    "copy_task_table": {"gathers": job_params(COPY_TASK, ("attentions", "seeds"))},
+    "attention_train": {"attention": job_settings(ATTENTION, "models", "attentions", "tasks")},
+    "attention_table": {"gathers": job_params(ATTENTION, ("models", "attentions", "tasks"))},
+    **{f"feedback_train-{method}": {"feedback": feedback_settings(method)} for method in config["feedback"]["methods"]},
+    "feedback_table": {"gathers": job_params(config["feedback"], ("methods", "seeds"))},
+    "aggregate": {"copy_task_vocab": COPY_TASK["vocab"]},
+    "provenance": {"config": job_params(config)},
+}
+SETTINGS_FILES = {}  # rule -> its settings file, once the config passed every check (write_settings)
+WRITTEN = []  # the settings files this run rewrites (uph.stage_settings.Rewrite)
+
+
+def settings(name):
+    """Rule `name`'s settings file as its input (uph.stage_settings): known only after the DAG build's
+    checks (write_settings), hence a function; "feedback_train" has one per method."""
+    if name == "feedback_train":
+        return lambda wildcards: SETTINGS_FILES[f"feedback_train-{wildcards.method}"]
+    return lambda wildcards: SETTINGS_FILES[name]
 
 
 def lm_targets():
@@ -246,145 +314,23 @@ def intermediate_targets():
         results("fit", "capacity.parquet"),
         results("fit", "headline.parquet"),
         *cross_user_paths(),
-        *rules.copy_task_table.input,
-        *rules.attention_table.input,
-        *rules.feedback_table.input,
-    ]
-
-
-FIT_RULES = {  # the fit stage's rules (rules/fit.smk)
-    "fit_global",
-    "fit_global_unigram",
-    "fit_global_neural_cache",
-    "validate",
-    "capacity",
-    "fit",
-    "fit_others",
-    "cross_user",
-    "headline_point",
-    "cross_user_headline",
-    "personalization_table",
-}
-
-
-def stages():
-    """The study's stages, each after the stages it is built from, with the settings their outputs depend on
-    (their jobs' params without the device; a table stage: the jobs it gathers): what
-    `<results>/.uph-config.json` records and the DAG build checks (uph.results_record)."""
-    corpus, extract, fit, feedback = config["corpus"], config["extract"], config["fit"], config["feedback"]
-    model_keys = ("source", "name", "revision", "gguf_file", "trust_remote_code", "source_digest")
-    model = {("source (its content)" if key == "source_digest" else key): MODEL[key] for key in model_keys}
-    fit_settings = job_params(fit, sorted(set(fit) - {"device", "jobs", "gpu_jobs"}))
-    users = ("min_tokens", "max_users", "max_tokens", "train_fraction")
-    return [
-        Stage(
-            "model",
-            {"model_candidate", "model"},
-            section_settings("model", model),
-            ("model",),
-            (results("model", IDENTITY),),
-        ),
-        Stage(
-            "roles",
-            {"corpus_roles"},
-            section_settings("corpus", corpus, ("source", "plays")),
-            ("corpus/roles.parquet",),
-            (results("corpus", "roles.parquet"),),
-        ),
-        Stage(
-            "users",
-            {"corpus"},
-            {**section_settings("corpus", corpus, users), **section_settings("extract", extract, ("context",))},
-            ("corpus/users.parquet",),
-            (results("corpus", "users.parquet"),),
-            ("model", "roles"),
-        ),
-        Stage(
-            "cache",
-            {"extract"},
-            section_settings("extract", job_settings(extract)),
-            ("cache",),
-            tuple(shard_paths()),
-            ("model", "users"),
-        ),
-        Stage(
-            "basis",
-            {"svd_basis"},
-            section_settings("fit", fit, ("ds", "extra_points")),
-            ("basis",),
-            (results("basis", "svd.safetensors"),),
-            ("model",),
-        ),
-        Stage(
-            "fit",
-            FIT_RULES,
-            {**section_settings("fit", fit_settings), **section_settings("fit", {FIT_JOBS_KEY: FIT_JOBS})},
-            ("fit",),
-            (results("tables", "personalization.csv"),),
-            ("model", "users", "cache", "basis"),
-        ),
-        Stage(
-            "copy_task",
-            {"copy_task_train"},
-            section_settings("copy_task", job_settings(COPY_TASK, "attentions", "seeds")),
-            ("copy_task",),
-            tuple(copy_task_runs("eval.parquet")),
-        ),
-        Stage(
-            "copy_task table",
-            {"copy_task_table"},
-            section_settings("copy_task", COPY_TASK, ("attentions", "seeds")),
-            ("tables/copy_task.csv",),
-            (results("tables", "copy_task.csv"),),
-            ("copy_task",),
-        ),
-        Stage(
-            "attention",
-            {"attention_train"},
-            section_settings("attention", job_settings(ATTENTION, "models", "attentions", "tasks")),
-            ("attention",),
-            tuple(attention_runs("eval.parquet")),
-        ),
-        Stage(
-            "attention table",
-            {"attention_table"},
-            section_settings("attention", ATTENTION, ("models", "attentions", "tasks")),
-            ("tables/attention.csv",),
-            (results("tables", "attention.csv"),),
-            ("attention",),
-        ),
-        Stage(
-            "feedback",
-            {"feedback_train"},
-            section_settings("feedback", job_settings(feedback, "methods", "seeds")),
-            ("feedback",),
-            tuple(rules.feedback_table.input),
-            ("roles",),
-        ),
-        Stage(
-            "feedback table",
-            {"feedback_table"},
-            section_settings("feedback", feedback, ("methods", "seeds")),
-            ("tables/feedback.csv",),
-            (results("tables", "feedback.csv"),),
-            ("feedback",),
-        ),
+        *rules.copy_task_table.input.evaluations,
+        *rules.copy_task_table.input.curves,
+        *rules.attention_table.input.evaluations,
+        *rules.attention_table.input.sweeps,
+        *rules.attention_table.input.curves,
+        *rules.feedback_table.input.runs,
     ]
 
 
 def check_results():
-    """The DAG build's checks of what the results folder holds, once every rule is defined. First the config
-    against what the folder was made with where Snakemake has no history of it (uph.results_record), then
-    the sizes of the installed model while the config names it (a switch to another source is checked by
-    its model_candidate job)."""
-    model_dir, main = Path(RESULTS) / "model", workflow.is_main_process  # not a cluster job's own parse, mid-run
+    """The DAG build's checks of what the results folder holds, once the rules are defined: the sizes of the
+    installed model while the config names it (a switch to another source is checked by its model_candidate
+    job)."""
+    model_dir = Path(RESULTS) / "model"
     try:
-        if main:
-            results_record.check(RESULTS, stages())
         if (model_dir / IDENTITY).is_file():
             installed = read_identity(model_dir)
-            if main:
-                results_record.check_identity(RESULTS, installed, config["model"], results("model", IDENTITY))
             if installed.get("source") == config["model"]["source"]:
                 check_against_model(config, installed)
                 check_context(config["extract"]["context"], model_dir)
@@ -392,25 +338,56 @@ def check_results():
         raise WorkflowError(str(error)) from None
 
 
-def record_started():
-    """onstart: what each stage about to be rebuilt will be made with (uph.results_record.started)."""
-    dag, jobs = workflow.dag, []
-    for job in dag.jobs:
-        needs_run = dag.needrun(job)
-        reason = dag.reason(job) if needs_run else None
-        on_history = needs_run and (reason.is_provenance_triggered() or bool(reason.incomplete_output))
-        jobs.append((job.rule.name, [str(f) for f in job.output], needs_run, on_history))
+def write_settings():
+    """Once the config passed every check: the settings files (uph.stage_settings.plan), those whose content
+    changes written, and those of the rules that read an intermediate file that is missing (deleted, as a
+    refusal says) written again, so that any target rebuilds it and what is built from it."""
+    missing = {path for path in intermediate_targets() if not os.path.exists(path)}
+    stale = set()
+    for reader in workflow.rules if missing else ():
+        inputs = [str(item) for item in reader.input if isinstance(item, str)]
+        patterns = [re.compile(regex_from_filepattern(item)) for item in inputs if "{" in item]
+        if missing & set(inputs) or any(pattern.match(path) for pattern in patterns for path in missing):
+            stale |= {name for name in SETTINGS if name.split("-")[0] == reader.name}
+    paths, rewrites = stage_settings.plan(RESULTS, SETTINGS, stale, plans_only(), writes=workflow.is_main_process)
+    SETTINGS_FILES.update(paths)
     try:
-        results_record.started(RESULTS, stages(), jobs)
+        for rewrite in rewrites:
+            rewrite.write()
+            WRITTEN.append(rewrite)
     except UphError as error:
         raise WorkflowError(str(error)) from None
 
 
-def record_finished():
-    """onsuccess and onerror: settle every stage whose outputs are all current (uph.results_record.finished)."""
-    dag = workflow.dag
-    jobs = [(job.rule.name, [str(f) for f in job.output], dag.noneedrun_finished(job)) for job in dag.jobs]
-    try:
-        results_record.finished(RESULTS, stages(), jobs)
-    except UphError as error:
-        raise WorkflowError(str(error)) from None
+INTERRUPTED = []  # Ctrl-C seen by this snakemake (note_interrupts)
+
+
+def note_interrupts():
+    """Note a Ctrl-C (SIGINT) to the main snakemake process, then handle it as Snakemake does (it stops the
+    jobs, and every job ends with status 130: uph.errors.quiet_interrupts): a stopped run then exits 130, as
+    a command a shell's Ctrl-C stopped does (`finished`), not 1 as a failed one."""
+    previous = signal.getsignal(signal.SIGINT)
+    if not workflow.is_main_process or not callable(previous):  # a background run ignores SIGINT
+        return
+
+    def noted(signum, frame):
+        INTERRUPTED.append(signum)
+        return previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+
+
+def finished(failed):
+    """onsuccess and onerror: the settings files no job used put back (restore_settings); a run stopped by
+    Ctrl-C exits 130."""
+    restore_settings()
+    if failed and INTERRUPTED:
+        raise SystemExit(130)
+
+
+def restore_settings():
+    """onsuccess and onerror: put back each settings file this run rewrote that no job of its rule used
+    (uph.stage_settings.Rewrite.restore)."""
+    for rewrite in WRITTEN:
+        name = rewrite.rule.split("-")[0]  # feedback_train-<method>: the feedback_train jobs
+        rewrite.restore([str(f) for job in workflow.dag.jobs if job.rule.name == name for f in job.output])

@@ -3,6 +3,8 @@
 
 
 rule copy_task_train:
+    input:
+        settings=settings("copy_task_train"),
     output:
         curves=f"{COPY_TASK_JOB}/curves.parquet",
         evaluation=f"{COPY_TASK_JOB}/eval.parquet",
@@ -17,7 +19,7 @@ rule copy_task_train:
     resources:
         gpu=gpus("copy_task"),
     params:
-        copy_task=job_settings(COPY_TASK, "attentions", "seeds"),
+        **SETTINGS["copy_task_train"],
         device=job_device("copy_task"),
     script:
         "../workflow_scripts/copy_task_train.py"
@@ -27,6 +29,7 @@ rule copy_task_table:
     input:
         evaluations=copy_task_runs("eval.parquet"),
         curves=copy_task_runs("curves.parquet"),
+        settings=settings("copy_task_table"),
     output:
         csv=report(results("tables", "copy_task.csv"), caption="../report/copy_task.rst", category="Copy task"),
         md=results("tables", "copy_task.md"),

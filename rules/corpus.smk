@@ -4,6 +4,7 @@
 rule corpus_roles:
     input:
         corpus_file(),
+        settings=settings("corpus_roles"),
     output:
         results("corpus", "roles.parquet"),
     log:
@@ -12,8 +13,7 @@ rule corpus_roles:
         results("benchmarks", "corpus_roles.tsv")
     priority: LM_PRIORITY
     params:
-        source=config["corpus"]["source"],
-        plays=config["corpus"]["plays"],
+        **SETTINGS["corpus_roles"],
     script:
         "../workflow_scripts/corpus_roles.py"
 
@@ -22,6 +22,7 @@ rule corpus:
     input:
         roles=rules.corpus_roles.output[0],
         model=results("model", "identity.json"),
+        settings=settings("corpus"),
     output:
         users=results("corpus", "users.parquet"),
     log:
@@ -30,7 +31,6 @@ rule corpus:
         results("benchmarks", "corpus.tsv")
     priority: LM_PRIORITY
     params:
-        corpus=job_params(config["corpus"], ("min_tokens", "max_users", "max_tokens", "train_fraction")),
-        gap=config["extract"]["context"],
+        **SETTINGS["corpus"],
     script:
         "../workflow_scripts/corpus.py"

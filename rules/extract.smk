@@ -5,6 +5,7 @@ rule extract:
     input:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
+        settings=settings("extract"),
     output:
         results("cache", "shard-{shard}.parquet"),
     log:
@@ -17,7 +18,7 @@ rule extract:
         mem_mb=8000,
         gpu=gpus("extract"),
     params:
-        extract=job_settings(config["extract"]),
+        **SETTINGS["extract"],
         device=job_device("extract"),
     script:
         "../workflow_scripts/extract.py"
@@ -26,6 +27,7 @@ rule extract:
 rule svd_basis:
     input:
         model=rules.model.output.identity,
+        settings=settings("svd_basis"),
     output:
         results("basis", "svd.safetensors"),
     log:
@@ -34,6 +36,6 @@ rule svd_basis:
         results("benchmarks", "svd_basis.tsv")
     priority: LM_PRIORITY
     params:
-        rank=max(d for _, _, d in sweep_points(config["fit"])),
+        **SETTINGS["svd_basis"],
     script:
         "../workflow_scripts/svd_basis.py"

@@ -6,6 +6,7 @@
 rule feedback_train:
     input:
         roles=rules.corpus_roles.output[0],
+        settings=settings("feedback_train"),
     output:
         results("feedback", "method~{method}", "seed~{seed}", "curves.parquet"),
     log:
@@ -19,7 +20,7 @@ rule feedback_train:
     resources:
         gpu=gpus("feedback"),
     params:
-        feedback=feedback_settings,
+        feedback=lambda wildcards: SETTINGS[f"feedback_train-{wildcards.method}"]["feedback"],
         device=job_device("feedback"),
     script:
         "../workflow_scripts/feedback_train.py"
@@ -27,7 +28,10 @@ rule feedback_train:
 
 rule feedback_table:
     input:
-        expand(rules.feedback_train.output[0], method=config["feedback"]["methods"], seed=config["feedback"]["seeds"]),
+        runs=expand(
+            rules.feedback_train.output[0], method=config["feedback"]["methods"], seed=config["feedback"]["seeds"]
+        ),
+        settings=settings("feedback_table"),
     output:
         csv=report(results("tables", "feedback.csv"), caption="../report/feedback.rst", category="Feedback"),
         md=results("tables", "feedback.md"),

@@ -25,6 +25,7 @@ rule fit_global:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("fit_global"),
     output:
         thetas=f"{GLOBAL_FIT}/thetas.parquet",
         validation=f"{GLOBAL_FIT}/validation.parquet",
@@ -38,8 +39,7 @@ rule fit_global:
         mem_mb=8000,
         gpu=gpus("fit"),
     params:
-        fit=FIT_GLOBAL,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["fit_global"],
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global.py"
@@ -51,6 +51,7 @@ rule fit_global_unigram:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("fit_global_unigram"),
     output:
         unigram=f"{GLOBAL_UNIGRAM}/unigram.parquet",
         validation=f"{GLOBAL_UNIGRAM}/validation.parquet",
@@ -64,8 +65,7 @@ rule fit_global_unigram:
         mem_mb=4000,
         gpu=gpus("fit"),
     params:
-        fit=FIT_GLOBAL,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["fit_global_unigram"],
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global_unigram.py"
@@ -77,6 +77,7 @@ rule fit_global_neural_cache:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("fit_global_neural_cache"),
     output:
         settings=f"{GLOBAL_NEURAL_CACHE}/neural_cache.parquet",
         datastore=f"{GLOBAL_NEURAL_CACHE}/datastore.parquet",
@@ -91,8 +92,7 @@ rule fit_global_neural_cache:
         mem_mb=4000,
         gpu=gpus("fit"),
     params:
-        fit=FIT_GLOBAL,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["fit_global_neural_cache"],
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global_neural_cache.py"
@@ -106,6 +106,7 @@ rule validate:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("validate"),
     output:
         validation=f"{FIT_JOB}/validation.parquet",
         warm=f"{FIT_JOB}/warm_starts.parquet",
@@ -119,9 +120,7 @@ rule validate:
         mem_mb=6000,
         gpu=gpus("fit"),
     params:
-        fit=FIT_VALIDATE,
-        jobs=FIT_JOBS,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["validate"],
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit_validate.py"
@@ -136,14 +135,14 @@ rule capacity:
             *fit_job_paths("validation.parquet"),
         ],
         model=rules.model.output.identity,
+        settings=settings("capacity"),
     output:
         results("fit", "capacity.parquet"),
     log:
         results("logs", "fit", "capacity.log"),
     priority: LM_PRIORITY
     params:
-        fit=FIT_SWEEP,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["capacity"],
     script:
         "../workflow_scripts/fit_capacity.py"
 
@@ -158,6 +157,7 @@ rule fit:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("fit"),
     output:
         fits=f"{FIT_JOB}/fits.parquet",
         dose=f"{FIT_JOB}/dose.parquet",
@@ -171,9 +171,7 @@ rule fit:
         mem_mb=6000,
         gpu=gpus("fit"),
     params:
-        fit=FIT_USERS,
-        jobs=FIT_JOBS,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["fit"],
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit.py"
@@ -188,6 +186,7 @@ rule fit_others:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("fit_others"),
     output:
         f"{FIT_JOB}/others.parquet",
     log:
@@ -199,9 +198,7 @@ rule fit_others:
     resources:
         gpu=gpus("fit"),
     params:
-        fit=FIT_OTHERS,
-        jobs=FIT_JOBS,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["fit_others"],
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit_others.py"
@@ -215,6 +212,7 @@ rule cross_user:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("cross_user"),
     output:
         CROSS_USER_BLOCK,
     log:
@@ -226,10 +224,8 @@ rule cross_user:
     resources:
         gpu=gpus("fit"),
     params:
+        **SETTINGS["cross_user"],
         solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
-        heads=FIT_HEADS,
-        jobs=FIT_JOBS,
-        cache=CACHE_IDENTITY,
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit_cross_user.py"
@@ -242,6 +238,7 @@ rule headline_point:
         others=fit_job_paths("others.parquet"),
         capacity=rules.capacity.output[0],
         model=rules.model.output.identity,
+        settings=settings("headline_point"),
     output:
         results("fit", "headline.parquet"),
     log:
@@ -250,10 +247,7 @@ rule headline_point:
         results("benchmarks", "fit-headline_point.tsv")
     priority: LM_PRIORITY
     params:
-        fit=FIT_SWEEP,
-        listed=FIT["cross_user"],
-        bootstrap=FIT["bootstrap"],
-        cache=CACHE_IDENTITY,
+        **SETTINGS["headline_point"],
     script:
         "../workflow_scripts/fit_headline.py"
 
@@ -267,6 +261,7 @@ rule cross_user_headline:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
+        settings=settings("cross_user_headline"),
     output:
         f"{FIT_JOB}/cross_user-headline.parquet",
     log:
@@ -278,9 +273,7 @@ rule cross_user_headline:
     resources:
         gpu=gpus("fit"),
     params:
-        heads=FIT_HEADS,
-        jobs=FIT_JOBS,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["cross_user_headline"],
         device=job_device("fit"),
     script:
         "../workflow_scripts/fit_cross_user.py"
@@ -296,6 +289,7 @@ rule personalization_table:
         capacity=rules.capacity.output[0],
         cross_user=[*cross_user_paths(), *fit_job_paths("cross_user-headline.parquet")],
         model=rules.model.output.identity,
+        settings=settings("personalization_table"),
     output:
         personalization=report(
             results("tables", "personalization.csv"),
@@ -317,8 +311,6 @@ rule personalization_table:
         results("benchmarks", "personalization_table.tsv")
     priority: LM_PRIORITY
     params:
-        bootstrap=FIT["bootstrap"],
-        fit=FIT_SWEEP,
-        cache=CACHE_IDENTITY,
+        **SETTINGS["personalization_table"],
     script:
         "../workflow_scripts/fit_tables.py"

@@ -14,7 +14,7 @@ rule model_candidate:
         results("benchmarks", "model_candidate.tsv")
     priority: LM_PRIORITY
     params:
-        model=MODEL,
+        **SETTINGS["model"],
     script:
         "../workflow_scripts/model_candidate.py"
 
@@ -22,12 +22,13 @@ rule model_candidate:
 rule model:
     input:
         candidate=rules.model_candidate.output.folder,
+        settings=settings("model"),
     output:
         identity=results("model", "identity.json"),
     log:
         results("logs", "model.log"),
     priority: LM_PRIORITY
-    params:  # the job only moves the candidate: these rerun it (and so the candidate) on a change
-        model=MODEL,
+    params:  # the job only moves the candidate: its settings rerun it (and so the candidate) on a change
+        **SETTINGS["model"],
     script:
         "../workflow_scripts/model.py"

@@ -18,15 +18,26 @@ from uph.io import read_table
 
 @pytest.fixture
 def pair(tiny_study, tmp_path):
-    """(results, reference): two copies of the tiny study's tables and record, to plant differences in."""
+    """(results, reference): two copies of the tiny study's tables and provenance (with the config that made
+    them), to plant differences in."""
     source = tiny_study.workdir / "results"
     folders = []
     for name in ("results", "reference"):
         folder = tmp_path / name
         shutil.copytree(source / "tables", folder / "tables")
-        shutil.copy(source / ".uph-config.json", folder)
+        shutil.copy(source / "provenance.json", folder)
         folders.append(folder)
     return tuple(folders)
+
+
+def set_config(folder, section, key, value):
+    """Change the config in `folder`'s provenance.json: `section`.`key`, or `section` where `key` is None."""
+    provenance = json.loads((folder / "provenance.json").read_text())
+    if key is None:
+        provenance["config"][section] = value
+    else:
+        provenance["config"][section][key] = value
+    (folder / "provenance.json").write_text(json.dumps(provenance))
 
 
 def edit(folder, name, change) -> pd.DataFrame:
@@ -133,12 +144,10 @@ def test_a_radius_chosen_otherwise_reads_as_a_near_tie_or_a_real_change_by_its_m
 
 def test_another_config_or_a_missing_table_cannot_be_compared(pair, capsys):
     results, reference = pair
-    record = json.loads((reference / ".uph-config.json").read_text())
-    record["stages"]["fit"]["settings"]["fit.radii"] = [99.0]
-    (reference / ".uph-config.json").write_text(json.dumps(record))
+    set_config(reference, "fit", "radii", [99.0])
     assert main([str(results), "--reference", str(reference)]) == 2
-    assert "another config: fit.radii: " in capsys.readouterr().out
-    shutil.copy(results / ".uph-config.json", reference)
+    assert "another config: fit.radii: [0.5, 5.0, 50.0] against [99.0]" in capsys.readouterr().out
+    shutil.copy(results / "provenance.json", reference)
     (reference / "tables" / "feedback.csv").unlink()
     assert main([str(results), "--reference", str(reference)]) == 2
     assert "feedback: no table" in capsys.readouterr().out
@@ -153,7 +162,6 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     make_reference(tiny_study.workdir / "results", committed)
     assert sorted(path.name for path in committed.iterdir()) == [
         "provenance.json",
-        "record.json",
         "reference.json",
         "summary.md",
         "tables",
@@ -163,9 +171,10 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     assert info["job_seconds"] > 0 and info["cpu"] and info["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert find_reference(results, references) == committed
     assert compare_folders(results, committed).exit_code == 0
-    record = json.loads((results / ".uph-config.json").read_text())
-    record["stages"]["fit"]["settings"]["fit.alphas"] = [0.25]
-    (results / ".uph-config.json").write_text(json.dumps(record))
+    set_config(results, "fit", "jobs", 3)  # cuts the same computation: the same reference
+    set_config(results, "device", None, "cuda")
+    assert find_reference(results, references) == committed
+    set_config(results, "fit", "alphas", [0.25])
     assert find_reference(results, references) is None
     assert main([str(results)]) == 2  # reference/ holds no reference of the tiny config's settings
     assert "no committed reference" in capsys.readouterr().err

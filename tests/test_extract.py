@@ -3,9 +3,10 @@ import pandas as pd
 import pytest
 import torch
 
+from uph.config import CPU_BATCH, GPU_BATCH_TOKENS, batch_windows
 from uph.errors import CacheError, ModelError
 from uph.lm.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
-from uph.lm.extract import CPU_BATCH, GPU_BATCH_TOKENS, batch_windows, extract_users, user_groups, user_windows
+from uph.lm.extract import extract_users, user_groups, user_windows
 from uph.lm.models import load_model, materialize, read_output_layer
 from uph.lm.splits import temporal_split
 from uph.model_identity import read_identity

@@ -134,7 +134,7 @@ def test_the_gpu_check_passes_a_run_against_itself_and_names_each_departure(tiny
     assert gpu_check.compare_runs(cpu, cpu) == []
     cuda = tmp_path / "results"
     shutil.copytree(cpu / "tables", cuda / "tables")
-    shutil.copy(cpu / ".uph-config.json", cuda)
+    shutil.copy(cpu / "provenance.json", cuda)
     personalization = pd.read_csv(cpu / "tables" / "personalization.csv")
     personalization.loc[1, "delta_nll"] += 1e-3  # beyond uph.compare's NLL tolerance
     personalization.to_csv(cuda / "tables/personalization.csv", index=False)

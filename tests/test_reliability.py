@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import matplotlib
 import matplotlib.figure
@@ -57,6 +58,7 @@ from uph.report.figures import STYLE, literal
 from uph.report.provenance import table_code
 
 LM_TABLES = ["results/tables/personalization.csv", "results/tables/cross_user.csv"]
+LM_TABLE_NAMES = ("personalization", "capacity", "dose_response", "cross_user")
 STAGE_RULES = {
     "corpus_roles",
     "corpus",
@@ -104,14 +106,16 @@ def remove(workdir, *patterns):
             path.unlink()
 
 
-def results_files(workdir) -> dict:
-    """relative path -> (size, mtime) of every result: not logs, benchmarks or temporary files."""
+def results_files(workdir, settings=True) -> dict:
+    """relative path -> (size, mtime) of every result: not logs, benchmarks or temporary files, nor with
+    `settings` false the settings files (what each rule's outputs rest on: a resumed run marks the rules
+    that read an unfinished job's outputs stale, uph.stage_settings)."""
     return {
         str(path.relative_to(workdir)): (path.stat().st_size, path.stat().st_mtime_ns)
         for path in (workdir / "results").rglob("*")
         if path.is_file()
         and not path.name.startswith(".")
-        and path.relative_to(workdir).parts[1] not in ("logs", "benchmarks")
+        and path.relative_to(workdir).parts[1] not in ("logs", "benchmarks", *(() if settings else ("settings",)))
     }
 
 
@@ -150,11 +154,11 @@ def assert_tables_equal_the_reference(workdir, tiny_study):
 # `--rerun-incomplete`.
 
 
-def kill_when(workdir, ready, *args, timeout=300) -> subprocess.CompletedProcess:
+def kill_when(workdir, ready, *args, timeout=300, config="config/test.yaml") -> subprocess.CompletedProcess:
     """Run the LM tables' DAG in `workdir`; SIGKILL snakemake and its jobs once `ready(output so far)`."""
     log_path = workdir.parent / "killed-run.log"
     with open(log_path, "w") as log:
-        command = snakemake_command(workdir, *args, *LM_TABLES)
+        command = snakemake_command(workdir, *args, *LM_TABLES, config=config)
         run = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while not ready(log_path.read_text()):
@@ -189,7 +193,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     cache = workdir / "results/cache"
     kill_when(workdir, lambda output: any(cache.glob(".tmp-shard-1.parquet.*")))  # shard 1 half written
     assert not (cache / "shard-1.parquet").exists()
-    kept = results_files(workdir)  # shard 0, its fits, the model, the corpus, ...
+    kept = results_files(workdir, settings=False)  # shard 0, its fits, the model, the corpus, ...
 
     unlock(workdir)  # the global fits and some fit jobs done, another running:
     resumed = kill_when(workdir, lambda output: "(Rule: fit)" in output, "--rerun-incomplete")
@@ -206,14 +210,14 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
             "fit",
         )
     }
-    written = {path: stamp for path, stamp in results_files(workdir).items() if path not in kept}
+    written = {path: stamp for path, stamp in results_files(workdir, settings=False).items() if path not in kept}
 
     unlock(workdir)
     rerun = snakemake(workdir, "--rerun-incomplete", *LM_TABLES)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     unfinished = {rule: count - finished.get(rule, 0) for rule, count in LM_FITS.items()}
     assert planned_jobs(rerun) == {rule: count for rule, count in unfinished.items() if count}
-    after = results_files(workdir)
+    after = results_files(workdir, settings=False)
     assert all(after[path] == stamp for path, stamp in kept.items())
     # outputs of finished jobs stay; one written but not yet recorded when killed is incomplete, so redone
     # files each finished job wrote
@@ -409,36 +413,40 @@ def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
-def test_the_fit_stage_cut_into_one_job_or_into_fit_jobs_gives_byte_identical_tables(tiny_study, tmp_path):
-    """config/test.yaml puts its 4 users in fit.jobs 1 job; cut into 2 instead, the per-user jobs rerun
-    (and nothing upstream), and every LM table is the same to the byte: a user's rows do not depend on the
-    job that holds it, and the tables read the users in one order."""
-    workdir = copy_study(tiny_study, tmp_path)
+def test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run(tiny_study, tmp_path):
+    """Followed to the end with the LM tables as the target. A results folder made with other radii, copied
+    alone (no history): a run with a third set of radii plans the whole fit stage and nothing before it
+    (Snakemake alone had "Nothing to be done"); killed once its first global fit is written, it is run
+    again in place with the study's radii (a record once refused this legitimate rerun): every fit job
+    reruns, those the killed run finished too, and nothing upstream. That run cuts the 4 users into
+    fit.jobs 2 jobs (config/test.yaml: 1), and every LM table is the study's to the byte: a user's rows do
+    not depend on the job that holds it, and the tables read the users in one order."""
+    workdir = tmp_path / "elsewhere"
+    shutil.copytree(tiny_study.workdir / "results", workdir / "results")  # a backup restored, say
+    made_with(workdir, tmp_path, "fit-radii")
+    other = config_file(tmp_path, lambda c: c["fit"].update(radii=[2.0, 20.0]))
+    killed = kill_when(workdir, lambda output: "(Rule: fit_global)" in output, config=other)
+    assert planned_jobs(killed) == LM_FITS
+    unlock(workdir)
     config = config_file(tmp_path, lambda c: c["fit"].update(jobs=2))
-    run = snakemake(
-        workdir, *LM_TABLES, "results/tables/capacity.csv", "results/tables/dose_response.csv", config=config
-    )
+    tables = [*LM_TABLES, "results/tables/capacity.csv", "results/tables/dose_response.csv"]
+    run = snakemake(workdir, "--rerun-incomplete", *tables, config=config)
     assert run.returncode == 0, run.stderr[-3000:]
     per_user = {"validate", "fit", "fit_others", "cross_user", "cross_user_headline"}
-    assert planned_jobs(run) == {
-        **dict.fromkeys(per_user, 2),
-        "capacity": 1,
-        "headline_point": 1,
-        "personalization_table": 1,
-    }
-    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 2  # job~0 rewritten, job~1 new
+    assert planned_jobs(run) == {**LM_FITS, **dict.fromkeys(per_user, 2)}
+    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 2
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
 def test_shards_the_hash_leaves_empty_and_no_baselines_run_to_the_summary(tiny_study, tmp_path):
-    """extract.shards 8 and fit.jobs 5 for 4 users (several shards and a job hold nobody) with fit.baselines
+    """extract.shards 6 and fit.jobs 5 for 4 users (several shards and a job hold nobody) with fit.baselines
     [], fit.on_cache [] and no dose-response points (the schema allows each): every per-shard and per-user
     job writes its empty file, every table builds from them, every user once, empty tables keep their
     columns, and the summary renders."""
     workdir = copy_study(tiny_study, tmp_path)
 
     def edit(config):
-        config["extract"]["shards"] = 8
+        config["extract"]["shards"] = 6
         config["fit"].update(baselines=[], on_cache=[], jobs=5)
         config["fit"]["dose_response"]["points"] = []
 
@@ -522,7 +530,7 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
     "tol-written-1e-5": (  # PyYAML reads 1e-5 as text
         lambda c, tmp: c["fit"].update(tol="1e-5"),
         "config key 'fit.tol': '1e-5' is text, not a number; write it as 1.0e-5 (YAML reads a number in "
-        "e-notation without a dot as text)",
+        "e-notation as text unless it has a dot and a signed exponent)",
     ),
     "max-tokens-below-a-held-out-window": (
         lambda c, tmp: c["corpus"].update(max_tokens=300),
@@ -933,7 +941,7 @@ def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touc
     changed = snakemake(tmp_path, "-n", target, config=config)
     assert planned_jobs(changed) == {"model_candidate": 1, "model": 1}
     assert "reason: Missing output files: results/model_candidate-" in changed.stdout
-    assert "Params have changed since last execution" in changed.stdout
+    assert re.search(r"reason: .*Updated input files: .*\.snakemake/uph-dry-settings/\w+/model\.json", changed.stdout)
 
 
 def test_a_model_folder_copied_half_way_stops_the_dag_build_in_one_line_naming_the_weights(tiny_study, tmp_path):
@@ -988,6 +996,7 @@ def test_a_damaged_model_identity_is_one_line_naming_it_and_following_it_plans_t
     assert unlocked.returncode == 0 and "Unlocked working directory." in unlocked.stdout + unlocked.stderr
     identity.unlink()  # the model job rebuilds it, and everything built from the model after it
     assert planned_jobs(snakemake(workdir, "-n")) == MODEL_CHAIN
+    assert planned_jobs(snakemake(workdir, "-n", *LM_TABLES)) == MODEL_CHAIN
 
 
 def test_a_refused_model_switch_keeps_the_last_good_model_and_switching_back_reruns_nothing(tiny_study, tmp_path):
@@ -1051,76 +1060,100 @@ def test_a_switch_to_a_wider_model_is_checked_against_that_model_not_the_install
     )
 
 
-# A results folder copied to a new path (no Snakemake history there): the record of what it was made with
-# (uph.results_record) refuses another model or corpus in one line, and following the line rebuilds.
+# A results folder made with other settings (copied from elsewhere, restored from a backup, or run here with
+# another config): its settings files (uph.stage_settings) say what each rule's outputs were made with, and
+# the study's config reruns the rules whose settings differ, and what follows them, for any target, with or
+# without Snakemake history. "Made with other settings" is a copy of the study whose settings files are
+# those of the other config (what decides the plan); followed to the end, such a folder ends in the study's
+# own tables (test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run).
 
-COPIED_FOLDER_SWITCHES = {  # edit(config, folder), the key, the folder's value and the config's, the fix, its plan
-    "model-source": (
-        lambda c, tmp: c["model"].update(source="tiny:gpt2"),
-        "model.source",
-        "'tiny:llama', not 'tiny:gpt2'",
-        "results/model",
-        MODEL_CHAIN,
-    ),
-    "model-name": (
-        lambda c, tmp: c["model"].update(name="tiny-llama-2"),
-        "model.name",
-        "'tiny-llama', not 'tiny-llama-2'",
-        "results/model",
-        MODEL_CHAIN,
-    ),
+ALL_TABLES = [*LM_TABLES, "results/tables/copy_task.csv", "results/tables/attention.csv", "results/tables/feedback.csv"]
+ELSEWHERE = {  # edit(config, tmp): the config a folder was made with; the jobs the study's config then plans
     "corpus-source": (
         lambda c, tmp: c["corpus"].update(source=str(tmp / "users.jsonl")),
-        "corpus.source",
-        "'shakespeare', not '{tmp}/users.jsonl'",
-        "results/corpus/roles.parquet",
         CONFIG_CHANGES["corpus-plays"][1],
     ),
+    "fit-ds": (lambda c, tmp: c["fit"].update(ds=[8, 4]), LM_FITS),
+    "fit-radii": (lambda c, tmp: c["fit"].update(radii=[1.0, 10.0]), LM_FITS),
 }
+LM_RULES = {"corpus_roles", "corpus", "extract", *LM_FITS}  # what the LM tables are built from
+ELSEWHERE_CASES = [  # (switch, "history" where the working directory has the study's, target: all or the LM tables)
+    *((switch, "", target) for switch in ELSEWHERE for target in ("all", "table")),
+    ("corpus-source", "history", "table"),
+    ("fit-radii", "history", "all"),
+]
+
+
+def made_with(workdir, tmp, switch):
+    """Give `workdir`'s results the settings files of ELSEWHERE[switch]'s config: a dry run of that config
+    plans from its changed files (in Snakemake's folder), copied over the folder's own."""
+    (tmp / "users.jsonl").write_text('{"user_id": "a", "text": "hello"}\n')
+    other = config_file(tmp, lambda c: ELSEWHERE[switch][0](c, tmp))
+    run = snakemake(workdir, "-n", config=other)
+    assert run.returncode == 0, run.stdout[-3000:]
+    changed = list((workdir / ".snakemake/uph-dry-settings").glob("*/*.json"))
+    assert changed
+    for path in changed:
+        shutil.copy2(path, workdir / "results/settings" / path.name)
+    shutil.rmtree(workdir / ".snakemake/uph-dry-settings")
+
+
+def settings_stamps(workdir) -> dict:
+    return {
+        path.name: (path.read_bytes(), path.stat().st_mtime_ns) for path in (workdir / "results/settings").iterdir()
+    }
 
 
 @pytest.fixture(scope="module")
-def copied_folder_runs(tiny_study, tmp_path_factory):
-    """switch -> (its folder, a dry run of the switch on a copy of results/ alone, then of the switch after
-    deleting what the refusal names); "same" -> a dry run of the study's own config on such a copy."""
+def elsewhere_runs(tiny_study, tmp_path_factory):
+    """(switch, history, target) -> a dry run of the study's config on a folder made with the switch's
+    config, copied alone (no history) or over the study's working directory (its history); "same" -> the
+    study's results copied alone; "no-settings" -> copied alone without results/settings."""
 
-    def switch_a_copy(switch):
-        tmp = tmp_path_factory.mktemp(switch)
+    def plan(case):
+        switch, history, target = case
+        tmp = tmp_path_factory.mktemp("-".join(case))
         workdir = tmp / "elsewhere"
-        shutil.copytree(tiny_study.workdir / "results", workdir / "results")  # a backup restored, say
-        if switch == "same":
-            return tmp, snakemake(workdir, "-n"), None
-        (tmp / "users.jsonl").write_text('{"user_id": "a", "text": "hello"}\n')
-        edit, *_, fix, _ = COPIED_FOLDER_SWITCHES[switch]
-        config = config_file(tmp, lambda c: edit(c, tmp))
-        refused = snakemake(workdir, "-n", config=config)
-        path = workdir / fix
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-        return tmp, refused, snakemake(workdir, "-n", config=config)
+        if history:
+            shutil.copytree(tiny_study.workdir, workdir, symlinks=True)
+        else:
+            shutil.copytree(tiny_study.workdir / "results", workdir / "results")  # a backup restored, say
+        if switch == "no-settings":
+            shutil.rmtree(workdir / "results/settings")
+        elif switch != "same":
+            made_with(workdir, tmp, switch)
+        before = settings_stamps(workdir) if switch != "no-settings" else {}
+        run = snakemake(workdir, "-n", *([] if target == "all" else LM_TABLES))
+        assert switch == "no-settings" or settings_stamps(workdir) == before  # a dry run writes none of them
+        return run
 
-    return two_at_a_time(switch_a_copy, ["same", *COPIED_FOLDER_SWITCHES])
+    return two_at_a_time(plan, [*ELSEWHERE_CASES, ("same", "", "all"), ("no-settings", "", "table")])
 
 
-def test_a_copied_results_folder_with_its_own_config_has_nothing_to_do(copied_folder_runs):
-    _, run, _ = copied_folder_runs["same"]
+def test_a_copied_results_folder_with_its_own_config_has_nothing_to_do(elsewhere_runs):
+    run = elsewhere_runs["same", "", "all"]
     assert run.returncode == 0 and "Nothing to be done" in run.stdout, run.stdout[-3000:]
 
 
-@pytest.mark.parametrize("switch", COPIED_FOLDER_SWITCHES)
-def test_a_copied_results_folder_refuses_another_model_or_corpus_and_following_the_line_reruns_it(
-    copied_folder_runs, switch
+@pytest.mark.parametrize(("switch", "history", "target"), ELSEWHERE_CASES)
+def test_a_folder_made_with_another_corpus_or_fit_setting_reruns_what_the_config_changes(
+    elsewhere_runs, switch, history, target
 ):
-    """Snakemake alone answered "Nothing to be done" there, and the tables stood under the old labels."""
-    tmp, refused, followed = copied_folder_runs[switch]
-    _, key, values, fix, plan = COPIED_FOLDER_SWITCHES[switch]
-    assert refused.returncode != 0 and not planned_jobs(refused)
-    assert (
-        f"config key '{key}': results folder 'results' was made with {values.format(tmp=tmp)} "
-        "(results/.uph-config.json), and this working directory has no Snakemake history of it to rerun from; "
-        f"delete '{fix}' and run snakemake again to rebuild it and what depends on it, or use a fresh results folder"
-    ) in (refused.stdout + refused.stderr).splitlines()
-    assert followed.returncode == 0, followed.stdout[-3000:]
-    assert planned_jobs(followed) == plan
+    """Snakemake alone answered "Nothing to be done" for a copied folder, and for a table target even
+    where a record refused it and its fix was followed; a working directory with history of the same paths
+    never checked the copy."""
+    run = elsewhere_runs[switch, history, target]
+    assert run.returncode == 0, run.stdout[-3000:]
+    plan = ELSEWHERE[switch][1]
+    assert planned_jobs(run) == (plan if target == "all" else {r: n for r, n in plan.items() if r in LM_RULES})
+
+
+def test_a_folder_without_its_settings_files_is_rebuilt(elsewhere_runs):
+    """Deleting the record of what the outputs were made with no longer lets old tables through: every
+    job the target needs reruns."""
+    run = elsewhere_runs["no-settings", "", "table"]
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert planned_jobs(run) == {**MODEL_CHAIN, "corpus_roles": 1}
 
 
 # Every refusal of a file a job wrote says "delete it and run snakemake again (the <job> job rebuilds it)":
@@ -1139,13 +1172,15 @@ FOLLOWED = {  # the file, the job that rebuilds it
 }
 
 
-def test_every_file_deleted_as_a_refusal_says_is_rebuilt_by_the_job_it_names(tiny_study, tmp_path):
-    """One of each kind deleted at once: one dry run plans each file's job for it (Snakemake otherwise left
-    a missing file alone while what is built from it was up to date)."""
+@pytest.mark.parametrize("target", ["all", "tables"])
+def test_every_file_deleted_as_a_refusal_says_is_rebuilt_by_the_job_it_names(tiny_study, tmp_path, target):
+    """One of each kind deleted at once: one dry run, of the default target or of the tables, plans each
+    file's job for it (Snakemake alone leaves a missing file alone while what is built from it is up to
+    date: the rules that read it are stale, uph.stage_settings)."""
     workdir = copy_study(tiny_study, tmp_path)
     for path in FOLLOWED:
         (workdir / path).unlink()
-    run = snakemake(workdir, "-n")
+    run = snakemake(workdir, "-n", *([] if target == "all" else ALL_TABLES))
     assert run.returncode == 0, run.stdout[-3000:]
     for path, rule in FOLLOWED.items():
         assert rule in job_stats(run), rule
@@ -1155,12 +1190,12 @@ def test_every_file_deleted_as_a_refusal_says_is_rebuilt_by_the_job_it_names(tin
 
 
 def test_a_deleted_run_file_is_rebuilt_and_the_tables_are_the_same(tiny_study, tmp_path):
-    """Followed to the end on the cheapest stage: one copy-task run, then its table (the run's own target
-    beside the table's: the summary after them, which the default target redraws, is not under test)."""
+    """Followed to the end on the cheapest stage, with its table as the target: one copy-task run, then the
+    table (the summary after them, which the default target redraws, is not under test)."""
     workdir = copy_study(tiny_study, tmp_path)
     deleted = "results/copy_task/attention~triple/seed~0/eval.parquet"
     (workdir / deleted).unlink()
-    run = snakemake(workdir, deleted, "results/tables/copy_task.csv")
+    run = snakemake(workdir, "results/tables/copy_task.csv")
     assert run.returncode == 0, run.stderr[-3000:]
     assert planned_jobs(run) == {"copy_task_train": 1, "copy_task_table": 1}
     assert_tables_equal_the_reference(workdir, tiny_study)
@@ -1172,9 +1207,22 @@ def test_unlock_works_whatever_the_config(tmp_path):
     assert run.returncode == 0 and "Unlocked working directory." in run.stdout + run.stderr, run.stderr[-2000:]
 
 
-def test_ctrl_c_stops_every_job_without_a_traceback_and_the_rerun_resumes(tiny_study, tmp_path):
-    """SIGINT to Snakemake and its jobs, as the terminal sends it, while a validate job works: each job ends
-    with status 130 and no KeyboardInterrupt traceback; the next run plans what was unfinished."""
+def importing_torch(workdir, script: str) -> bool:
+    """Whether a job in `workdir` of workflow script `script` is loading torch's libraries: past its `uph`
+    import, which makes Ctrl-C quiet, and before its first line of work."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            command = (proc / "cmdline").read_bytes().decode(errors="replace")
+            if str(workdir / ".snakemake" / "scripts") in command and script in command:
+                return "libtorch" in (proc / "maps").read_text()
+    return False
+
+
+@pytest.mark.parametrize("when", ["importing", "working"])
+def test_ctrl_c_stops_every_job_without_a_traceback_and_the_rerun_resumes(tiny_study, tmp_path, when):
+    """SIGINT to Snakemake and its jobs, as the terminal sends it, while a validate job imports torch or
+    works: each job ends with status 130 and no KeyboardInterrupt traceback, Snakemake exits 130 (it
+    exited 1, as for a failed job); the next run plans what was unfinished."""
     workdir = copy_study(tiny_study, tmp_path)
     log_path = tmp_path / "interrupted.log"
     with open(log_path, "w") as log:
@@ -1189,15 +1237,19 @@ def test_ctrl_c_stops_every_job_without_a_traceback_and_the_rerun_resumes(tiny_s
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 300
-        while " validate INFO 4 users x " not in log_path.read_text():
+        working = " validate INFO 4 users x "
+        while not (
+            importing_torch(workdir, "fit_validate.py") if when == "importing" else working in log_path.read_text()
+        ):
             assert run.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "the validate job never started"
-            time.sleep(0.05)
-        time.sleep(1)
+            time.sleep(0.01)
+        time.sleep(1 if when == "working" else 0)
         os.killpg(run.pid, signal.SIGINT)
-        assert run.wait(timeout=120) != 0
+        assert run.wait(timeout=120) == 130  # as a command a shell's Ctrl-C stopped
     output = log_path.read_text()
     assert "returned non-zero exit status 130" in output, output[-3000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
+    assert when == "working" or working not in output
     resumed = snakemake(workdir, "-n")  # the validate job's outputs, removed when it started, and what follows
     assert planned_jobs(resumed) == {rule: n for rule, n in LM_FITS.items() if not rule.startswith("fit_global")}

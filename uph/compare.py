@@ -3,11 +3,11 @@
     python -m uph.compare RESULTS [--reference REFERENCE]
 
 RESULTS is a results folder; REFERENCE another, or a committed reference (reference/<name>/: its tables/,
-summary.md, provenance.json and record.json, the results record of the run that made it). Without
---reference, the committed reference whose record holds RESULTS' settings is used. Every table of
+summary.md and provenance.json, which holds the config that made it). Without --reference, the committed
+reference made with RESULTS' config is used. Every table of
 uph.report.catalog.TABLES and every answer of the summary is compared; each disagreement is one line
 (table, row, column, both values, the tolerance), then a verdict. Exit 0: they agree; 1: they do not;
-2: they cannot be compared (another config, a missing table or record).
+2: they cannot be compared (another config, a missing table or provenance.json).
 
 What "agree" means, per kind of number (TABLES below says which column is which):
 
@@ -55,7 +55,6 @@ from uph.stats import SIGNIFICANCE, t_interval
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO / "reference"
-RECORDS = (".uph-config.json", "record.json")  # a results folder's record; a committed reference's copy of it
 # Settings that cut or batch the same computation: tables agree across them (tests/test_reliability.py holds
 # fit.jobs to byte-identical tables; extraction batches and shards move hidden states by rounding only)
 CUTS = {"extract.batch_size", "extract.shards", "fit.jobs"}
@@ -189,19 +188,21 @@ def _row_name(keys: tuple[str, ...], values) -> str:
 
 
 def settings(folder: Path) -> dict | None:
-    """'section.key' -> value of every stage in the folder's results record (RECORDS), less CUTS; None
-    without a record."""
-    for name in RECORDS:
-        path = folder / name
-        if path.is_file():
-            stages = json.loads(path.read_text()).get("stages", {})
-            merged = {key: value for stage in stages.values() for key, value in stage["settings"].items()}
-            return {key: value for key, value in sorted(merged.items()) if key not in CUTS}
-    return None
+    """'section.key' -> value of the config that made the folder (its provenance.json), less where the
+    results go, the devices (rounding only, as CUTS) and CUTS; None without provenance.json."""
+    path = folder / "provenance.json"
+    if not path.is_file():
+        return None
+    flat = {}
+    for section, value in json.loads(path.read_text())["config"].items():
+        items = value.items() if isinstance(value, dict) else [(None, value)]
+        flat.update({section if key is None else f"{section}.{key}": item for key, item in items})
+    cut = CUTS | {"results", "device"}
+    return {key: value for key, value in sorted(flat.items()) if key not in cut and not key.endswith(".device")}
 
 
 def setting_differences(a: dict, b: dict) -> list[str]:
-    """Each setting the two records hold differently, or only one of them holds, as 'key: a against b'."""
+    """Each setting the two configs hold differently, or only one of them holds, as 'key: a against b'."""
     return [
         f"{key}: {json.dumps(a.get(key, '(not recorded)'))} against {json.dumps(b.get(key, '(not recorded)'))}"
         for key in sorted(set(a) | set(b))
@@ -210,7 +211,7 @@ def setting_differences(a: dict, b: dict) -> list[str]:
 
 
 def find_reference(results: Path, references: Path = REFERENCES) -> Path | None:
-    """The committed reference (a folder of `references`) whose record holds `results`' settings."""
+    """The committed reference (a folder of `references`) made with `results`' config."""
     own = settings(results)
     if own is None:
         return None
@@ -504,20 +505,19 @@ def cpu_description() -> str:
 
 
 def make_reference(results: Path, folder: Path) -> None:
-    """Write `folder` as a committed reference of `results`: its tables (CSV), summary.md, provenance.json,
-    record.json (its results record) and reference.json (commit, CPU, torch, job-seconds and peak RSS per
+    """Write `folder` as a committed reference of `results`: its tables (CSV), summary.md, provenance.json
+    (with the config that made it) and reference.json (commit, CPU, torch, job-seconds and peak RSS per
     rule from its benchmark files): kilobytes, no caches or weights."""
     import shutil
 
-    if settings(results) is None or not (results / "provenance.json").is_file():
-        raise SystemExit(f"compare: '{results}' is no finished run (no results record or provenance.json)")
+    if settings(results) is None:
+        raise SystemExit(f"compare: '{results}' is no finished run (no provenance.json)")
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "tables").mkdir(parents=True)
     for name in TABLES:
         shutil.copy(results / "tables" / f"{name}.csv", folder / "tables")
     shutil.copy(results / "summary.md", folder)
     shutil.copy(results / "provenance.json", folder)
-    shutil.copy(results / RECORDS[0], folder / RECORDS[1])
     provenance = json.loads((results / "provenance.json").read_text())
     rules = {}
     for path in sorted((results / "benchmarks").glob("*.tsv")):
@@ -548,9 +548,7 @@ def compare_folders(results: Path, reference: Path) -> Report:
     mine, theirs = settings(results), settings(reference)
     for folder, recorded in ((results, mine), (reference, theirs)):
         if recorded is None:
-            report.incomparable.append(
-                f"'{folder}' holds no results record ({' or '.join(RECORDS)}): which config made it?"
-            )
+            report.incomparable.append(f"'{folder}' holds no provenance.json: which config made it?")
     if mine is not None and theirs is not None:
         report.incomparable += [f"another config: {line}" for line in setting_differences(mine, theirs)]
     tables = {}
@@ -619,7 +617,7 @@ def main(argv=None) -> int:
     if reference is None:
         available = ", ".join(sorted(p.name for p in REFERENCES.glob("*") if p.is_dir())) or "none"
         print(
-            f"compare: no committed reference under {REFERENCES} was made with the settings recorded in "
+            f"compare: no committed reference under {REFERENCES} was made with the config recorded in "
             f"'{args.results}' (references: {available}); name one with REFERENCE=",
             file=sys.stderr,
         )

@@ -1,19 +1,20 @@
 """Rule extract: cache the final hidden states of the users of one shard (`extract.dtype: auto` is
-resolved here, on the machine that extracts, and recorded in the shard; `extract.batch_size: null` is
-sized here too, by device (uph.lm.extract.batch_windows), and logged)."""
+resolved here, on the machine that extracts, and recorded in the shard; `extract.batch_size: null` comes
+sized by the device the job asks for (rules/common.smk, uph.config.batch_windows), and is logged)."""
+
+from uph.artifacts import USERS_FILE
+from uph.config import batch_windows
+from uph.device import resolve_device, resolve_dtype
+from uph.lm.cache import cache_identity, shard_manifest, shard_users, shard_writer
+from uph.lm.extract import extract_users
+from uph.lm.models import load_model
+from uph.logs import rule_logging
+from uph.model_identity import read_identity
 
 import time
 from pathlib import Path
 
 import torch
-
-from uph.artifacts import USERS_FILE
-from uph.device import resolve_device, resolve_dtype
-from uph.lm.cache import cache_identity, shard_manifest, shard_users, shard_writer
-from uph.lm.extract import batch_windows, extract_users
-from uph.lm.models import load_model
-from uph.logs import rule_logging
-from uph.model_identity import read_identity
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.extract

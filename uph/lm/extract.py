@@ -11,7 +11,8 @@ user), so windows are sorted longest first before they are cut into batches: onl
 full windows run out mixes lengths, its short windows padded to its longest. At the default config (a
 user's 2,048 tokens are 16 windows of 128, 14 of them full, one batch) that pads 6 % of the positions
 computed (benchmarks/bench_extract.py); avoiding it would take a second, smaller forward pass.
-`extract.batch_size` windows go through the model at once; null sizes it by device (`batch_windows`):
+`extract.batch_size` windows go through the model at once; null sizes it by device (uph.config.batch_windows,
+resolved at DAG build):
 CPU_BATCH on a CPU (the size the CPU caches have always been built with, so their bytes stay as they
 were), GPU_BATCH_TOKENS of windows on CUDA. On a CPU each user is batched alone, as before (float32
 states depend on the batch they were computed in, by rounding, so the CPU's batches are kept as they
@@ -29,10 +30,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from uph.config import batch_windows
 from uph.lm.models import final_hidden
-
-CPU_BATCH = 16  # windows per forward pass on a CPU where extract.batch_size is null
-GPU_BATCH_TOKENS = 32_768  # tokens per forward pass on CUDA where it is null: 256 windows of 128, 128 of 256
 
 
 @dataclass(frozen=True)
@@ -54,16 +53,6 @@ def user_windows(user_id: str, tokens: np.ndarray, train_end: int, test_start: i
 def targets_of(window: Window, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     positions = np.arange(window.first, window.first + len(window.inputs))
     return positions, tokens[positions]
-
-
-def batch_windows(batch_size: int | None, context: int, device: torch.device | str) -> int:
-    """Windows per forward pass: `extract.batch_size`, or where it is null CPU_BATCH on a CPU and
-    GPU_BATCH_TOKENS // context (at least 1) on CUDA."""
-    if batch_size is not None:
-        return batch_size
-    if torch.device(device).type == "cuda":
-        return max(1, GPU_BATCH_TOKENS // context)
-    return CPU_BATCH
 
 
 @torch.inference_mode()
