@@ -10,12 +10,12 @@ attention_curves.csv: the chosen lr's curves (validation accuracy, score magnitu
 gradient norm) per seed and logged step.
 """
 
-import pandas as pd
-
 from uph.artifacts import ATTENTION_RUN
 from uph.attention.training import PROGRESS
 from uph.io import write_table
 from uph.logs import rule_logging
+
+import pandas as pd
 
 KEYS = ["task", "model", "attention"]
 COLUMNS = [

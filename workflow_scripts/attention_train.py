@@ -1,12 +1,12 @@
 """Rule attention_train: one task of the attention study for one (model, attention): lr sweep, seeds, tests."""
 
-import torch
-
 from uph.attention.study_config import AttentionStudyConfig
 from uph.attention.training import run_cell
 from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
+
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -1,10 +1,10 @@
 """Rule copy_task_table: every (attention, seed) job's final evaluation as one table."""
 
-import pandas as pd
-
 from uph.artifacts import COPY_TASK_RUN
 from uph.io import write_table
 from uph.logs import rule_logging
+
+import pandas as pd
 
 COLUMNS = ["attention", "seed", "train_len", "eval_len", "final_loss", "token_acc", "seq_acc"]
 

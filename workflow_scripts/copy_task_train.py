@@ -1,11 +1,11 @@
 """Rule copy_task_train: seed 004's one-layer model on the copy task, for one (attention, seed)."""
 
-import torch
-
 from uph.attention.copy_task import CopyTaskConfig, train
 from uph.device import resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
+
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -1,13 +1,13 @@
 """Rule corpus: tokenize every user, keep the largest `max_users` with >= `min_tokens`, split in time."""
 
-from pathlib import Path
-
 from uph.artifacts import ROLES_FILE
 from uph.config import check_context
 from uph.io import write_parquet
 from uph.lm.corpus import tokenize_users
 from uph.lm.models import load_tokenizer
 from uph.logs import rule_logging
+
+from pathlib import Path
 
 with rule_logging(snakemake) as log:
     cfg = snakemake.params.corpus

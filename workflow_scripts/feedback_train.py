@@ -1,13 +1,13 @@
 """Rule feedback_train: train the character MLP with one method and seed; write its curves."""
 
-import torch
-
 from uph.artifacts import ROLES_FILE
 from uph.device import resolve_device
 from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import TrainConfig, train
 from uph.io import write_parquet
 from uph.logs import rule_logging
+
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -2,13 +2,13 @@
 cache baselines' arms, for the users of one fit job (each user's base distribution computed once), each refit warm
 from its validation path's ball at the chosen radius."""
 
-import torch
-
 from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.lm.refit import fit_users
 from uph.lm.validate import warm_starts
 from uph.logs import rule_logging
+
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -4,14 +4,14 @@ point is a point of fit.cross_user (rule cross_user), or the point the summary r
 headline_point's pick; no rows when fit.cross_user lists that point already). The table job gathers the
 blocks."""
 
-import pandas as pd
-import torch
-
 from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.controls import cross_user, residual_thetas
 from uph.lm.fit_job import Point, global_thetas, job_users, load_fit_job
 from uph.lm.heads import HeadSettings
 from uph.logs import rule_logging
+
+import pandas as pd
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -1,12 +1,12 @@
 """Rule fit_global: the global theta of one method (a head's points, or the full bias) and every solver at
 its radius chosen on validation, on all users' train tokens pooled, with the validation rows it chose from."""
 
-import torch
-
 from uph.artifacts import job_record, write_recorded
 from uph.lm.fit_job import FitConfig, load_methods
 from uph.lm.global_fit import fit_global
 from uph.logs import rule_logging
+
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

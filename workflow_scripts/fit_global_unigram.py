@@ -1,14 +1,14 @@
 """Rule fit_global_unigram: the pooled unigram's counts and its three arms' lambdas chosen on every user's
 validation part (no rows when fit.baselines leaves the unigram out)."""
 
-import pandas as pd
-import torch
-
 from uph.artifacts import job_record, write_recorded
 from uph.lm.baselines import UNIGRAM
 from uph.lm.fit_job import FitConfig, load_fit_job
 from uph.lm.global_fit import global_unigram
 from uph.logs import rule_logging
+
+import pandas as pd
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -2,15 +2,15 @@
 and the others control as the report picks it (uph.report.study.best_beyond_global); `listed` when
 fit.cross_user lists it already, so its cross_user_headline blocks write no rows."""
 
-import json
-
-import pandas as pd
-
 from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.fit_job import Point
 from uph.lm.tables import personalization_table, read_in_user_order
 from uph.logs import rule_logging
 from uph.report.study import best_beyond_global
+
+import json
+
+import pandas as pd
 
 with rule_logging(snakemake) as log:
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)

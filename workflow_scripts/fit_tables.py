@@ -2,10 +2,6 @@
 Markdown and LaTeX beside them (no timings: the tables are deterministic; wall time per job is in
 results/benchmarks)."""
 
-import json
-
-import pandas as pd
-
 from uph.artifacts import FIT_FILE, job_record
 from uph.io import write_table
 from uph.lm.cache import check_unique_users
@@ -18,6 +14,10 @@ from uph.lm.tables import (
     read_in_user_order,
 )
 from uph.logs import rule_logging
+
+import json
+
+import pandas as pd
 
 with rule_logging(snakemake) as log:
     model = json.loads(open(snakemake.input.model).read())["name"]

@@ -2,12 +2,12 @@
 on a cache, fit.on_cache) on the fit parts of one fit job's users, scored on their validation parts, with every ball's
 warm start for the fit job's refits (uph.lm.validate.warm_starts)."""
 
-import torch
-
 from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.lm.validate import validate_users
 from uph.logs import rule_logging
+
+import torch
 
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)

@@ -1,9 +1,9 @@
 """Rule model: install the candidate folder that passed every admission check as results/model."""
 
-from pathlib import Path
-
 from uph.logs import rule_logging
 from uph.model_identity import install_model_folder, read_identity
+
+from pathlib import Path
 
 with rule_logging(snakemake) as log:
     model_dir = Path(snakemake.output.identity).parent

@@ -2,11 +2,11 @@
 is written last, once the folder loaded back passes every admission check (complete weights, causal
 attention, tokenizer within the vocabulary, the suite's base log-probs the model's own)."""
 
-from pathlib import Path
-
 from uph.config import check_against_model
 from uph.lm.models import materialize
 from uph.logs import rule_logging
+
+from pathlib import Path
 
 with rule_logging(snakemake) as log:
     spec = snakemake.params.model

@@ -2,12 +2,12 @@
 seeds, the hosts and devices each rule's jobs ran on, wall time per rule). Its own benchmark file is
 left out: it is written after this job."""
 
-from pathlib import Path
-
 from uph.io import write_json
 from uph.logs import rule_logging
 from uph.model_identity import read_identity
 from uph.report.provenance import provenance
+
+from pathlib import Path
 
 with rule_logging(snakemake) as log:
     record = provenance(

@@ -1,11 +1,11 @@
 """Rule svd_basis: the top singular triplets of the model's lm_head weight."""
 
-from pathlib import Path
-
 from uph.lm.basis import save_basis, top_singular_triplets
 from uph.lm.models import read_output_layer
 from uph.logs import rule_logging
 from uph.model_identity import read_identity
+
+from pathlib import Path
 
 with rule_logging(snakemake) as log:
     model_dir = Path(snakemake.input.model).parent
