@@ -1,5 +1,6 @@
 import copy
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -254,3 +255,19 @@ def test_an_integer_written_as_a_float_is_read_as_that_integer_and_a_fraction_is
             validate(bad)
         shown = value[-1] if isinstance(value, list) else value
         assert str(error.value) == f"config key '{where}': {shown} is not a whole number; write an integer"
+
+
+@pytest.mark.parametrize(("key", "text", "value"), [("bootstrap", "1e3", 1000), ("tol", "1e-5", 1e-5)])
+def test_the_advice_for_a_number_read_as_text_followed_literally_gives_the_number(key, text, value):
+    """fit.bootstrap: 1e3 is text to YAML; the line says how to write it, and YAML reads that as the number
+    (it once advised 1.0e3, text again)."""
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+    config["fit"].update(yaml.safe_load(f"{{{key}: {text}}}"))
+    assert config["fit"][key] == text  # what PyYAML, and so Snakemake, reads
+    with pytest.raises(
+        ConfigError, match=rf"^config key 'fit.{key}': '{re.escape(text)}' is text, not a number; "
+    ) as error:
+        validate(config)
+    written = re.search(r"write it as (\S+) ", str(error.value)).group(1)
+    config["fit"].update(yaml.safe_load(f"{{{key}: {written}}}"))
+    assert validate(config)["fit"][key] == value

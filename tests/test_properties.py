@@ -1,14 +1,17 @@
-"""Property tests (Hypothesis): configs and corpora drawn at random within what a user may write end
-either in something every later stage can use or in one error line naming the key, file or user, never
-in a traceback. Each property checks what the stage after it relies on, at the library level (a DAG run
-per example would cost a minute); bounded to about a minute in all."""
+"""Property tests: configs and corpora drawn at random (Hypothesis), or every setting in turn, within what
+a user may write end either in something every later stage can use or in one error line naming the key,
+file or user, never in a traceback. Each property checks what the stage after it relies on, at the library
+level (a DAG run per example would cost a minute); bounded to about a minute in all."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import shutil
 
 import pandas as pd
+import pytest
 import yaml
 from conftest import REPO
 from hypothesis import HealthCheck, given, settings
@@ -74,19 +77,19 @@ def test_a_config_is_either_usable_or_refused_in_one_line_naming_the_key(edits):
     assert all(1 <= d <= HIDDEN for _, _, d in sweep_points(config["fit"]))
 
 
-def _schema_leaves(schema: dict, value, path=()):
-    """(path, its schema) of every setting of `value` (a validated config) below `schema`: each key of an
-    object, each first item of a list; a section's schema is its file's."""
+def _schema_nodes(schema: dict, value, path=()):
+    """(path, its schema) of every setting of `value` (a validated config) below `schema`: each object and
+    each list whole, and each key of an object and each item of a list; a section's schema is its file's."""
     if isinstance(schema, dict) and "$ref" in schema:
         schema = yaml.safe_load((SCHEMA_DIR / schema["$ref"]).read_text())
+    if path:
+        yield path, schema
     if isinstance(value, dict):
         for key, item in value.items():
-            yield from _schema_leaves(schema.get("properties", {}).get(key, {}), item, (*path, key))
+            yield from _schema_nodes(schema.get("properties", {}).get(key, {}), item, (*path, key))
     elif isinstance(value, list):
-        if value:
-            yield from _schema_leaves(schema.get("items", {}), value[0], (*path, 0))
-    else:
-        yield path, schema
+        for index, item in enumerate(value):
+            yield from _schema_nodes(schema.get("items", {}), item, (*path, index))
 
 
 def _integer_only(schema: dict) -> bool:
@@ -97,8 +100,8 @@ def _integer_only(schema: dict) -> bool:
 
 VALIDATED = validate(copy.deepcopy(TEST_CONFIG))
 ROOT_SCHEMA = yaml.safe_load((SCHEMA_DIR / "config.schema.yaml").read_text())
-LEAVES = dict(_schema_leaves(ROOT_SCHEMA, VALIDATED))
-INTEGER_KEYS = sorted(path for path, schema in LEAVES.items() if _integer_only(schema))
+SETTINGS = dict(_schema_nodes(ROOT_SCHEMA, VALIDATED))  # read from schemas/ here: the oracle, whatever validate reads
+INTEGER_KEYS = sorted((path for path, schema in SETTINGS.items() if _integer_only(schema)), key=key_path)
 
 
 def _at(config: dict, path: tuple):
@@ -111,39 +114,76 @@ def _set(config: dict, path: tuple, value) -> None:
     _at(config, path[:-1])[path[-1]] = value
 
 
-OTHER_TYPES = ["text", 2.5, [1], {"k": 1}, True, None]
-other_type_edits = st.one_of(
-    st.tuples(st.sampled_from(sorted(LEAVES, key=key_path)), st.sampled_from(OTHER_TYPES)),
-    st.tuples(
-        st.sampled_from([path for path in INTEGER_KEYS if _at(VALIDATED, path) is not None]),
-        st.sampled_from(["as float", "plus a half"]),
-    ),
-)
+OTHER_TYPES = ["text", "1.0e-3", 2.5, -1, [1], [], {"k": 1}, True, None]
 
 
-@PROPERTY
-@given(st.lists(other_type_edits, min_size=1, max_size=3, unique_by=lambda edit: edit[0]))
-def test_a_setting_of_another_type_is_refused_naming_its_key_or_read_as_the_same_setting(edits):
-    """Every setting (each integer one also as a float, 2.0 and 2.5) given a value of another type: validate
-    either refuses it in one ConfigError line naming its key (a value its key allows: one line naming the
-    key of the relation it breaks), or passes with every integer setting an int (never a float or a bool),
-    and integral floats alone give the very config of the integers, the same job params, so the same
-    tables."""
-    config = copy.deepcopy(VALIDATED)
-    for path, value in edits:
-        if value in ("as float", "plus a half"):
-            value = float(_at(VALIDATED, path)) + (0.5 if value == "plus a half" else 0.0)
-        _set(config, path, value)
-    refused = [path for path, _ in edits if not Draft202012Validator(LEAVES[path]).is_valid(_at(config, path))]
+def _edits(path: tuple) -> list:
+    """The values one setting is given: one of every other type, and an integer one's value as a float
+    (2.0) and plus a half (2.5)."""
+    value = _at(VALIDATED, path)
+    if type(value) is int and path in INTEGER_KEYS:
+        return [*OTHER_TYPES, float(value), value + 0.5]
+    return OTHER_TYPES
+
+
+def check_types(validate, paths=None) -> list[str]:
+    """Give every setting (`paths`: all of SETTINGS) each value of `_edits`, one at a time, and hold
+    `validate` to the schemas as schemas/ holds them: a value the setting's schema forbids is refused in
+    one ConfigError line naming its key; a value it allows passes (or is refused in one line naming some
+    key: a relation with another key), with every integer setting an int (never a float or a bool), and an
+    integral float for an integer gives the very config of the integer, the same job params, so the same
+    tables. Returns the settings drawn, by key."""
+    drawn = []
+    for path in SETTINGS if paths is None else paths:
+        drawn.append(key_path(path))
+        for value in _edits(path):
+            config = copy.deepcopy(VALIDATED)
+            _set(config, path, copy.deepcopy(value))
+            allowed = Draft202012Validator(SETTINGS[path]).is_valid(value)
+            where = f"{key_path(path)} = {value!r}"
+            try:
+                validated = validate(config)
+            except ConfigError as error:
+                _one_line(error, *(("config key '",) if allowed else (f"config key '{key_path(path)}",)))
+                continue
+            except Exception as error:  # a traceback, not a line
+                raise AssertionError(f"validate raised {type(error).__name__} ({error}) for {where}") from error
+            assert allowed, f"validate accepted {where}, which its schema forbids"
+            for key in INTEGER_KEYS:
+                held = _at(validated, key) if _has(validated, key) else None
+                assert held is None or type(held) is int, f"{where}: {key_path(key)} came back as {held!r}"
+            if isinstance(value, float) and value == _at(VALIDATED, path):
+                assert repr(validated) == repr(VALIDATED), where
+    return drawn
+
+
+def _has(config, path) -> bool:
     try:
-        validated = validate(config)
-    except ConfigError as error:  # a value its own key's schema allows may break a relation with another key
-        _one_line(error, *(f"config key '{key_path(path)}" for path in refused) if refused else "config key '")
-        return
-    for path in INTEGER_KEYS:
-        assert _at(validated, path) is None or type(_at(validated, path)) is int, key_path(path)
-    if all(value == "as float" for _, value in edits):
-        assert repr(validated) == repr(VALIDATED)
+        _at(config, path)
+    except (KeyError, IndexError, TypeError):
+        return False
+    return True
+
+
+def test_every_setting_of_another_type_is_refused_naming_its_key_or_read_as_the_same_setting(capsys):
+    """Every setting of config/test.yaml, each object and list whole and each of its items, in every run:
+    one pass, so a run draws them all and its report (below, and in the failure) lists them."""
+    drawn = check_types(validate)
+    assert sorted(drawn) == sorted(map(key_path, SETTINGS)) and len(drawn) > 200
+    print(f"drew {len(drawn)} settings, each given {len(OTHER_TYPES)} values of other types: {', '.join(drawn)}")
+
+
+def test_the_type_property_fails_on_a_planted_validator_bug(tmp_path):
+    """validate reading a schema that lets text through for an integer key (extract.context): the property
+    fails, naming the key and the value."""
+    schemas = tmp_path / "schemas"
+    shutil.copytree(SCHEMA_DIR, schemas)
+    extract = yaml.safe_load((schemas / "extract.schema.yaml").read_text())
+    extract["properties"]["context"]["type"] = ["integer", "string"]
+    (schemas / "extract.schema.yaml").write_text(yaml.safe_dump(extract))
+    with pytest.raises(AssertionError, match=r"extract\.context = 'text'"):
+        check_types(functools.partial(validate, schema_dir=schemas), [("extract", "context")])
+    assert check_types(validate, [("extract", "context")]) == ["extract.context"]
 
 
 texts = st.text(st.characters(exclude_categories=()), max_size=40)  # lone surrogates (Cs) too

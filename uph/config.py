@@ -14,7 +14,9 @@ imports this module, so `snakemake -n` stays fast.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
+import functools
 import importlib.util
 import json
 import logging
@@ -40,10 +42,17 @@ log = logging.getLogger(__name__)
 
 
 def _load_schemas(schema_dir: Path) -> Registry:
-    resources = []
-    for path in sorted(Path(schema_dir).glob("*.schema.yaml")):
-        contents = yaml.safe_load(path.read_text())
-        resources.append((path.name, DRAFT202012.create_resource(contents)))
+    """The schemas of `schema_dir`, read once per content (their files' sizes and mtimes): reading the YAML
+    is most of what a validation costs."""
+    files = sorted(Path(schema_dir).glob("*.schema.yaml"))
+    return _read_schemas(tuple((str(path), path.stat().st_size, path.stat().st_mtime_ns) for path in files))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_schemas(files: tuple) -> Registry:
+    resources = [
+        (Path(path).name, DRAFT202012.create_resource(yaml.safe_load(Path(path).read_text()))) for path, *_ in files
+    ]
     return Registry().with_resources(resources)
 
 
@@ -77,7 +86,7 @@ def _with_defaults(validator_class, registry: Registry):
             for name, sub in properties.items():
                 sub = resolved(sub)
                 if "default" in sub and name not in instance:
-                    instance[name] = sub["default"]
+                    instance[name] = copy.deepcopy(sub["default"])  # the schema's own stays as it is
                 if sub.get("type") == "object" and name not in instance and "required" not in sub:
                     instance[name] = {}
                 if name in instance:
@@ -179,10 +188,16 @@ def _is_fraction_for_integer(error: jsonschema.ValidationError) -> bool:
 
 
 def _how_to_write(text: str) -> str:
-    """YAML 1.1 (PyYAML, Snakemake) reads 1e-5 as text: a float needs a dot before its exponent."""
+    """YAML 1.1 (PyYAML, Snakemake) reads a float in e-notation only with a dot and a signed exponent:
+    1e-5, 1e3 and 1.0e3 are text; 1.0e-5 and 1.0e+3 numbers."""
     mantissa, _, exponent = text.strip().lower().partition("e")
-    if exponent and "." not in mantissa:
-        return f"write it as {mantissa}.0e{exponent} (YAML reads a number in e-notation without a dot as text)"
+    if exponent:
+        sign, digits = (exponent[0], exponent[1:]) if exponent[0] in "+-" else ("+", exponent)
+        written = f"{mantissa if '.' in mantissa else mantissa + '.0'}e{sign}{digits}"
+        return (
+            f"write it as {written} (YAML reads a number in e-notation as text unless it has a dot and a signed "
+            "exponent)"
+        )
     return f"write it without quotes: {text.strip()}"
 
 
