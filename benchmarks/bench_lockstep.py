@@ -12,7 +12,8 @@ orders run at one speed (the same arithmetic). At a small vocabulary (`--vocab 5
 next to nothing, and what is left (with `--chunk 1024`, a GPU's chunks) is the host's work per evaluation (the solver's step, the dispatch
 of an evaluation's operations): the floor of a GPU evaluation run one at a time, where the host and the
 device wait for each other, and the part a round overlaps with the device's work in lockstep. It also
-counts the host reads of each order: one per evaluation one at a time, one per round in lockstep.
+counts the host reads of each order's device part (`device_reads`, in a second, untimed pass: every read of
+a tensor's values to the host) beside the evaluations and lockstep rounds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 import torch
 
 import uph.lm.lockstep
+from uph.device import count_host_reads
 from uph.lm.fit import fit_path, fit_path_steps
 from uph.lm.heads import HeadSettings, make_head
 from uph.lm.lockstep import run_lockstep
@@ -51,6 +53,25 @@ def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: i
     return head, tokens
 
 
+def device_reads(order) -> int:
+    """How many times `order`'s evaluations read back to the host in their device part (every round's
+    uph.lm.lockstep._device_round: what a GPU waits on), counted by uph.device.count_host_reads; an
+    untimed pass."""
+    device_round, reads = uph.lm.lockstep._device_round, []
+
+    def counted(requests, need_grad):
+        result, n = count_host_reads(device_round, requests, need_grad)
+        reads.append(n)
+        return result
+
+    uph.lm.lockstep._device_round = counted
+    try:
+        order()
+    finally:
+        uph.lm.lockstep._device_round = device_round
+    return sum(reads)
+
+
 def timed(function, device) -> tuple[float, object]:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -76,24 +97,34 @@ def main() -> None:
     rounds = []
     evaluate_many = uph.lm.lockstep.evaluate_many
     uph.lm.lockstep.evaluate_many = lambda requests: rounds.append(len(requests)) or evaluate_many(requests)
+
+    def one_at_a_time():
+        return [fit_path(t, head, "exact", settings, RADII) for t in tokens]
+
+    def lockstep():
+        return run_lockstep([fit_path_steps(t, head, "exact", settings, RADII) for t in tokens])
+
     fit_path(tokens[0], head, "exact", settings, RADII[:2])  # warm-up: allocator, kernels
     rounds.clear()
-    alone_s, alone = timed(lambda: [fit_path(t, head, "exact", settings, RADII) for t in tokens], device)
+    alone_s, alone = timed(one_at_a_time, device)
     alone_rounds = len(rounds)
     rounds.clear()
-    together_s, together = timed(
-        lambda: run_lockstep([fit_path_steps(t, head, "exact", settings, RADII) for t in tokens]), device
-    )
+    together_s, together = timed(lockstep, device)
+    together_rounds = len(rounds)
+    alone_reads, together_reads = (device_reads(order) for order in (one_at_a_time, lockstep))
     evaluations = sum(result.evaluations for path in alone for _, result in path)
     same = all(torch.equal(a, b) for path_a, path_b in zip(alone, together) for (a, _), (b, _) in zip(path_a, path_b))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
     chunk = len(tokens[0].chunks[0].targets)
     print(f"V {args.vocab}, H {args.hidden}, {args.users} users x {args.tokens} tokens in chunks of {chunk}, 9 radii")
-    print(f"{evaluations} evaluations; 'reads back': evaluate_many's rounds, each one read (two where it mends)")
-    print(f"{'order':<14}{'wall s':>9}{'ms / evaluation':>17}{'reads back':>12}")
-    print(f"{'one at a time':<14}{alone_s:>9.2f}{1e3 * alone_s / evaluations:>17.2f}{alone_rounds:>12}")
-    print(f"{'lockstep':<14}{together_s:>9.2f}{1e3 * together_s / evaluations:>17.2f}{len(rounds):>12}")
+    print(f"{evaluations} evaluations; rounds: evaluate_many's; reads back: counted in their device part")
+    print(f"{'order':<14}{'wall s':>9}{'ms / evaluation':>17}{'rounds':>8}{'reads back':>12}")
+    for order, seconds, n_rounds, reads in [
+        ("one at a time", alone_s, alone_rounds, alone_reads),
+        ("lockstep", together_s, together_rounds, together_reads),
+    ]:
+        print(f"{order:<14}{seconds:>9.2f}{1e3 * seconds / evaluations:>17.2f}{n_rounds:>8}{reads:>12}")
     print(f"lockstep / one at a time: {together_s / alone_s:.2f}; the same thetas: {same}")
 
 

@@ -15,6 +15,7 @@ from tiny_lm import sample_text, user_split
 import uph.lm.fit
 import uph.lm.lockstep
 import uph.lm.solvers
+from uph.device import count_host_reads
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.evaluate import HeldOut
 from uph.lm.fit import (
@@ -477,27 +478,9 @@ def test_a_chunk_the_fast_path_flags_is_mended_alone(lm, name):
     torch.testing.assert_close(value.grad, theta64.grad, rtol=0, atol=atol)
 
 
-HOST_READS = ("__bool__", "__float__", "__int__", "item", "tolist", "nonzero", "cpu")
-
-
 def host_reads(function, *args, **kwargs) -> int:
-    """How many times function(*args, **kwargs) reads a tensor's values back to the host: on a GPU, each
-    waits for the device."""
-    count = 0
-
-    def counted(method):
-        def read(*args, **kwargs):
-            nonlocal count
-            count += 1
-            return method(*args, **kwargs)
-
-        return read
-
-    with pytest.MonkeyPatch.context() as patch:
-        for name in HOST_READS:
-            patch.setattr(torch.Tensor, name, counted(getattr(torch.Tensor, name)))
-        function(*args, **kwargs)
-    return count
+    """How many times function(*args, **kwargs) reads a tensor's values back to the host (uph.device)."""
+    return count_host_reads(function, *args, **kwargs)[1]
 
 
 @pytest.mark.parametrize(

@@ -172,3 +172,33 @@ def describe(record: dict) -> str:
         kernels = "deterministic" if record["deterministic"] else "nondeterministic"
         line += f", TF32 {tf32}, {kernels} kernels"
     return line
+
+
+HOST_READS = ("__bool__", "__float__", "__int__", "item", "tolist", "nonzero", "cpu")  # Tensor methods that read back
+
+
+def count_host_reads(function, *args, **kwargs) -> tuple[object, int]:
+    """function(*args, **kwargs) and how many times it read a tensor's values back to the host (a call of
+    one of HOST_READS: on a GPU, each waits for the device; on a CPU `cpu()` is counted too). For tests and
+    benchmarks: it patches torch.Tensor while it runs, in this thread's process."""
+    import torch
+
+    count = 0
+
+    def counted(method):
+        def read(*args, **kwargs):
+            nonlocal count
+            count += 1
+            return method(*args, **kwargs)
+
+        return read
+
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+    try:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, counted(method))
+        result = function(*args, **kwargs)
+    finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
+    return result, count
