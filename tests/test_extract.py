@@ -76,9 +76,36 @@ def test_device_sized_batches_match_one_window_at_a_time(tiny_model_dir, arch):
         torch.testing.assert_close(together[key][2], hidden, rtol=1e-5, atol=1e-5)
 
 
+@torch.inference_mode()
+def _by_hand(model, user, context: int, batch: int) -> dict:
+    """{split: hidden [targets, H]} of one user computed here, not by uph.lm.extract: the user's windows of
+    `context` inputs per region (train [0, train_end), test [test_start, n)), longest first (stable), `batch`
+    at a time right-padded with id 0, each through the model's body (`model.model`: its last hidden state,
+    the head's input for a llama), the rows cut back to their windows."""
+    tokens = np.asarray(user.tokens)
+    windows = [
+        (split, tokens[s : min(s + context, hi - 1)])
+        for split, lo, hi in (("train", 0, user.train_end), ("test", user.test_start, user.n_tokens))
+        for s in range(lo, hi - 1, context)
+    ]
+    order = sorted(range(len(windows)), key=lambda i: -len(windows[i][1]))
+    states = [None] * len(windows)
+    for b in range(0, len(order), batch):
+        rows = order[b : b + batch]
+        ids = torch.zeros(len(rows), len(windows[rows[0]][1]), dtype=torch.long)
+        for row, i in enumerate(rows):
+            ids[row, : len(windows[i][1])] = torch.from_numpy(windows[i][1])
+        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        for row, i in enumerate(rows):
+            states[i] = hidden[row, : len(windows[i][1])]
+    return {split: torch.cat([h for (s, _), h in zip(windows, states) if s == split]) for split in ("train", "test")}
+
+
 def test_cpu_default_batch_is_todays_and_keeps_its_bytes(tiny_model_dir, tmp_path):
-    """`extract.batch_size: null` on a CPU is 16 windows a user alone, as before: the same shard bytes
-    as batch_size 16. On CUDA users are gathered until they fill a batch."""
+    """`extract.batch_size: null` on a CPU is CPU_BATCH = 16 windows a user alone, as the CPU caches have
+    always been built: the shard holds, bit for bit, the states of each user's windows computed by hand
+    16 at a time (`_by_hand`, independent of uph.lm.extract). On CUDA users are gathered until they fill a
+    batch."""
     from uph.config import schema_defaults
 
     assert schema_defaults("extract")["batch_size"] is None
@@ -86,10 +113,13 @@ def test_cpu_default_batch_is_todays_and_keeps_its_bytes(tiny_model_dir, tmp_pat
     assert batch_windows(None, 128, "cuda") == 256 and batch_windows(7, 128, "cuda") == 7
     assert list(user_groups([3, 20, 2], 16, across_users=False)) == [range(0, 1), range(1, 2), range(2, 3)]
     assert list(user_groups([3, 20, 2, 2, 40, 1], 8, across_users=True)) == [range(0, 2), range(2, 5), range(5, 6)]
-    model_dir, users = tiny_model_dir("llama"), _users(n_users=3, n_tokens=300)
-    _build_cache(model_dir, tmp_path / "default.parquet", users, 16, batch_size=None)
-    _build_cache(model_dir, tmp_path / "16.parquet", users, 16, batch_size=16)
-    assert (tmp_path / "default.parquet").read_bytes() == (tmp_path / "16.parquet").read_bytes()
+    model_dir, users = tiny_model_dir("llama"), _users(n_users=3, n_tokens=300)  # 17-19 windows a user: 2 batches
+    identity = _build_cache(model_dir, tmp_path / "default.parquet", users, 16, batch_size=None)
+    cached, model = read_shard(tmp_path / "default.parquet", identity), load_model(model_dir)
+    for user in users.itertuples():
+        by_hand = _by_hand(model, user, 16, batch=16)
+        assert torch.equal(cached[user.user_id].train_hidden, by_hand["train"]), user.user_id
+        assert torch.equal(cached[user.user_id].test_hidden, by_hand["test"]), user.user_id
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
