@@ -384,3 +384,33 @@ def test_only_a_candidate_that_passed_admission_replaces_the_model(tmp_path):
     assert json.loads((model_dir / IDENTITY).read_text()) == identity and not candidate.exists()
     assert not (model_dir / "modeling_old.py").exists()
     assert sorted(p.name for p in model_dir.parent.iterdir()) == ["model", "model_candidate-refused"]
+
+
+def test_a_gguf_file_is_parsed_once_while_a_source_loads_and_gguf_is_itself_after(tmp_path):
+    """Transformers parses a GGUF file for the config, the tokenizer and the weights (uph.lm.models
+    _gguf_parsed_once): within the block the same path gives the same parsed reader, and the tensor-name
+    map is built once; after it, and after an error in it, gguf's own are back."""
+    import gguf
+    import numpy as np
+
+    from uph.lm.models import _gguf_parsed_once
+
+    path = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_uint32("x", 3)
+    writer.add_tensor("t", np.ones((2, 3), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and first.fields["x"].parts[-1][0] == 3
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert gguf.GGUFReader(path) is not first
+    with pytest.raises(ValueError), _gguf_parsed_once():
+        raise ValueError("a refused source")
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
