@@ -261,6 +261,11 @@ SETTINGS_FILES = {}  # rule -> its settings file, once the config passed every c
 WRITTEN = []  # the settings files this run rewrites (uph.stage_settings.Rewrite)
 
 
+def rule_of(name):
+    """The name of the rule SETTINGS[name] belongs to (feedback_train-<method> to feedback_train)."""
+    return name.split("-")[0]
+
+
 def settings(name):
     """Rule `name`'s settings file as its input (uph.stage_settings): known only after the DAG build's
     checks (write_settings), hence a function; "feedback_train" has one per method."""
@@ -341,15 +346,17 @@ def check_results():
 def write_settings():
     """Once the config passed every check: the settings files (uph.stage_settings.plan), those whose content
     changes written, and those of the rules that read an intermediate file that is missing (deleted, as a
-    refusal says) written again, so that any target rebuilds it and what is built from it."""
-    missing = {path for path in intermediate_targets() if not os.path.exists(path)}
+    refusal says) written again, so that any target rebuilds it and what is built from it. A cluster job's
+    own parse of the Snakefile only takes the paths the main process wrote."""
+    main = workflow.is_main_process
+    missing = {path for path in intermediate_targets() if not os.path.exists(path)} if main else set()
     stale = set()
     for reader in workflow.rules if missing else ():
         inputs = [str(item) for item in reader.input if isinstance(item, str)]
         patterns = [re.compile(regex_from_filepattern(item)) for item in inputs if "{" in item]
         if missing & set(inputs) or any(pattern.match(path) for pattern in patterns for path in missing):
-            stale |= {name for name in SETTINGS if name.split("-")[0] == reader.name}
-    paths, rewrites = stage_settings.plan(RESULTS, SETTINGS, stale, plans_only(), writes=workflow.is_main_process)
+            stale |= {name for name in SETTINGS if rule_of(name) == reader.name}
+    paths, rewrites = stage_settings.plan(RESULTS, SETTINGS, stale, plans_only(), writes=main)
     SETTINGS_FILES.update(paths)
     try:
         for rewrite in rewrites:
@@ -389,5 +396,5 @@ def restore_settings():
     """onsuccess and onerror: put back each settings file this run rewrote that no job of its rule used
     (uph.stage_settings.Rewrite.restore)."""
     for rewrite in WRITTEN:
-        name = rewrite.rule.split("-")[0]  # feedback_train-<method>: the feedback_train jobs
+        name = rule_of(rewrite.rule)
         rewrite.restore([str(f) for job in workflow.dag.jobs if job.rule.name == name for f in job.output])

@@ -55,8 +55,8 @@ def _same(text: str | None, name: str, settings: dict) -> bool:
 def read(results: str | Path, name: str) -> dict | None:
     """The settings `name`'s outputs in `results` were made with; None where there is no readable file."""
     try:
-        return json.loads((Path(results) / FOLDER / f"{name}.json").read_text())["settings"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return json.loads(_text(Path(results) / FOLDER / f"{name}.json"))["settings"]
+    except (ValueError, KeyError, TypeError):  # no file (None), or not the JSON of one
         return None
 
 
@@ -73,10 +73,7 @@ class Rewrite:
     written_ns: int | None = None
 
     def write(self) -> None:
-        from uph.io import atomic_path  # pandas: imported only where a file is written
-
-        with atomic_path(self.path) as tmp:
-            tmp.write_text(self.text)
+        _write(self.path, self.text)
         self.written_ns = self.path.stat().st_mtime_ns
 
     def restore(self, outputs: list[str]) -> bool:
@@ -87,12 +84,16 @@ class Rewrite:
         if self.before is None:
             self.path.unlink(missing_ok=True)
         else:
-            from uph.io import atomic_path
-
-            with atomic_path(self.path) as tmp:
-                tmp.write_text(self.before)
+            _write(self.path, self.before)
             os.utime(self.path, ns=(self.before_ns, self.before_ns))
         return True
+
+
+def _write(path: Path, text: str) -> None:
+    from uph.io import atomic_path  # pandas: imported only where a file is written
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def plan(
@@ -108,10 +109,12 @@ def plan(
     shadow = DRY_FOLDER / hashlib.sha256(str(Path(results).absolute()).encode()).hexdigest()[:12]
     for name, values in settings.items():
         path = Path(results) / FOLDER / f"{name}.json"
-        before = _text(path)
         paths[name] = str(path)
+        if not writes:
+            continue
+        before = _text(path)
         same = _same(before, name, values)
-        if not writes or (same and name not in stale):
+        if same and name not in stale:
             continue
         text = content(name, values, time.time_ns() if same else None)
         if plans_only:
