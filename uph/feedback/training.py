@@ -46,31 +46,10 @@ from uph.errors import ConfigError, TrainingDivergedError
 from uph.feedback.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
 from uph.feedback.node_perturbation import node_perturbation
 from uph.feedback.subspace import FeedbackSystem, UpdateConfig
+from uph.optim import Adam
 
 METHODS = ("backprop", "dfa", "feedback_frozen", "feedback_learned", "feedback_learned_oracle")
 SIGNALS = ("node_perturbation",)  # the backprop-free g_hat of feedback_learned (config key feedback.signal)
-
-
-class Adam:
-    """Adam with torch's defaults: m <- b1 m + (1-b1) g, v <- b2 v + (1-b2) g^2,
-    p <- p - lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). Written out because constructing
-    torch.optim.Adam imports torch._dynamo, seconds of every short job."""
-
-    def __init__(
-        self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
-    ):
-        self.params, self.lr, self.betas, self.eps, self.t = params, lr, betas, eps, 0
-        self.m = [torch.zeros_like(p) for p in params]
-        self.v = [torch.zeros_like(p) for p in params]
-
-    @torch.no_grad()
-    def step(self, grads: list[torch.Tensor]) -> None:
-        (b1, b2), self.t = self.betas, self.t + 1
-        for p, g, m, v in zip(self.params, grads, self.m, self.v):
-            m.mul_(b1).add_(g, alpha=1 - b1)
-            v.mul_(b2).addcmul_(g, g, value=1 - b2)
-            denominator = (v / (1 - b2**self.t)).sqrt_().add_(self.eps)
-            p.addcdiv_(m, denominator, value=-self.lr / (1 - b1**self.t))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from uph.config import dataclass_fields, schema_defaults
+from uph.optim import Adam, clip_grad_norm_
 
 SOLVERS = ("adam", "exact")  # adam: seed 002's schedule; exact: certified optimum
 DENSE_MAX_D = 1024  # the exact solver keeps a d×d BFGS model up to this d
@@ -115,16 +116,16 @@ def minimize(
 
 
 def _adam(evaluate, theta: torch.Tensor, lr: float, steps: int, clip_norm: float, radius: float) -> torch.Tensor:
-    """Seed 002: Adam on J, the gradient clipped to norm clip_norm, theta projected onto the ball."""
-    theta = theta.clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([theta], lr=lr)
+    """Seed 002: Adam on J, the gradient clipped to norm clip_norm, theta projected onto the ball (torch's
+    Adam and clipping, uph.optim)."""
+    theta = theta.clone()
+    optimizer = Adam([theta], lr=lr)
     for step in range(steps):
-        theta.grad = (yield from evaluate(theta.detach(), step)).grad.to(theta.dtype)
-        torch.nn.utils.clip_grad_norm_([theta], max_norm=clip_norm)
-        optimizer.step()
-        with torch.no_grad():
-            theta.copy_(project(theta, radius))
-    return theta.detach()
+        grad = (yield from evaluate(theta, step)).grad.to(theta.dtype)
+        clip_grad_norm_([grad], clip_norm)
+        optimizer.step([grad])
+        theta.copy_(project(theta, radius))
+    return theta
 
 
 def _projected_bfgs(evaluate, theta, value, B: torch.Tensor, radius: float, tol: float, max_iter: int, noise: float):
