@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
+from slurm_cluster import SNAKEMAKE_ARGS, SlurmCluster, missing_programs
 from tiny_lm import final_hidden, tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = str(Path(sys.executable).with_name("snakemake"))
+SLURM_PROFILE = REPO / "profiles/slurm"
 LM_TARGETS = [
     "results/corpus/users.parquet",
     "results/cache/shard-0.parquet",
@@ -73,6 +76,36 @@ def tiny_study(tmp_path_factory) -> Run:
     lm_stages = snakemake(workdir, *LM_TARGETS)
     lm_seconds = time.perf_counter() - start
     return Run(workdir, lm_stages, lm_seconds, snakemake(workdir))
+
+
+@dataclass
+class SecondRun:
+    workdir: Path
+    run: subprocess.CompletedProcess
+    through_slurm: bool
+    slurm_jobs: list[tuple[str, str]]  # (state, comment) of each job SLURM listed after the run
+
+
+@pytest.fixture(scope="session")
+def second_run(tiny_study, tmp_path_factory) -> SecondRun:
+    """The tiny study once more in a fresh folder, whose bytes tests/test_aggregate.py holds to the first
+    run's: where SLURM is installed, through sbatch on a one-node SLURM cluster on localhost
+    (tests/slurm_cluster.py) with profiles/slurm and gram_resilience's first attempt failing on purpose
+    (UPH_FAIL_ONCE), which tests/test_slurm.py checks; else locally. One run serves both questions, since
+    each is a whole study (about 100 s locally, 300 s through sbatch on 2 cores)."""
+    workdir = tmp_path_factory.mktemp("second-run")
+    if missing_programs():
+        return SecondRun(workdir, snakemake(workdir), False, [])
+    profile = yaml.safe_load((SLURM_PROFILE / "config.v8+.yaml").read_text())
+    requests = [profile["default-resources"], *profile["set-resources"].values()]
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), memory_mb=max(r.get("mem_mb", 0) for r in requests))
+    try:
+        env = {**os.environ, "SLURM_CONF": cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
+        run = snakemake(workdir, "--profile", str(SLURM_PROFILE), *SNAKEMAKE_ARGS, env=env)
+        listed = cluster.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout.splitlines()
+    finally:
+        cluster.stop()
+    return SecondRun(workdir, run, True, [tuple(line.split("|")) for line in listed])
 
 
 @pytest.fixture(autouse=True)

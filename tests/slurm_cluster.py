@@ -30,7 +30,23 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 SBIN = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 MIN_JOB_AGE = 3600  # squeue lists finished jobs this long; the plugin trusts squeue above 3 x its first poll
-RUN_CONF = Path("/run/slurm/conf")  # where srun looks when neither SLURM_CONF nor /etc/slurm/slurm.conf is there
+RUN_CONF = Path("/run/slurm/conf")
+# What Snakemake needs on top of profiles/slurm for this cluster: it has no accounting database (sacct
+# answers nothing, so job states come from squeue); its jobs take seconds, so polls are quick; and one
+# thread a job lets two jobs share its two CPUs (each job is mostly two Snakemake start-ups).
+SNAKEMAKE_ARGS = [
+    "--slurm-status-command",
+    "squeue",
+    "--slurm-no-account",
+    "--slurm-init-seconds-before-status-checks",
+    "2",
+    "--seconds-between-status-checks",
+    "2",
+    "--latency-wait",
+    "5",
+    "--max-threads",
+    "1",
+]  # where srun looks when neither SLURM_CONF nor /etc/slurm/slurm.conf is there
 
 
 def missing_programs() -> list[str]:

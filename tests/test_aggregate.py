@@ -63,14 +63,14 @@ def files_under(root, parts=OUTPUTS) -> dict:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in paths if p.is_file()}
 
 
-def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, tmp_path):
-    """On CPU (config/test.yaml's device) two runs give the same bytes. On CUDA (uph.device) the LM tables
-    would repeat bit for bit only with the same GPU model and software stack (deterministic kernels), and the
-    training branches' tables, should their `<branch>.device` put them there, only to a tolerance."""
+def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, second_run):
+    """On CPU (config/test.yaml's device) two runs give the same bytes, the second through sbatch where SLURM
+    is installed (conftest.second_run). On CUDA (uph.device) the LM tables would repeat bit for bit only with
+    the same GPU model and software stack (deterministic kernels), and the training branches' tables, should
+    their `<branch>.device` put them there, only to a tolerance."""
     assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
-    again = snakemake(tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    first, second = files_under(tiny_study.workdir), files_under(tmp_path)
+    assert second_run.run.returncode == 0, second_run.run.stderr[-3000:]
+    first, second = files_under(tiny_study.workdir), files_under(second_run.workdir)
     assert sorted(first) == sorted(second)
     assert sum(path.endswith(".csv") for path in first) == len(TABLES)
     # feedback.csv measures each method's seconds per step in the run (issue 17): all else is identical
@@ -78,7 +78,7 @@ def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, tm
     assert [path for path in first if first[path] != second[path] and path not in timed] == []
     tables = [
         pd.read_csv(root / "results/tables/feedback.csv").drop(columns="seconds_per_step")
-        for root in (tiny_study.workdir, tmp_path)
+        for root in (tiny_study.workdir, second_run.workdir)
     ]
     pd.testing.assert_frame_equal(*tables)
 

@@ -1,37 +1,18 @@
 """Cluster execution: each branch asks for a GPU where its device is cuda, the SLURM profile plans the
-cluster example, runs the tiny study through sbatch on a one-node SLURM cluster on localhost
-(tests/slurm_cluster.py) with the local run's tables, and the profiles retry a job that fails once
+cluster example, the second run of the tiny study went through sbatch on a one-node SLURM cluster on localhost
+(conftest.second_run, tests/slurm_cluster.py), and the profiles retry a job that fails once
 (UPH_FAIL_ONCE, see uph.logs)."""
 
 import re
 
-import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, snakemake
-from slurm_cluster import SlurmCluster, missing_programs
+from conftest import REPO, SLURM_PROFILE, snakemake
 
 from uph.config import validate
 from uph.device import gpu_visible
 
-SLURM_PROFILE = REPO / "profiles/slurm"
 LOCAL_PROFILE = REPO / "profiles/local"
-# What the test cluster needs on top of the real profile: it has no accounting database (sacct
-# answers nothing, so job states come from squeue); its jobs take seconds, so polls are quick; and
-# one thread a job lets two jobs share its two CPUs (each job is mostly two Snakemake start-ups).
-TEST_CLUSTER = [
-    "--slurm-status-command",
-    "squeue",
-    "--slurm-no-account",
-    "--slurm-init-seconds-before-status-checks",
-    "2",
-    "--seconds-between-status-checks",
-    "2",
-    "--latency-wait",
-    "5",
-    "--max-threads",
-    "1",
-]
 FIT_STAGE = {
     "fit",
     "fit_global",
@@ -166,34 +147,22 @@ def test_a_job_that_fails_once_is_retried_by_the_local_profile(tmp_path, monkeyp
     assert (tmp_path / "retry" / table).is_file()
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """A one-node SLURM cluster declaring as much memory as the profile's largest request."""
-    if missing := missing_programs():
-        pytest.skip(f"SLURM is not installed here (no {', '.join(missing)}); .ci/run installs slurm-wlm and munge")
-    profile = slurm_profile()
-    largest = max(
-        resources.get("mem_mb", 0) for resources in [profile["default-resources"], *profile["set-resources"].values()]
-    )
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), memory_mb=largest)
-    yield cluster
-    cluster.stop()
-
-
-def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(tiny_study, slurm, tmp_path, monkeypatch):
-    """The tables of the sbatch run equal the local run's byte for byte: both on CPU (config/test.yaml). GPU
-    nodes of another model than the local GPU would match it only to rounding (uph.device)."""
+def test_the_tiny_study_runs_through_sbatch_with_a_retry(tiny_study, second_run):
+    """The second run of the tiny study (conftest.second_run) went through sbatch, every job but the
+    localrules, and retried the one that failed once. Its tables, figures and summary equal the local run's
+    byte for byte (tests/test_aggregate.py), both on CPU (config/test.yaml); GPU nodes of another model than
+    the local GPU would match it only to rounding (uph.device)."""
+    if not second_run.through_slurm:
+        pytest.skip(
+            "SLURM is not installed here (tests/slurm_cluster.missing_programs); .ci/run installs slurm-wlm and munge"
+        )
     assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
-    monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
-    monkeypatch.setenv("UPH_FAIL_ONCE", "gram_resilience")
-    run = snakemake(tmp_path, "--profile", str(SLURM_PROFILE), *TEST_CLUSTER)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert second_run.run.returncode == 0, second_run.run.stderr[-3000:]
+    workdir, states = second_run.workdir, second_run.slurm_jobs
 
     # Every job but the Snakefile's localrules went through sbatch: SLURM lists one job per such job
     # of the local run (its benchmark files), all COMPLETED, plus the injected failure of
     # gram_resilience's first attempt.
-    listed = slurm.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout.splitlines()
-    states = [line.split("|") for line in listed]
     assert [comment for state, comment in states if state != "COMPLETED"] == ["rule_gram_resilience"]
     local_rules = {  # their benchmark files' names
         "fit-headline_point",
@@ -208,14 +177,4 @@ def test_the_tiny_study_runs_through_sbatch_with_the_local_tables_and_a_retry(ti
         path for path in (tiny_study.workdir / "results/benchmarks").rglob("*.tsv") if path.stem not in local_rules
     ]
     assert sum(state == "COMPLETED" for state, _ in states) == len(cluster_jobs)
-    assert (tmp_path / "results/logs/gram_resilience.log.failed-once").is_file()
-
-    tables = sorted((tiny_study.workdir / "results/tables").glob("*.csv"))
-    assert len(tables) >= 5
-    for local in tables:
-        cluster = tmp_path / "results/tables" / local.name
-        if local.name == "feedback.csv":  # it measures each method's seconds per step in the run
-            frames = [pd.read_csv(path).drop(columns="seconds_per_step") for path in (local, cluster)]
-            pd.testing.assert_frame_equal(*frames)
-        else:
-            assert cluster.read_bytes() == local.read_bytes(), local.name
+    assert (workdir / "results/logs/gram_resilience.log.failed-once").is_file()
