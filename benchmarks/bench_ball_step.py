@@ -1,4 +1,4 @@
-"""The exact solver's host work per step: the BFGS model minimized over the ball (uph.lm.solvers), on the CPU.
+"""The exact solver's host work per step: the BFGS model minimized over the ball (uph.lm.engine.solvers), on the CPU.
 
 On a GPU an evaluation's kernels take well under a millisecond, so the solver's step on the host (an
 eigendecomposition of the d x d model and a bisection for the ball's multiplier) is what a fit in lockstep
@@ -20,7 +20,7 @@ from pathlib import Path
 
 CHILD = """
 import json, time, torch
-from uph.lm.solvers import _ball_model_minimizer
+from uph.lm.engine.solvers import _ball_model_minimizer
 torch.set_num_threads(1)
 generator = torch.Generator().manual_seed(0)
 d = 32

@@ -1,7 +1,7 @@
 """A head's path of radii on a cache's mixture, against the same path on the model alone.
 
 A head on a cache (fit.on_cache) is fitted on the cache's residual-arm mixture: every evaluation mixes
-each chunk's p0 as it reads it (uph.lm.tokens.Mixture: p0 times weight / Σ_v p0, computed once per token,
+each chunk's p0 as it reads it (uph.lm.engine.tokens.Mixture: p0 times weight / Σ_v p0, computed once per token,
 plus the floors), where the model alone reads p0 as it is. Both paths run side by side on the same
 users of a finished study (the neural cache's datastore and choices computed here, as its global job
 does), with the exact solver at every radius of config.yaml:
@@ -15,11 +15,11 @@ import time
 
 from finished_study import arguments, shard_zero
 
-from uph.lm.baselines import hidden_of, targets_of
-from uph.lm.fit import fit_path
-from uph.lm.global_fit import global_neural_cache
-from uph.lm.neural_cache import NeuralCache
-from uph.lm.tokens import prepare, validation_split
+from uph.lm.engine.baselines import hidden_of, targets_of
+from uph.lm.engine.fit import fit_path
+from uph.lm.engine.neural_cache import NeuralCache
+from uph.lm.engine.tokens import prepare, validation_split
+from uph.lm.jobs.global_fit import global_neural_cache
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """The capacity path's cost against the landed single fit, side by side on the same users.
 
 Reference (the fit stage before issue 23): each arm fitted once, cold, at seed 002's radius 5 on all of
-the user's train tokens. Now (uph.lm.validate, uph.lm.refit): each arm's path over fit.radii on the user's fit part
-(warm, uph.lm.fit.fit_path; the validate job), then one refit on all train tokens (the fit job) at the
+the user's train tokens. Now (uph.lm.jobs.validate, uph.lm.jobs.refit): each arm's path over fit.radii on the user's fit part
+(warm, uph.lm.engine.fit.fit_path; the validate job), then one refit on all train tokens (the fit job) at the
 grid's middle radius (a stand-in: the choice needs every user). Both run here on the same cached users of a finished study, one thread, the personal and
 residual arms of every method (heads and the full bias), the exact solver; the residuals sit on the
 study's global thetas.
@@ -18,9 +18,9 @@ from pathlib import Path
 import pandas as pd
 from finished_study import arguments, shard_zero
 
-from uph.lm.fit import SEED_RADIUS, fit_path, fit_theta
-from uph.lm.fit_job import global_thetas, prepared
-from uph.lm.tokens import validation_split
+from uph.lm.engine.fit import SEED_RADIUS, fit_path, fit_theta
+from uph.lm.engine.tokens import validation_split
+from uph.lm.jobs.fit_job import global_thetas, prepared
 
 
 def main() -> None:

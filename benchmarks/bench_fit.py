@@ -3,7 +3,7 @@
 Straightforward (seed 002 as written): every Adam step walks the tokens in chunks of 16,
 recomputes the base logits through the lm_head (a V×H product per token), adds
 gamma * alpha * C (theta ⊙ A h), and backpropagates CE + beta KL(p0 ‖ p) through autograd.
-Ours: `uph.lm.fit` on the same cached hidden states: p0 once per user (`prepare`, timed with the
+Ours: `uph.lm.engine.fit` on the same cached hidden states: p0 once per user (`prepare`, timed with the
 fit), then steps of two n×V×d products; solver "adam" (seed 002's Adam schedule) and "exact"
 (projected quasi-Newton to a certified optimum). The head is lm_head_update on the SVD basis (d = 64).
 
@@ -29,13 +29,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from uph.lm.basis import top_singular_triplets
-from uph.lm.corpus import load_shakespeare_roles
-from uph.lm.fit import fit_theta
-from uph.lm.heads import HeadSettings, make_head
-from uph.lm.models import final_hidden, load_model, load_tokenizer, materialize, read_output_layer
-from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import prepare
+from uph.lm.data.basis import top_singular_triplets
+from uph.lm.data.corpus import load_shakespeare_roles
+from uph.lm.data.models import final_hidden, load_model, load_tokenizer, materialize, read_output_layer
+from uph.lm.engine.fit import fit_theta
+from uph.lm.engine.heads import HeadSettings, make_head
+from uph.lm.engine.solvers import SolverSettings
+from uph.lm.engine.tokens import prepare
 
 CHUNK_SIZE = 16
 

@@ -2,7 +2,7 @@
 
 Before (the layout of one job per sweep point): every job prepared each user's tokens again, so a
 user's base distribution p0 (the V×H products, 2 n V H FLOPs) was computed once per point, and the
-global control's jobs computed every user's p0 once more per point. Now (uph.lm.refit.fit_users):
+global control's jobs computed every user's p0 once more per point. Now (uph.lm.jobs.refit.fit_users):
 each fit job prepares each of its users once and fits every point on it. Both variants below run the
 same fits (each point's personal theta with the exact solver) on the same cached users of a study,
 side by side in one process; only where p0 is computed differs.
@@ -16,8 +16,8 @@ import time
 
 from finished_study import arguments, shard_zero
 
-from uph.lm.fit import fit_theta
-from uph.lm.fit_job import prepared
+from uph.lm.engine.fit import fit_theta
+from uph.lm.jobs.fit_job import prepared
 
 
 def main() -> None:

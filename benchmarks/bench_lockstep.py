@@ -1,4 +1,4 @@
-"""Users' fits one at a time against the same fits in lockstep (uph.lm.lockstep), on any device.
+"""Users' fits one at a time against the same fits in lockstep (uph.lm.engine.lockstep), on any device.
 
 Each user walks the validate job's path of radii (the default's 9, svd_cvh at d = 32, exact solver) on
 its own tokens. One at a time, every evaluation is queued, read back and waited for before the solver's
@@ -23,14 +23,14 @@ import time
 
 import torch
 
-import uph.lm.lockstep
+import uph.lm.engine.lockstep
 from uph.device import count_host_reads
-from uph.lm.fit import fit_path, fit_path_steps
-from uph.lm.heads import HeadSettings, make_head
-from uph.lm.lockstep import run_lockstep
-from uph.lm.models import OutputLayer
-from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import on_device, prepare
+from uph.lm.data.models import OutputLayer
+from uph.lm.engine.fit import fit_path, fit_path_steps
+from uph.lm.engine.heads import HeadSettings, make_head
+from uph.lm.engine.lockstep import run_lockstep
+from uph.lm.engine.solvers import SolverSettings
+from uph.lm.engine.tokens import on_device, prepare
 
 RADII = (0.05, 0.15, 0.5, 1.5, 5, 15, 50, 150, 500)  # config.yaml's fit.radii
 
@@ -55,20 +55,20 @@ def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: i
 
 def device_reads(order) -> int:
     """How many times `order`'s evaluations read back to the host in their device part (every round's
-    uph.lm.lockstep._device_round: what a GPU waits on), counted by uph.device.count_host_reads; an
+    uph.lm.engine.lockstep._device_round: what a GPU waits on), counted by uph.device.count_host_reads; an
     untimed pass."""
-    device_round, reads = uph.lm.lockstep._device_round, []
+    device_round, reads = uph.lm.engine.lockstep._device_round, []
 
     def counted(requests, need_grad):
         result, n = count_host_reads(device_round, requests, need_grad)
         reads.append(n)
         return result
 
-    uph.lm.lockstep._device_round = counted
+    uph.lm.engine.lockstep._device_round = counted
     try:
         order()
     finally:
-        uph.lm.lockstep._device_round = device_round
+        uph.lm.engine.lockstep._device_round = device_round
     return sum(reads)
 
 
@@ -95,8 +95,8 @@ def main() -> None:
     head, tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk)
     settings = SolverSettings.defaults()
     rounds = []
-    evaluate_many = uph.lm.lockstep.evaluate_many
-    uph.lm.lockstep.evaluate_many = lambda requests: rounds.append(len(requests)) or evaluate_many(requests)
+    evaluate_many = uph.lm.engine.lockstep.evaluate_many
+    uph.lm.engine.lockstep.evaluate_many = lambda requests: rounds.append(len(requests)) or evaluate_many(requests)
 
     def one_at_a_time():
         return [fit_path(t, head, "exact", settings, RADII) for t in tokens]

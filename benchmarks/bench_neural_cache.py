@@ -2,7 +2,7 @@
 
 For n queries against a datastore of m entries of width H, log p_cache(y_t | h_t) at T temperatures
 needs every distance ‖h_t - h_i‖², 3 n m H FLOPs as differences, 2 n m H as the product h_t · h_i
-(uph.lm.neural_cache: ‖h‖² - 2 h·h_i + ‖h_i‖², a block of queries against the whole datastore at a
+(uph.lm.engine.neural_cache: ‖h‖² - 2 h·h_i + ‖h_i‖², a block of queries against the whole datastore at a
 time, 64 MB of scores). The reference is what the method's description suggests: per query, the
 differences to every entry, their squared norms, and the two log-sum-exps. Both run side by side on the
 same random states (float32) at the default study's sizes: a user's held-out tokens against the pooled
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from uph.lm.neural_cache import Datastore, log_cache_probabilities
+from uph.lm.engine.neural_cache import Datastore, log_cache_probabilities
 
 TEMPERATURES = (0.03, 0.1, 0.3, 1.0, 3.0)  # fit.temperatures' default
 

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from uph.config import EXTRACT_KEYS, job_params, validate
-from uph.lm.fit_job import FitConfig, FitJob, load_methods
+from uph.lm.jobs.fit_job import FitConfig, FitJob, load_methods
 
 
 def arguments(description: str, users: int) -> argparse.Namespace:

@@ -36,7 +36,7 @@ measured wall (first to last timestamp); the jobs it did not run (a resumed run)
 Projection (--project-config, --users): the DAG of another config (built in a temporary results folder),
 each job's seconds from the measured run's jobs of the same rule, scaled by the job's work. Work is the
 train tokens (users.parquet's train_end) of the users the job holds: a `shard` job those with
-uph.lm.cache.shard_of(user, shards), a `job` job those of uph.lm.partition.fit_job_users(users, jobs), for
+uph.lm.data.cache.shard_of(user, shards), a `job` job those of uph.lm.jobs.partition.fit_job_users(users, jobs), for
 shards and jobs the count of the DAG's shard and job wildcard values; rules named cross_user* score every
 user's theta on the job's held-out text: a block costs what fit_others costs on the same users (its texts'
 p0 and one pass each) plus its pairs, the job's held-out tokens (n_tokens - test_start) x the number of
@@ -389,11 +389,11 @@ def held_users(job: Job, users: pd.DataFrame, shards: int, fit_jobs: int) -> pd.
     """The rows of `users` whose work the job does: its shard's, its fit job's, or every user."""
     wildcards = dict(item.split("=", 1) for item in job.wildcards.split(", ") if item)
     if "shard" in wildcards:
-        from uph.lm.cache import shard_of
+        from uph.lm.data.cache import shard_of
 
         return users[[shard_of(user, shards) == int(wildcards["shard"]) for user in users["user_id"]]]
     if "job" in wildcards:
-        from uph.lm.partition import fit_job_users
+        from uph.lm.jobs.partition import fit_job_users
 
         return users[users["user_id"].isin(fit_job_users(users, fit_jobs)[int(wildcards["job"])])]
     return users

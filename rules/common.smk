@@ -95,7 +95,7 @@ FIT = config["fit"]
 
 # Jobs of each per-user fit rule: fit.gpu_jobs where the fit stage asks for a GPU (a few jobs of many users
 # each, fitted in lockstep, share the GPU's slots), else fit.jobs (users balanced by train tokens,
-# uph.lm.partition, whatever the shards and the cores). The global fit runs in one job per method.
+# uph.lm.jobs.partition, whatever the shards and the cores). The global fit runs in one job per method.
 FIT_JOBS_KEY = "gpu_jobs" if gpus("fit") else "jobs"
 FIT_JOBS = FIT[FIT_JOBS_KEY]
 FIT_JOB = results("fit", "job~{job}")
@@ -104,7 +104,7 @@ CROSS_USER_BLOCK = os.path.join(SWEEP, "cross_user-job~{job}.parquet")  # one fi
 GLOBAL_FIT = results("fit", "global", "method~{method}")
 GLOBAL_UNIGRAM = results("fit", "global", "unigram")
 GLOBAL_NEURAL_CACHE = results("fit", "global", "neural_cache")
-CACHE_BASELINES = {  # the cache baselines' global tables a per-user fit job reads (uph.lm.fit_job.read_cache_baselines)
+CACHE_BASELINES = {  # the cache baselines' global tables a per-user fit job reads (uph.lm.jobs.fit_job.read_cache_baselines)
     "unigram": f"{GLOBAL_UNIGRAM}/unigram.parquet",
     "neural_cache": f"{GLOBAL_NEURAL_CACHE}/neural_cache.parquet",
     "datastore": f"{GLOBAL_NEURAL_CACHE}/datastore.parquet",

@@ -1,6 +1,6 @@
 # Fit: the personalization study on the cache, every method at its capacity chosen on validation
-# (uph.lm.capacity). The per-user work runs in fit.jobs jobs, users balanced by train tokens
-# (uph.lm.partition), whatever the cache's shards and the run's cores. fit_global walks one method's global
+# (uph.lm.engine.capacity). The per-user work runs in fit.jobs jobs, users balanced by train tokens
+# (uph.lm.jobs.partition), whatever the cache's shards and the run's cores. fit_global walks one method's global
 # path of radii on the pooled users' fit parts, chooses on their validation parts and refits;
 # fit_global_unigram counts the pooled unigram and chooses its lambdas; fit_global_neural_cache pools the
 # neural cache's datastore (capped like the global theta's tokens) and chooses its temperatures and lambdas;

@@ -120,7 +120,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A function arch -> folder of a materialized tiny random model ('llama' or 'gpt2')."""
-    from uph.lm.models import materialize
+    from uph.lm.data.models import materialize
 
     made = {}
 
@@ -135,7 +135,7 @@ def tiny_model_dir(tmp_path_factory):
 
 
 def with_random_test_parts(users: dict, vocab_size: int, seed: int) -> dict:
-    """The users (uph.lm.cache.UserStates) with their train parts as they are and their test parts
+    """The users (uph.lm.data.cache.UserStates) with their train parts as they are and their test parts
     replaced by random states and targets of the same shapes: what a choice made on train tokens must
     not notice."""
     generator = torch.Generator().manual_seed(seed)

@@ -14,9 +14,9 @@ from test_reliability import LM_TABLES, assert_tables_equal_the_reference, copy_
 from uph.artifacts import ATTENTION_RUN, COPY_TASK_RUN, FEEDBACK_RUN, FIT_FILE, ROLES_FILE, job_record, write_recorded
 from uph.config import EXTRACT_KEYS, job_params, validate
 from uph.errors import ArtifactError
-from uph.lm.basis import load_basis, save_basis, top_singular_triplets
-from uph.lm.cache import read_users
-from uph.lm.models import read_output_layer
+from uph.lm.data.basis import load_basis, save_basis, top_singular_triplets
+from uph.lm.data.cache import read_users
+from uph.lm.data.models import read_output_layer
 from uph.model_identity import IDENTITY, read_identity
 
 FIX = "; delete it and run snakemake again"

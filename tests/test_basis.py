@@ -1,6 +1,6 @@
 import torch
 
-from uph.lm.basis import load_basis, save_basis, top_singular_triplets
+from uph.lm.data.basis import load_basis, save_basis, top_singular_triplets
 
 
 def test_top_singular_triplets_match_torch_svd(tmp_path):

@@ -1,4 +1,4 @@
-"""Choosing a capacity on validation (uph.lm.capacity): the best mean over users, ties to the smaller
+"""Choosing a capacity on validation (uph.lm.engine.capacity): the best mean over users, ties to the smaller
 capacity, a choice at either end of the grid flagged."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uph.lm.capacity import choose, chosen
+from uph.lm.engine.capacity import choose, chosen
 
 
 def curve(nlls_per_user: dict[float, list[float]], **key) -> pd.DataFrame:

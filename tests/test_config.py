@@ -126,7 +126,7 @@ def test_extra_points_join_the_sweep_once_and_may_be_listed(config):
     """fit.extra_points: a head at a d beyond fit.ds joins the sweep (once, after the product), and a
     list of points (cross_user, dose_response, on_cache) may name it."""
     from uph.config import sweep_points
-    from uph.lm.fit_job import FitConfig, Point
+    from uph.lm.jobs.fit_job import FitConfig, Point
 
     config = copy.deepcopy(config)
     fit = config["fit"]

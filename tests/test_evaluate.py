@@ -15,27 +15,27 @@ import torch.nn.functional as F
 from conftest import with_random_test_parts
 from tiny_lm import sample_text, tiny_llama, user_split
 
-import uph.lm.controls
-import uph.lm.fit_job
-import uph.lm.global_fit
-import uph.lm.lockstep
-import uph.lm.validate
+import uph.lm.engine.lockstep
+import uph.lm.jobs.controls
+import uph.lm.jobs.fit_job
+import uph.lm.jobs.global_fit
+import uph.lm.jobs.validate
 from uph.config import schema_defaults
-from uph.lm.baselines import cache_mixture, log_unigram, mixture, unigram_nll
-from uph.lm.cache import UserStates
-from uph.lm.capacity import chosen
-from uph.lm.controls import cross_user, others, residual_thetas
-from uph.lm.evaluate import HeldOut
-from uph.lm.fit import fit_theta
-from uph.lm.fit_job import CacheBaselines, FitConfig, FitJob, Point, capacity_choices, global_thetas, load_methods
-from uph.lm.global_fit import fit_global, global_unigram
-from uph.lm.heads import HeadSettings, full_bias_head, make_head
-from uph.lm.lockstep import run
-from uph.lm.models import OutputLayer
-from uph.lm.refit import fit_user_steps, fit_users
-from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import pool, prepare
-from uph.lm.validate import validate_user_steps, validate_users, warm_starts
+from uph.lm.data.cache import UserStates
+from uph.lm.data.models import OutputLayer
+from uph.lm.engine.baselines import cache_mixture, log_unigram, mixture, unigram_nll
+from uph.lm.engine.capacity import chosen
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.fit import fit_theta
+from uph.lm.engine.heads import HeadSettings, full_bias_head, make_head
+from uph.lm.engine.lockstep import run
+from uph.lm.engine.solvers import SolverSettings
+from uph.lm.engine.tokens import pool, prepare
+from uph.lm.jobs.controls import cross_user, others, residual_thetas
+from uph.lm.jobs.fit_job import CacheBaselines, FitConfig, FitJob, Point, capacity_choices, global_thetas, load_methods
+from uph.lm.jobs.global_fit import fit_global, global_unigram
+from uph.lm.jobs.refit import fit_user_steps, fit_users
+from uph.lm.jobs.validate import validate_user_steps, validate_users, warm_starts
 
 D = 8
 NO_CACHES = CacheBaselines(None, None)
@@ -201,9 +201,9 @@ def test_users_fitted_in_lockstep_get_the_rows_they_get_one_at_a_time(planted, m
     thetas, validation = fit_global(job, fit)
     unigram, unigram_validation = global_unigram(job, fit)
     caches = CacheBaselines(unigram, None)
-    sizes, evaluate_many = [], uph.lm.lockstep.evaluate_many
+    sizes, evaluate_many = [], uph.lm.engine.lockstep.evaluate_many
     monkeypatch.setattr(
-        uph.lm.lockstep, "evaluate_many", lambda requests: sizes.append(len(requests)) or evaluate_many(requests)
+        uph.lm.engine.lockstep, "evaluate_many", lambda requests: sizes.append(len(requests)) or evaluate_many(requests)
     )
     tables = {}
     for lockstep in (False, True):
@@ -394,9 +394,9 @@ def test_every_tokens_of_a_fit_job_shares_its_one_output_layer(planted, monkeypa
         "read_model_identity": {"weights_sha256": "-"},
     }
     for name, value in reads.items():
-        monkeypatch.setattr(uph.lm.fit_job, name, lambda *_, value=value: value)
-    made, prepare_tokens = [], uph.lm.fit_job.prepare
-    for module in (uph.lm.fit_job, uph.lm.global_fit, uph.lm.validate, uph.lm.controls):
+        monkeypatch.setattr(uph.lm.jobs.fit_job, name, lambda *_, value=value: value)
+    made, prepare_tokens = [], uph.lm.jobs.fit_job.prepare
+    for module in (uph.lm.jobs.fit_job, uph.lm.jobs.global_fit, uph.lm.jobs.validate, uph.lm.jobs.controls):
         monkeypatch.setattr(
             module, "prepare", lambda *args, **kwargs: made.append(prepare_tokens(*args, **kwargs)) or made[-1]
         )

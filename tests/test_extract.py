@@ -5,10 +5,10 @@ import torch
 
 from uph.config import CPU_BATCH, GPU_BATCH_TOKENS, batch_windows
 from uph.errors import CacheError, ModelError
-from uph.lm.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
-from uph.lm.extract import extract_users, user_groups, user_windows
-from uph.lm.models import load_model, materialize, read_output_layer
-from uph.lm.splits import temporal_split
+from uph.lm.data.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
+from uph.lm.data.extract import extract_users, user_groups, user_windows
+from uph.lm.data.models import load_model, materialize, read_output_layer
+from uph.lm.data.splits import temporal_split
 from uph.model_identity import read_identity
 
 
@@ -78,7 +78,7 @@ def test_device_sized_batches_match_one_window_at_a_time(tiny_model_dir, arch):
 
 @torch.inference_mode()
 def _by_hand(model, user, context: int, batch: int) -> dict:
-    """{split: hidden [targets, H]} of one user computed here, not by uph.lm.extract: the user's windows of
+    """{split: hidden [targets, H]} of one user computed here, not by uph.lm.data.extract: the user's windows of
     `context` inputs per region (train [0, train_end), test [test_start, n)), longest first (stable), `batch`
     at a time right-padded with id 0, each through the model's body (`model.model`: its last hidden state,
     the head's input for a llama), the rows cut back to their windows."""
@@ -104,7 +104,7 @@ def _by_hand(model, user, context: int, batch: int) -> dict:
 def test_cpu_default_batch_is_todays_and_keeps_its_bytes(tiny_model_dir, tmp_path):
     """`extract.batch_size: null` on a CPU is CPU_BATCH = 16 windows a user alone, as the CPU caches have
     always been built: the shard holds, bit for bit, the states of each user's windows computed by hand
-    16 at a time (`_by_hand`, independent of uph.lm.extract). On CUDA users are gathered until they fill a
+    16 at a time (`_by_hand`, independent of uph.lm.data.extract). On CUDA users are gathered until they fill a
     batch."""
     from uph.config import schema_defaults
 

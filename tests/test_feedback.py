@@ -36,7 +36,7 @@ from uph.feedback.training import (
     summarize,
     train,
 )
-from uph.lm.corpus import load_shakespeare_roles
+from uph.lm.data.corpus import load_shakespeare_roles
 from uph.optim import Adam
 
 SCHEMA_FEEDBACK = validate({**yaml.safe_load((REPO / "config" / "test.yaml").read_text()), "feedback": {}})[

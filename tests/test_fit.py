@@ -12,13 +12,14 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import sample_text, user_split
 
-import uph.lm.fit
-import uph.lm.lockstep
-import uph.lm.solvers
+import uph.lm.engine.fit
+import uph.lm.engine.lockstep
+import uph.lm.engine.solvers
 from uph.device import count_host_reads
 from uph.errors import ConfigError, FitDivergedError
-from uph.lm.evaluate import HeldOut
-from uph.lm.fit import (
+from uph.lm.data.models import OutputLayer
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.fit import (
     VOCAB_BLOCK,
     HeadOnTokens,
     Objective,
@@ -29,11 +30,10 @@ from uph.lm.fit import (
     fit_theta_steps,
     vocab_block,
 )
-from uph.lm.heads import HEADS, HeadSettings, full_bias_head, make_head
-from uph.lm.lockstep import evaluate_many, lockstep_groups, run_lockstep
-from uph.lm.models import OutputLayer
-from uph.lm.solvers import SolverSettings, projected_gradient_norm
-from uph.lm.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
+from uph.lm.engine.heads import HEADS, HeadSettings, full_bias_head, make_head
+from uph.lm.engine.lockstep import evaluate_many, lockstep_groups, run_lockstep
+from uph.lm.engine.solvers import SolverSettings, projected_gradient_norm
+from uph.lm.engine.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
 
 D = 8
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
@@ -157,7 +157,7 @@ def test_exact_solver_certifies_an_optimum_no_worse_than_adam(lm, name, max_norm
     assert exact.objective <= adam.objective and exact.certificate <= 1e-7 < adam.certificate
     assert exact.theta_norm <= max_norm * (1 + 1e-12)
     # unique optimum: the large-d solver (L-BFGS and projected gradient, no d×d model) lands on the same point
-    monkeypatch.setattr(uph.lm.solvers, "DENSE_MAX_D", 0)
+    monkeypatch.setattr(uph.lm.engine.solvers, "DENSE_MAX_D", 0)
     again, spg = fit_theta(tokens, head, "exact", settings, radius=max_norm)
     assert spg.certificate <= 1e-7
     torch.testing.assert_close(again, theta, rtol=0, atol=1e-4)
@@ -431,7 +431,7 @@ def test_tiles_are_the_devices_and_leave_the_objective_unchanged(lm, monkeypatch
     for name, head in heads.items():
         values = []
         for chunk, block in ((64, 16), (GPU_CHUNK, V)):
-            monkeypatch.setattr(uph.lm.fit, "vocab_block", lambda device, vocab, block=block: block)
+            monkeypatch.setattr(uph.lm.engine.fit, "vocab_block", lambda device, vocab, block=block: block)
             tokens = prepare(h, y, OutputLayer(W, b), chunk=chunk)
             at = theta if head.d == D else thetas[0]
             value = Objective(tokens, head, *BETA_LAM)(at)
@@ -457,9 +457,9 @@ def test_a_chunk_the_fast_path_flags_is_mended_alone(lm, name):
     head32 = make_head(name, W.float(), d=D, alpha=alpha, settings=HEAD_SETTINGS, svd=svd, bias=b.float())
     theta = 5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(4)), dim=0)
     tokens = prepare(h.float(), y, OutputLayer(W.float(), b.float()), chunk=64, cache_bytes=2 * 64 * W.shape[0] * 4)
-    objective, flagged, flagged_of = Objective(tokens, head32, *BETA_LAM), [], uph.lm.fit._flagged
+    objective, flagged, flagged_of = Objective(tokens, head32, *BETA_LAM), [], uph.lm.engine.fit._flagged
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(uph.lm.fit, "_flagged", lambda flags: flagged.append(flagged_of(flags)) or flagged[-1])
+        patch.setattr(uph.lm.engine.fit, "_flagged", lambda flags: flagged.append(flagged_of(flags)) or flagged[-1])
         value = objective(theta.float())
     assert flagged == [[3]]
     theta64 = theta.clone().requires_grad_(True)
@@ -517,7 +517,7 @@ def test_an_evaluation_reads_nothing_back_per_chunk(lm, device):
     "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 )
 def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device):
-    """evaluate_many of K users' next steps (uph.lm.lockstep): the device part of the round reads every
+    """evaluate_many of K users' next steps (uph.lm.engine.lockstep): the device part of the round reads every
     objective's J and gradient back in one read for K = 1, 2 and 4 (each head, on the model's base and
     on a mixture), in two where a tilt that may overflow has chunks mended (theta 100 times larger), and
     each Value is the one its objective gives alone, bit for bit."""
@@ -526,7 +526,7 @@ def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device
     floor = torch.full((W.shape[0],), 0.3 / W.shape[0], dtype=torch.float64)
     heads = [make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in HEADS]
     users = [prepare(h[i::4].float(), y[i::4], layer, chunk=30, device=device) for i in range(4)]
-    device_round, reads, seen = uph.lm.lockstep._device_round, [], set()
+    device_round, reads, seen = uph.lm.engine.lockstep._device_round, [], set()
 
     def counted(requests, need_grad):
         found = []
@@ -543,7 +543,7 @@ def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device
             for k in (1, 2, 4):
                 reads.clear()
                 with pytest.MonkeyPatch.context() as patch:
-                    patch.setattr(uph.lm.lockstep, "_device_round", counted)
+                    patch.setattr(uph.lm.engine.lockstep, "_device_round", counted)
                     values = evaluate_many(list(zip(objectives[:k], thetas[:k])))
                 per_k.append(reads[:])
                 assert [(v.objective, v.ce, v.kl) for v in values] == [(v.objective, v.ce, v.kl) for v in alone[:k]]

@@ -1,4 +1,4 @@
-"""The personalization study's tables (uph.lm.tables) from hand-made per-user rows, against the
+"""The personalization study's tables (uph.lm.jobs.tables) from hand-made per-user rows, against the
 comparisons written out."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from uph.lm.tables import (
+from uph.lm.jobs.tables import (
     CROSS_USER_COLUMNS,
     capacity_table,
     cross_user_table,

@@ -22,12 +22,12 @@ from test_fit import BETA_LAM, HEAD_SETTINGS, D
 
 from uph.attention.self_attention import simplicial_attention, triple_product_attention
 from uph.device import setup_device
-from uph.lm.cache import read_shard
-from uph.lm.fit import Objective, fit_theta
-from uph.lm.heads import HEADS, full_bias_head, make_head
-from uph.lm.models import OutputLayer
-from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import prepare
+from uph.lm.data.cache import read_shard
+from uph.lm.data.models import OutputLayer
+from uph.lm.engine.fit import Objective, fit_theta
+from uph.lm.engine.heads import HEADS, full_bias_head, make_head
+from uph.lm.engine.solvers import SolverSettings
+from uph.lm.engine.tokens import prepare
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tiny_lm import final_hidden, tiny_llama
 
 from uph.errors import ConfigError
-from uph.lm.heads import HEADS, HeadSettings, make_head
+from uph.lm.engine.heads import HEADS, HeadSettings, make_head
 
 D, ALPHA, GAMMA = 8, 0.3, 0.5
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis

@@ -16,9 +16,17 @@ from safetensors.torch import save_file
 
 from uph.config import validate
 from uph.errors import ModelError
-from uph.lm import models
-from uph.lm.models import OutputLayer, byte_tokenizer, final_hidden, lm_head, load_model, materialize, read_output_layer
-from uph.lm.tokens import prepare
+from uph.lm.data import models
+from uph.lm.data.models import (
+    OutputLayer,
+    byte_tokenizer,
+    final_hidden,
+    lm_head,
+    load_model,
+    materialize,
+    read_output_layer,
+)
+from uph.lm.engine.tokens import prepare
 from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, IDENTITY
 
 VOCAB = 257  # the byte tokenizer's
@@ -387,13 +395,13 @@ def test_only_a_candidate_that_passed_admission_replaces_the_model(tmp_path):
 
 
 def test_a_gguf_file_is_parsed_once_while_a_source_loads_and_gguf_is_itself_after(tmp_path):
-    """Transformers parses a GGUF file for the config, the tokenizer and the weights (uph.lm.models
+    """Transformers parses a GGUF file for the config, the tokenizer and the weights (uph.lm.data.models
     _gguf_parsed_once): within the block the same path gives the same parsed reader, and the tensor-name
     map is built once; after it, and after an error in it, gguf's own are back."""
     import gguf
     import numpy as np
 
-    from uph.lm.models import _gguf_parsed_once
+    from uph.lm.data.models import _gguf_parsed_once
 
     path = tmp_path / "t.gguf"
     writer = gguf.GGUFWriter(path, "llama")

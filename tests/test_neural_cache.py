@@ -1,4 +1,4 @@
-"""The neural cache (uph.lm.neural_cache): its probabilities against the formula written out on tiny
+"""The neural cache (uph.lm.engine.neural_cache): its probabilities against the formula written out on tiny
 datastores, blocked or not; the per-token floor a head's mixture base is made of, with the window a
 user's own train tokens leave out; a planted user whose text repeats its own contexts gaining from its
 own cache and not from the others'; the choice of (T, lambda) blind to test tokens; and the choice on
@@ -14,14 +14,12 @@ import pytest
 import torch
 from conftest import with_random_test_parts
 
-import uph.lm.neural_cache
+import uph.lm.engine.neural_cache
 from uph.config import schema_defaults
-from uph.lm.cache import UserStates
-from uph.lm.capacity import choose
-from uph.lm.fit_job import FitConfig, FitJob
-from uph.lm.global_fit import global_neural_cache
-from uph.lm.models import OutputLayer
-from uph.lm.neural_cache import (
+from uph.lm.data.cache import UserStates
+from uph.lm.data.models import OutputLayer
+from uph.lm.engine.capacity import choose
+from uph.lm.engine.neural_cache import (
     Datastore,
     NeuralCache,
     cache_floor,
@@ -31,7 +29,9 @@ from uph.lm.neural_cache import (
     others_store,
     pooled_datastore,
 )
-from uph.lm.tokens import Mixture, prepare
+from uph.lm.engine.tokens import Mixture, prepare
+from uph.lm.jobs.fit_job import FitConfig, FitJob
+from uph.lm.jobs.global_fit import global_neural_cache
 
 V, H = 11, 4
 
@@ -72,7 +72,7 @@ def test_cache_probabilities_match_the_formula_written_out_in_any_blocks(monkeyp
         assert whole[t].dtype == torch.float64 and whole[t][-1] == -math.inf
         torch.testing.assert_close(whole[t][:-1], expected[:-1], rtol=0, atol=1e-6)
     assert not torch.allclose(whole[0.3][:-1], whole[2.0][:-1], atol=1e-3)  # the temperature matters here
-    monkeypatch.setattr(uph.lm.neural_cache, "BLOCK_ENTRIES", 2 * len(store))  # 2 queries a block: 4 blocks
+    monkeypatch.setattr(uph.lm.engine.neural_cache, "BLOCK_ENTRIES", 2 * len(store))  # 2 queries a block: 4 blocks
     blocked = log_cache_probabilities(store, hidden, targets, temperatures)
     # Not bit for bit: the distances are float32 products, and BLAS picks the kernel (so the summation order)
     # by the block's shape. Each score s = -||h - k||^2 / (t H) carries float32 rounding of its parts,
@@ -93,7 +93,7 @@ def test_a_mixture_base_on_cache_floors_is_the_mixture_written_out(monkeypatch):
     hidden, targets = torch.randn(7, H, dtype=torch.float64, generator=generator), torch.tensor([2, 9, 0, 10, 4, 1, 3])
     tokens = prepare(hidden, targets, layer, chunk=3)  # chunks of 3, 3, 1
     parts, w = [(pool, 0.5, 0.25), (own, 2.0, 0.15)], 0.6
-    monkeypatch.setattr(uph.lm.neural_cache, "BLOCK_ENTRIES", 10)  # a block per query
+    monkeypatch.setattr(uph.lm.engine.neural_cache, "BLOCK_ENTRIES", 10)  # a block per query
     mixed = tokens.mixed(Mixture(w, None), floors(tokens, parts, None, 0))
     p_model = torch.softmax(layer.logits(hidden), dim=-1)
     expected = torch.stack(

@@ -1,9 +1,9 @@
-"""The fit stage's cut: users over fit.jobs jobs, balanced by train tokens (uph.lm.partition)."""
+"""The fit stage's cut: users over fit.jobs jobs, balanced by train tokens (uph.lm.jobs.partition)."""
 
 import pandas as pd
 import pytest
 
-from uph.lm.partition import fit_job_users, users_of_job
+from uph.lm.jobs.partition import fit_job_users, users_of_job
 
 
 def users_table(tokens: dict[str, int]) -> pd.DataFrame:

@@ -21,9 +21,9 @@ from jsonschema import Draft202012Validator
 from uph.config import SCHEMA_DIR, check_against_model, key_path, sweep_points, validate
 from uph.errors import ConfigError, CorpusError
 from uph.io import write_table
-from uph.lm.corpus import read_corpus_file, tokenize_users
-from uph.lm.models import byte_tokenizer
-from uph.lm.splits import split_lengths, temporal_split
+from uph.lm.data.corpus import read_corpus_file, tokenize_users
+from uph.lm.data.models import byte_tokenizer
+from uph.lm.data.splits import split_lengths, temporal_split
 
 TEST_CONFIG = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
 HIDDEN = 64  # the tiny test model's

@@ -28,10 +28,10 @@ from uph.config import (
 )
 from uph.device import BRANCH_DEFAULTS, BRANCH_DEVICES, DEVICES, DTYPES
 from uph.feedback.training import METHODS, SIGNALS, TrainConfig
-from uph.lm.baselines import BASELINES
-from uph.lm.fit_job import CACHES, FitConfig
-from uph.lm.heads import BASES, HEADS, HeadSettings
-from uph.lm.solvers import SOLVERS, SolverSettings
+from uph.lm.engine.baselines import BASELINES
+from uph.lm.engine.heads import BASES, HEADS, HeadSettings
+from uph.lm.engine.solvers import SOLVERS, SolverSettings
+from uph.lm.jobs.fit_job import CACHES, FitConfig
 
 REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code's registry
     ("config", "device"): DEVICES,

@@ -40,7 +40,7 @@ from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import TrainConfig
 from uph.feedback.training import train as train_feedback
 from uph.io import code_version, write_json, write_table
-from uph.lm.cache import (
+from uph.lm.data.cache import (
     cache_identity,
     check_unique_users,
     read_record,
@@ -49,11 +49,11 @@ from uph.lm.cache import (
     shard_manifest,
     shard_writer,
 )
-from uph.lm.fit import fit_theta
-from uph.lm.heads import HeadSettings, make_head
-from uph.lm.models import OutputLayer
-from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import prepare
+from uph.lm.data.models import OutputLayer
+from uph.lm.engine.fit import fit_theta
+from uph.lm.engine.heads import HeadSettings, make_head
+from uph.lm.engine.solvers import SolverSettings
+from uph.lm.engine.tokens import prepare
 from uph.report.figures import STYLE, literal
 from uph.report.provenance import table_code
 
@@ -1006,7 +1006,7 @@ def test_a_refused_model_switch_keeps_the_last_good_model_and_switching_back_rer
     whole study was computed again)."""
     from transformers import AutoModelForCausalLM, BertConfig
 
-    from uph.lm.models import byte_tokenizer
+    from uph.lm.data.models import byte_tokenizer
 
     workdir = copy_study(tiny_study, tmp_path)
     bert = workdir / "models" / "bert"
@@ -1039,7 +1039,7 @@ def test_a_switch_to_a_wider_model_is_checked_against_that_model_not_the_install
     the switch naming the installed model); the new one is checked by its model_candidate job."""
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    from uph.lm.models import byte_tokenizer
+    from uph.lm.data.models import byte_tokenizer
 
     workdir = copy_study(tiny_study, tmp_path)
     wide = workdir / "models" / "wide"

@@ -7,8 +7,8 @@ the file depends on, flattened ('fit.radii', 'extract.context': `job_record`). A
 weights hash and every config key that both it and the file name (a key the file did not record is
 not one it depends on). A missing, damaged (truncated, edited) or foreign file is one line naming it
 and the command that rebuilds it, raised before any of it is used. The hidden-state cache
-(uph.lm.cache) adds its shard manifest and content digest; the fit stage's tables (`FIT_FILE`) and
-the SVD basis (uph.lm.basis) record the model and their job's keys. Torch-free, and pandas-free at
+(uph.lm.data.cache) adds its shard manifest and content digest; the fit stage's tables (`FIT_FILE`) and
+the SVD basis (uph.lm.data.basis) record the model and their job's keys. Torch-free, and pandas-free at
 import (pyarrow's to_pandas loads pandas where a table is read), so the basis job never loads pandas.
 """
 

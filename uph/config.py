@@ -31,12 +31,12 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from uph.errors import ConfigError
-from uph.lm.splits import split_lengths, temporal_split
+from uph.lm.data.splits import split_lengths, temporal_split
 from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, check_model_folder
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
-TINY_ARCHITECTURES = ("llama", "gpt2")  # model.source tiny:<arch> (uph.lm.models.tiny_model)
+TINY_ARCHITECTURES = ("llama", "gpt2")  # model.source tiny:<arch> (uph.lm.data.models.tiny_model)
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ GPU_BATCH_TOKENS = 32_768  # tokens per forward pass on CUDA where it is null: 2
 
 
 def batch_windows(batch_size: int | None, context: int, device) -> int:
-    """Windows per extraction forward pass (uph.lm.extract): `extract.batch_size`, or where it is null
+    """Windows per extraction forward pass (uph.lm.data.extract): `extract.batch_size`, or where it is null
     CPU_BATCH on a CPU and GPU_BATCH_TOKENS // context (at least 1) on CUDA (`device`: a name or a
     torch.device)."""
     if batch_size is not None:
@@ -285,9 +285,9 @@ def batch_windows(batch_size: int | None, context: int, device) -> int:
 
 
 # What each job reads, so that its params hold exactly those keys (`job_params`).
-EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.cache.read_users)
-SOLVER_KEYS = ("beta", "lam", "clip_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.solvers.SolverSettings
-HEAD_KEYS = ("basis_seed", "lm_head_update")  # what building the heads reads besides the point (uph.lm.heads)
+EXTRACT_KEYS = ("context", "dtype", "shards")  # the extract keys a cache reader checks (uph.lm.data.cache.read_users)
+SOLVER_KEYS = ("beta", "lam", "clip_norm", "lr", "steps", "tol", "max_iter")  # uph.lm.engine.solvers.SolverSettings
+HEAD_KEYS = ("basis_seed", "lm_head_update")  # what building the heads reads besides the point (uph.lm.engine.heads)
 SWEEP_KEYS = (
     "heads",
     "alphas",
@@ -298,11 +298,16 @@ SWEEP_KEYS = (
     *HEAD_KEYS,
     *SOLVER_KEYS,
 )  # every method, every solver
-CAPACITY_KEYS = ("radii", "lambdas", "temperatures", "validation_fraction")  # the grids and the split (uph.lm.capacity)
-FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.global_fit.fit_global
-FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.validate.validate_users
-FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.refit.fit_users (the choices come as a file)
-FIT_OTHERS_KEYS = (*SWEEP_KEYS, "on_cache")  # uph.lm.controls.others
+CAPACITY_KEYS = (
+    "radii",
+    "lambdas",
+    "temperatures",
+    "validation_fraction",
+)  # the grids and the split (uph.lm.engine.capacity)
+FIT_GLOBAL_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "global_max_tokens")  # uph.lm.jobs.global_fit.fit_global
+FIT_VALIDATE_KEYS = (*SWEEP_KEYS, *CAPACITY_KEYS, "dose_response", "on_cache")  # uph.lm.jobs.validate.validate_users
+FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.jobs.refit.fit_users (the choices come as a file)
+FIT_OTHERS_KEYS = (*SWEEP_KEYS, "on_cache")  # uph.lm.jobs.controls.others
 
 
 FEEDBACK_COMMON_KEYS = ("test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows")
@@ -448,7 +453,7 @@ SPLIT_KEYS = {  # the keys besides a user's tokens that decide its split, and th
 
 
 def _split_problem(n_tokens: int, train_fraction: float, validation_fraction: float, context: int):
-    """Why a user of `n_tokens` tokens cannot be split (uph.lm.splits): ('held_out', held-out tokens)
+    """Why a user of `n_tokens` tokens cannot be split (uph.lm.data.splits): ('held_out', held-out tokens)
     without a test window after the gap, ('fit_part', train tokens, why) without a fit part before the
     validation gap; None where it can."""
     split = temporal_split(n_tokens, train_fraction, context)

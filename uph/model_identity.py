@@ -3,7 +3,7 @@ keep the last good model: a source folder's content digest (what reruns the mode
 install of a checked candidate folder.
 
 Torch-free: the DAG build reads it (rules/common.smk), so `snakemake -n` never imports torch.
-`identity.json` is written last by `uph.lm.models.materialize`, into a candidate folder that
+`identity.json` is written last by `uph.lm.data.models.materialize`, into a candidate folder that
 `install_model_folder` then puts in place; its weight and tokenizer hashes name the model in every
 cache and table.
 """

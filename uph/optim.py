@@ -1,5 +1,5 @@
 """Adam and gradient-norm clipping as torch computes them, written out for the few tensors of the fit's
-adam solver (uph.lm.solvers) and the feedback branch's character MLP (uph.feedback.training): the first
+adam solver (uph.lm.engine.solvers) and the feedback branch's character MLP (uph.feedback.training): the first
 call into torch.optim imports torch._dynamo, 2 s of every such job on a 2-core Intel Xeon, more than a
 test-sized job's whole work.
 

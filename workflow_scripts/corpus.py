@@ -3,8 +3,8 @@
 from uph.artifacts import ROLES_FILE
 from uph.config import check_context
 from uph.io import write_parquet
-from uph.lm.corpus import tokenize_users
-from uph.lm.models import load_tokenizer
+from uph.lm.data.corpus import tokenize_users
+from uph.lm.data.models import load_tokenizer
 from uph.logs import rule_logging
 
 from pathlib import Path

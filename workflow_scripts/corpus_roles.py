@@ -1,7 +1,7 @@
 """Rule corpus_roles: all users' text (Shakespeare roles or a corpus file) as one parquet table."""
 
 from uph.io import write_parquet
-from uph.lm.corpus import load_shakespeare_roles, read_corpus_file
+from uph.lm.data.corpus import load_shakespeare_roles, read_corpus_file
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

@@ -5,9 +5,9 @@ sized by the device the job asks for (rules/common.smk, uph.config.batch_windows
 from uph.artifacts import USERS_FILE
 from uph.config import batch_windows
 from uph.device import resolve_device, resolve_dtype
-from uph.lm.cache import cache_identity, shard_manifest, shard_users, shard_writer
-from uph.lm.extract import extract_users
-from uph.lm.models import load_model
+from uph.lm.data.cache import cache_identity, shard_manifest, shard_users, shard_writer
+from uph.lm.data.extract import extract_users
+from uph.lm.data.models import load_model
 from uph.logs import rule_logging
 from uph.model_identity import read_identity
 

@@ -3,9 +3,9 @@ cache baselines' arms, for the users of one fit job (each user's base distributi
 from its validation path's ball at the chosen radius."""
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
-from uph.lm.refit import fit_users
-from uph.lm.validate import warm_starts
+from uph.lm.jobs.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
+from uph.lm.jobs.refit import fit_users
+from uph.lm.jobs.validate import warm_starts
 from uph.logs import rule_logging
 
 import torch

@@ -1,10 +1,10 @@
 """Rule capacity: every arm's capacity (radius, or the unigram's lambda) chosen from the validation rows of
-fit_global and every validate job (uph.lm.capacity)."""
+fit_global and every validate job (uph.lm.engine.capacity)."""
 
 from uph.artifacts import job_record, write_recorded
-from uph.lm.capacity import EDGES
-from uph.lm.fit_job import capacity_choices
-from uph.lm.tables import read_in_user_order
+from uph.lm.engine.capacity import EDGES
+from uph.lm.jobs.fit_job import capacity_choices
+from uph.lm.jobs.tables import read_in_user_order
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:

@@ -2,8 +2,8 @@
 its radius chosen on validation, on all users' train tokens pooled, with the validation rows it chose from."""
 
 from uph.artifacts import job_record, write_recorded
-from uph.lm.fit_job import FitConfig, load_methods
-from uph.lm.global_fit import fit_global
+from uph.lm.jobs.fit_job import FitConfig, load_methods
+from uph.lm.jobs.global_fit import fit_global
 from uph.logs import rule_logging
 
 import torch

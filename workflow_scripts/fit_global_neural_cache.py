@@ -2,9 +2,9 @@
 and lambda chosen on every user's validation part (no rows when fit.baselines leaves it out)."""
 
 from uph.artifacts import job_record, write_recorded
-from uph.lm.baselines import NEURAL_CACHE
-from uph.lm.fit_job import FitConfig, load_fit_job
-from uph.lm.global_fit import global_neural_cache
+from uph.lm.engine.baselines import NEURAL_CACHE
+from uph.lm.jobs.fit_job import FitConfig, load_fit_job
+from uph.lm.jobs.global_fit import global_neural_cache
 from uph.logs import rule_logging
 
 import pandas as pd

@@ -2,9 +2,9 @@
 validation part (no rows when fit.baselines leaves the unigram out)."""
 
 from uph.artifacts import job_record, write_recorded
-from uph.lm.baselines import UNIGRAM
-from uph.lm.fit_job import FitConfig, load_fit_job
-from uph.lm.global_fit import global_unigram
+from uph.lm.engine.baselines import UNIGRAM
+from uph.lm.jobs.fit_job import FitConfig, load_fit_job
+from uph.lm.jobs.global_fit import global_unigram
 from uph.logs import rule_logging
 
 import pandas as pd

@@ -1,11 +1,11 @@
 """Rule fit_others: the 'others' control of every sweep point and solver, on one fit job's users' texts:
 each user's held-out text of every method (the full bias too) scored with the global theta plus the mean of
 the other users' residual thetas, the heads on a cache with the mean of the other users' thetas on it, and
-the neural cache with a store of the same size drawn from the other users' (uph.lm.controls.others)."""
+the neural cache with a store of the same size drawn from the other users' (uph.lm.jobs.controls.others)."""
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.controls import others, residual_thetas
-from uph.lm.fit_job import CACHES, FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
+from uph.lm.jobs.controls import others, residual_thetas
+from uph.lm.jobs.fit_job import CACHES, FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.logs import rule_logging
 
 import torch

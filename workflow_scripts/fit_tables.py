@@ -1,11 +1,11 @@
-"""Rule personalization_table: the study's LM tables from the per-user rows (uph.lm.tables), as CSV with
+"""Rule personalization_table: the study's LM tables from the per-user rows (uph.lm.jobs.tables), as CSV with
 Markdown and LaTeX beside them (no timings: the tables are deterministic; wall time per job is in
 results/benchmarks)."""
 
 from uph.artifacts import FIT_FILE, job_record
 from uph.io import write_table
-from uph.lm.cache import check_unique_users
-from uph.lm.tables import (
+from uph.lm.data.cache import check_unique_users
+from uph.lm.jobs.tables import (
     capacity_table,
     cross_user_table,
     dose_response_table,

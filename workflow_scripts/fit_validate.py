@@ -1,10 +1,10 @@
 """Rule validate: the personal and residual paths of radii of every method and solver (and of the heads
 on a cache, fit.on_cache) on the fit parts of one fit job's users, scored on their validation parts, with every ball's
-warm start for the fit job's refits (uph.lm.validate.warm_starts)."""
+warm start for the fit job's refits (uph.lm.jobs.validate.warm_starts)."""
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
-from uph.lm.validate import validate_users
+from uph.lm.jobs.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
+from uph.lm.jobs.validate import validate_users
 from uph.logs import rule_logging
 
 import torch

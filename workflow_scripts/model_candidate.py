@@ -3,7 +3,7 @@ is written last, once the folder loaded back passes every admission check (compl
 attention, tokenizer within the vocabulary, the suite's base log-probs the model's own)."""
 
 from uph.config import check_against_model
-from uph.lm.models import materialize
+from uph.lm.data.models import materialize
 from uph.logs import rule_logging
 
 from pathlib import Path

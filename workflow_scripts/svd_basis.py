@@ -1,7 +1,7 @@
 """Rule svd_basis: the top singular triplets of the model's lm_head weight."""
 
-from uph.lm.basis import save_basis, top_singular_triplets
-from uph.lm.models import read_output_layer
+from uph.lm.data.basis import save_basis, top_singular_triplets
+from uph.lm.data.models import read_output_layer
 from uph.logs import rule_logging
 from uph.model_identity import read_identity
 

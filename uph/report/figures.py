@@ -209,7 +209,7 @@ def personalization(fig: Figure, study: Study) -> None:
 def capacity(fig: Figure, study: Study) -> None:
     """The capacity path: the mean validation NLL over users against the ball's radius (log axis), one
     panel per arm, a line per head and the full bias at all of each user's train tokens, the chosen
-    radius ringed (uph.lm.capacity). The caches' lambda (and temperature) are other knobs: their curves are in the table."""
+    radius ringed (uph.lm.engine.capacity). The caches' lambda (and temperature) are other knobs: their curves are in the table."""
     solver = headline_solver(study.personalization)
     table = study.capacity[(study.capacity["solver"] == solver) & study.capacity["train_tokens"].isna()]
     table = table[~table["head"].isin(("unigram", "neural_cache"))]

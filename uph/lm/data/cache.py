@@ -264,7 +264,7 @@ def shard_number(path: str | Path) -> int:
 
 
 def read_users(paths, model_dir: str | Path, users_path: str | Path, extract: dict, only=None) -> dict[str, UserStates]:
-    """Every user of the shard files `paths` (or the users `only` of them: a fit job's, uph.lm.partition),
+    """Every user of the shard files `paths` (or the users `only` of them: a fit job's, uph.lm.jobs.partition),
     in user order, each file read checked against the model in `model_dir`, the users table `users_path`
     (results/corpus/users.parquet) and the job's extract keys `extract` (context, dtype, shards;
     `job_params(config["extract"], EXTRACT_KEYS)`); a file that holds none of `only` is not read."""

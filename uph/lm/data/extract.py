@@ -31,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from uph.config import batch_windows
-from uph.lm.models import final_hidden
+from uph.lm.data.models import final_hidden
 
 
 @dataclass(frozen=True)

@@ -343,7 +343,7 @@ def check_parity(model, layer: OutputLayer, windows: list[torch.Tensor], source:
         raise ModelError(
             f"config key 'model.source': '{source}' ({type(model).__name__}): the suite's log-probs differ from "
             f"the model's own by up to {gap:.3g} nats (tolerance {PARITY_TOLERANCE:g}); its family transforms "
-            "the logits in a way uph.lm.models does not know: use a supported family (README: Bring your own "
+            "the logits in a way uph.lm.data.models does not know: use a supported family (README: Bring your own "
             "model) or add the transform to LOGIT_SCALES / LOGIT_SOFTCAPS"
         )
     return {"max_logprob_diff": gap, "tolerance": PARITY_TOLERANCE, "positions": sum(w.shape[1] for w in windows)}
@@ -461,7 +461,7 @@ class OutputLayer:
     W [V, H] and b [V] are float32 with the family's scalar logit scale s folded in (W = s W_head,
     b = s b_head: Cohere's logit_scale, Granite's 1/logits_scaling, Falcon-H1's lm_head_multiplier), so
     `logits(final_hidden(model, ids))` equals `model(ids).logits`; materialize checks it once per model.
-    A head's rank-d correction is added after these logits, z(theta) = logits(h) + P u(theta) (uph.lm.heads),
+    A head's rank-d correction is added after these logits, z(theta) = logits(h) + P u(theta) (uph.lm.engine.heads),
     so the fit objective stays convex in theta (a softcap applied after the correction would not be)."""
 
     W: torch.Tensor

@@ -2,7 +2,7 @@
 
 Train and test: the first `train_fraction` of a user's tokens train, then a gap of `gap` tokens
 (extract.context: a window's worth) is skipped, the rest is held out, so no training window ever holds
-a held-out target. Fit and validation inside train (uph.lm.capacity): the last ceil(fraction n) train
+a held-out target. Fit and validation inside train (uph.lm.engine.capacity): the last ceil(fraction n) train
 tokens validate, after the same gap.
 """
 
@@ -27,7 +27,7 @@ def temporal_split(n_tokens: int, train_fraction: float, gap: int) -> Split:
 
 
 def split_lengths(n: int, fraction: float, gap: int) -> tuple[int, int]:
-    """(end of the fit part, start of the validation part) of n train tokens (uph.lm.tokens.validation_split)."""
+    """(end of the fit part, start of the validation part) of n train tokens (uph.lm.engine.tokens.validation_split)."""
     start = n - math.ceil(fraction * n)
     if start - gap < 1:
         raise ValueError(f"{n} train tokens leave no fit part before a gap of {gap} and {n - start} validation tokens")

@@ -10,14 +10,14 @@ A unigram mixture moves the model's next-token distribution toward a unigram "ca
                cache beyond the pooled one)
 
 lam is the arm's capacity knob, chosen on validation from fit.lambdas like the heads' radii
-(uph.lm.capacity), all three arms in fit_global (which holds every user's tokens). The residual arm's
+(uph.lm.engine.capacity), all three arms in fit_global (which holds every user's tokens). The residual arm's
 mixture is also the base a head can be fitted on (`cache_mixture`: does a rank-d head add to a cache?).
 Everything is in log space (logaddexp of log weights), so a p_model that underflows, or a token the
 cache never saw, never gives -inf.
 
-The full-vocabulary bias (uph.lm.heads.full_bias_head) is another baseline: a free logit per
+The full-vocabulary bias (uph.lm.engine.heads.full_bias_head) is another baseline: a free logit per
 vocabulary entry, fitted by the engine like any head (the d = V limit of the unconditional heads). The
-neural cache (uph.lm.neural_cache) is the third: the same arms and mixture, with q the cache's
+neural cache (uph.lm.engine.neural_cache) is the third: the same arms and mixture, with q the cache's
 distribution over the next tokens of the stored hidden states nearest the position's own.
 """
 
@@ -27,11 +27,11 @@ import math
 
 import torch
 
-from uph.lm.tokens import Mixture, Tokens
+from uph.lm.engine.tokens import Mixture, Tokens
 
 BASELINES = ("unigram", "full_bias", "neural_cache")  # config key fit.baselines
 UNIGRAM = "unigram"
-NEURAL_CACHE = "neural_cache"  # uph.lm.neural_cache
+NEURAL_CACHE = "neural_cache"  # uph.lm.engine.neural_cache
 
 
 def targets_of(tokens: Tokens) -> torch.Tensor:
@@ -89,7 +89,7 @@ def unigram_nll(arm: str, lam: float, tokens: Tokens, pooled, user, lam_global: 
 
 
 def cache_mixture(pooled_counts, user_counts, lam_global: float, lam_residual: float) -> Mixture:
-    """The residual arm's mixture as a base for a head (uph.lm.tokens.Mixture): (1 - lam_r)((1 - lam_g)
+    """The residual arm's mixture as a base for a head (uph.lm.engine.tokens.Mixture): (1 - lam_r)((1 - lam_g)
     p_model + lam_g q_pooled) + lam_r q_user."""
     floor = (1 - lam_residual) * lam_global * pooled_counts / pooled_counts.sum()
     floor += lam_residual * user_counts / user_counts.sum()

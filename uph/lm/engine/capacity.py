@@ -7,9 +7,9 @@ Every method has a capacity knob, walked over a grid (schemas/fit.schema.yaml):
                                the logits may move
     unigram mixtures           the mixture weight lambda (fit.lambdas)
     neural cache mixtures      lambda, and the cache's temperature T (fit.temperatures), on their
-                               product grid (uph.lm.neural_cache)
+                               product grid (uph.lm.engine.neural_cache)
 
-Each user's train tokens split in time into a fit part and a validation part (uph.lm.tokens.
+Each user's train tokens split in time into a fit part and a validation part (uph.lm.engine.tokens.
 validation_split). Per (method, arm) every grid value is fitted on each user's fit part and scored on
 that user's validation part; the value with the lowest validation NLL averaged over users is chosen
 (ties, to TIE: the smaller temperature, then the smaller capacity), and the method is refitted on all

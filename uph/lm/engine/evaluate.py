@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from uph.lm.fit import Objective
-from uph.lm.heads import Head
-from uph.lm.tokens import Tokens
+from uph.lm.engine.fit import Objective
+from uph.lm.engine.heads import Head
+from uph.lm.engine.tokens import Tokens
 
 
 class HeldOut:

@@ -1,8 +1,8 @@
 """Fitting theta: one engine for every head, minimizing seed 002's objective, with two solvers.
 
 For tokens t = 1..n with base logits z0_t = OutputLayer.logits(h_t) (the model's own, see
-uph.lm.models) and head logits z_t = z0_t + P u_t, where u_t = theta ⊙ a_t (a_t = A h_t for
-conditional heads, a_t = 1 otherwise; see uph.lm.heads):
+uph.lm.data.models) and head logits z_t = z0_t + P u_t, where u_t = theta ⊙ a_t (a_t = A h_t for
+conditional heads, a_t = 1 otherwise; see uph.lm.engine.heads):
 
     J(theta) = mean_t [CE(z_t, y_t) + beta KL(p0_t ‖ p_t)] + lam ‖theta‖²   over ‖theta‖ <= radius.
 
@@ -13,7 +13,7 @@ Both terms need only the change of log-partition L_t = log Σ_v p0_tv exp(P_v ·
     ∇J(theta) = (1 + beta) mean_t a_t ⊙ P^T p_t - (ybar + beta mbar) + 2 lam theta
 
 with ybar = mean_t a_t ⊙ P_{y_t}, mbar = mean_t a_t ⊙ m_t, p_t = softmax(z_t). So p0 [n, V] is
-computed once per split (`uph.lm.tokens.prepare`: the only V×H products), a, ybar and mbar once per head
+computed once per split (`uph.lm.engine.tokens.prepare`: the only V×H products), a, ybar and mbar once per head
 (`Objective`); an evaluation costs, per chunk of c tokens, two [c, d]×[d, V] products and one exp
 (conditional heads), or two passes over p0 (unconditional heads: P theta is the same for every
 token). p0 need only be known up to a factor per token: every L_t is taken relative to its value
@@ -32,7 +32,7 @@ from their logits in log space, so no objective is ever -inf. An evaluation runs
 every chunk first, flagging the chunks that need more (an underflow; for conditional heads also a
 tilt past EXP_SAFE, which each token's max tilt, subtracted first, keeps in range), and mends them
 after one read of all the flags with the pass's sums, reading the mended chunks back together once
-more (uph.lm.lockstep: a round of several users' evaluations reads no more): nothing is read back per
+more (uph.lm.engine.lockstep: a round of several users' evaluations reads no more): nothing is read back per
 chunk, so a GPU never waits on the host mid-pass. theta never leaves the ball. A NaN or inf, which only a scale that overflows float32 can
 cause (the schema caps fit.alphas and fit.lm_head_update.gamma, and the cache refuses non-finite
 hidden states), raises FitDivergedError: a table never averages a NaN. A fit that stops short of
@@ -48,23 +48,23 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from uph.errors import ConfigError, FitDivergedError
-from uph.lm.heads import Head
-from uph.lm.lockstep import evaluate_many, run
-from uph.lm.solvers import NOISE, SOLVERS, SolverSettings, minimize, projected_gradient_norm
-from uph.lm.tokens import Chunk, Tokens
+from uph.lm.engine.heads import Head
+from uph.lm.engine.lockstep import evaluate_many, run
+from uph.lm.engine.solvers import NOISE, SOLVERS, SolverSettings, minimize, projected_gradient_norm
+from uph.lm.engine.tokens import Chunk, Tokens
 
 VOCAB_BLOCK = 4096  # vocabulary rows per work block on a CPU (vocab_block): [VOCAB_BLOCK, CHUNK] float32 is 4 MB
 EXP_SAFE = 60.0  # |P_v · u_t| below this cannot overflow or underflow the float32 exp sums
 UNDERFLOW = 1e-30  # a fast-path partition sum below this is recomputed exactly in log space
 LOG2E = 1.4426950408889634
-SEED_RADIUS = 5.0  # seed 002's ball (its max_norm); the study chooses its radius on validation (uph.lm.capacity)
+SEED_RADIUS = 5.0  # seed 002's ball (its max_norm); the study chooses its radius on validation (uph.lm.engine.capacity)
 
 
 def vocab_block(device: torch.device, vocab: int) -> int:
     """Vocabulary rows per work block on `device`. A CPU walks the vocabulary in blocks of VOCAB_BLOCK
     rows, so that the passes over a block's [VOCAB_BLOCK, c] products hit its cache; a GPU has no cache to
     fit them in and pays a kernel launch per block and pass instead, so it takes the whole vocabulary as
-    one block ([V, c] float32: 600 MB at V = 152k and c = GPU_CHUNK, uph.lm.tokens.chunk_size)."""
+    one block ([V, c] float32: 600 MB at V = 152k and c = GPU_CHUNK, uph.lm.engine.tokens.chunk_size)."""
     return VOCAB_BLOCK if device.type == "cpu" else vocab
 
 
@@ -163,7 +163,7 @@ class Objective:
 
     def _log_partitions(self, theta: torch.Tensor, need_grad: bool):
         """Per chunk log Σ_v p0_tv exp(P_v · u_t) [c]; and Σ_t a_t ⊙ P^T p_t [d] if need_grad (on the host):
-        one objective's round of uph.lm.lockstep (the fast pass, the flagged chunks mended, a token that
+        one objective's round of uph.lm.engine.lockstep (the fast pass, the flagged chunks mended, a token that
         still underflows recomputed exactly), reading back what each step needs."""
         queued = self._queued(theta, need_grad)
         flags = queued.chunk_flags().cpu().numpy()
@@ -409,7 +409,7 @@ class FitResult:
 @dataclass(frozen=True)
 class WarmStart:
     """Where a refit starts: a path's theta at the chosen radius and the exact solver's BFGS model there,
-    fitted on the user's fit part (uph.lm.validate). J on all train tokens is a convex neighbour of the fit
+    fitted on the user's fit part (uph.lm.jobs.validate). J on all train tokens is a convex neighbour of the fit
     part's, so the refit needs a few steps from it instead of a cold start's curvature pass and path from
     zero; its optimum and certificate are the same as a cold refit's."""
 
@@ -439,7 +439,7 @@ def fit_theta(
 
 
 def fit_theta_steps(tokens, head, solver, settings, radius=SEED_RADIUS, *args, **kwargs):
-    """fit_theta as a fit's steps (uph.lm.lockstep): a generator of evaluation requests."""
+    """fit_theta as a fit's steps (uph.lm.engine.lockstep): a generator of evaluation requests."""
     return (yield from fit_path_steps(tokens, head, solver, settings, [radius], *args, **kwargs))[0]
 
 
@@ -465,7 +465,7 @@ def fit_path_steps(
     last ball's theta and BFGS model, and a theta strictly inside its ball with its certificate met is
     the unconstrained minimizer, so every larger ball's too (no evaluation). adam runs seed 002's
     schedule from zero in every ball, as a fit on its own would. A generator of the path's evaluation
-    requests (uph.lm.lockstep: `run` walks it alone, `run_lockstep` beside other users' fits); a ball's
+    requests (uph.lm.engine.lockstep: `run` walks it alone, `run_lockstep` beside other users' fits); a ball's
     `seconds` count the rounds it shared."""
     if solver not in SOLVERS:
         raise ConfigError(f"config key 'fit.solvers': unknown solver '{solver}' (known: {', '.join(SOLVERS)})")

@@ -1,6 +1,6 @@
 """Fits in lockstep: several users' fits advance together, one evaluation each a round.
 
-A fit's steps (uph.lm.fit.fit_path_steps, the solvers of uph.lm.solvers) are a generator: it yields the
+A fit's steps (uph.lm.engine.fit.fit_path_steps, the solvers of uph.lm.engine.solvers) are a generator: it yields the
 request (objective, theta) for J's Value with its gradient and is sent the Value back. `run` drives one
 fit, evaluating each request as it comes; `run_lockstep` drives several (a job's users, each walking its
 paths of radii): each round it takes every fit's pending request and evaluates them all at once
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from uph.lm.fit import Objective, Value
+    from uph.lm.engine.fit import Objective, Value
 
 
 def evaluate_many(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool = True) -> list[Value]:
@@ -47,7 +47,7 @@ def evaluate_many(requests: list[tuple[Objective, torch.Tensor]], need_grad: boo
 def _device_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool) -> list[tuple]:
     """(Σ_t of the log-partition change, Σ_t a_t ⊙ P^T p_t or None) on the host for each (objective,
     residual theta). Every fast pass is queued, then one read brings back all their sums and their chunks'
-    flags; where a chunk needs mending (a tilt that may overflow, a sum that underflows: uph.lm.fit's
+    flags; where a chunk needs mending (a tilt that may overflow, a sum that underflows: uph.lm.engine.fit's
     Numerics), every such objective's mended chunks are queued and one more read brings them back; a token
     that still underflows (rarer still) costs its objective a read of its own."""
     if not requests:

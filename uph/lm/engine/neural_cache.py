@@ -11,14 +11,14 @@ with final hidden state h:
 
 Every entry counts (the exact sum; kNN-LM's k nearest approximate it where a datastore is too large to
 scan). Both are computed in log space: log p_cache(y) = LSE_{i: y_i = y} s_i - LSE_i s_i, and the
-mixture's log is logaddexp(log(1 - lam) + log p_model, log lam + log p_cache) (uph.lm.baselines.
+mixture's log is logaddexp(log(1 - lam) + log p_model, log lam + log p_cache) (uph.lm.engine.baselines.
 mixture), so a token the cache never saw (log p_cache = -inf) keeps its model share. The distances
 ‖h‖² - 2 h·h_i + ‖h_i‖² are one matrix product per block of queries against the whole datastore, in
 float32, BLOCK_ENTRIES scores at a time (64 MB), whatever the number of queries.
 
 A datastore entry is never read for a query of the same user whose position lies within `gap`
 tokens of it (extract.context): the entry's target would be in the query's context window or be the
-query's own target. Held-out queries stand past that gap by construction (uph.lm.splits); the gap
+query's own target. Held-out queries stand past that gap by construction (uph.lm.data.splits); the gap
 matters where a user's train tokens query a store that holds them (the base of a head fitted on the
 cache: `CacheFloor`).
 """
@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from uph.lm.baselines import arm_nll, hidden_of, model_log_probs, targets_of
-from uph.lm.tokens import CacheFloor, Mixture, Tokens
+from uph.lm.engine.baselines import arm_nll, hidden_of, model_log_probs, targets_of
+from uph.lm.engine.tokens import CacheFloor, Mixture, Tokens
 
 BLOCK_ENTRIES = 2**24  # scores [queries x entries] computed at a time: 64 MB of float32
 
@@ -151,7 +151,7 @@ ARMS = ("global", "personal", "residual")
 class NeuralCache:
     """What rule fit_global_neural_cache hands the per-user jobs: the pooled datastore (every user's
     first train tokens up to the global cap, `pool`; `fit_pool` the part of it in the users' fit parts),
-    the users' owner codes, and each arm's chosen (T, lam) (uph.lm.capacity):
+    the users' owner codes, and each arm's chosen (T, lam) (uph.lm.engine.capacity):
 
         global     (1 - lam_g) p_model + lam_g p_pool
         personal   (1 - lam_p) p_model + lam_p p_own           (the user's own train tokens)

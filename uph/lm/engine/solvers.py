@@ -1,4 +1,4 @@
-"""Solvers over the ball ‖theta‖ <= radius (the capacity knob, uph.lm.capacity): "adam" is seed 002's
+"""Solvers over the ball ‖theta‖ <= radius (the capacity knob, uph.lm.engine.capacity): "adam" is seed 002's
 schedule (Adam from zero, gradient-norm clipping at clip_norm, then projection onto the ball; `steps`
 steps at `lr`); "exact" stops when the projected-gradient norm, reported as `certificate`, is <= tol:
 up to d = DENSE_MAX_D a projected quasi-Newton method (a BFGS model, started from the Hessian diagonal
@@ -76,7 +76,7 @@ def project(theta: torch.Tensor, radius: float) -> torch.Tensor:
 class Solution:
     theta: torch.Tensor
     iterations: int
-    value: object  # uph.lm.fit.Value at theta
+    value: object  # uph.lm.engine.fit.Value at theta
     hessian: torch.Tensor | None  # the exact solver's model to start the next ball: BFGS's [d, d], L-BFGS's diagonal
 
 
@@ -91,7 +91,7 @@ def minimize(
     start_value=None,
 ) -> Solution:
     """Minimize J over the ball of `radius`, as a generator of J's evaluations (a fit's steps, which
-    uph.lm.lockstep drives alone or beside other fits'): `evaluate(theta, iteration)` is a generator that
+    uph.lm.engine.lockstep drives alone or beside other fits'): `evaluate(theta, iteration)` is a generator that
     yields the request for J's Value with its gradient at theta and returns it (`yield from`).
     adam runs seed 002's schedule from zero in `start`'s dtype; exact starts at `start` (float64; its
     Value `start_value` when known and `start` lies in the ball, as a smaller ball's minimizer does) with

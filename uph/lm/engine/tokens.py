@@ -1,5 +1,5 @@
 """A split's tokens with their base distribution p0, computed once (`prepare`: the only V×H products)
-and cached within a memory budget; the fit objective (uph.lm.fit) and the evaluation read them."""
+and cached within a memory budget; the fit objective (uph.lm.engine.fit) and the evaluation read them."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from uph.lm.models import OutputLayer
-from uph.lm.splits import split_lengths
+from uph.lm.data.models import OutputLayer
+from uph.lm.data.splits import split_lengths
 
 CHUNK = 256  # tokens per chunk on a CPU: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 GPU_CHUNK = 1024  # on a GPU (chunk_size)
@@ -25,7 +25,7 @@ def chunk_size(device: torch.device | str) -> int:
 
 @dataclass(frozen=True)
 class CacheFloor:
-    """A chunk's neural-cache part of a mixture base (Mixture; uph.lm.neural_cache.cache_floor): rows
+    """A chunk's neural-cache part of a mixture base (Mixture; uph.lm.engine.neural_cache.cache_floor): rows
     `support` [U] (sorted) of the vocabulary, `values` [U, c] the weighted cache probabilities of each of
     the chunk's c tokens, zero off the support. Only tokens some datastore entry holds get mass, so U is
     far below V: the floor costs U/V of the chunk's p0."""
@@ -134,7 +134,7 @@ class Tokens:
 
     def mixed(self, mixture: Mixture, floors: list[CacheFloor] | None = None) -> Tokens:
         """The same tokens on the base `mixture` of the model with caches (`floors`: each chunk's neural
-        cache part, uph.lm.neural_cache.floors): they share the model's p0 cache, mixed as it is read
+        cache part, uph.lm.engine.neural_cache.floors): they share the model's p0 cache, mixed as it is read
         (`probabilities`)."""
         if self.mixture is not None:
             raise ValueError("these tokens already have a mixture base")

@@ -12,9 +12,9 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from uph.lm.evaluate import HeldOut
-from uph.lm.fit_job import CACHES, NEURAL_CACHE_METHOD, CacheBaselines, FitJob, Point
-from uph.lm.tokens import prepare
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.tokens import prepare
+from uph.lm.jobs.fit_job import CACHES, NEURAL_CACHE_METHOD, CacheBaselines, FitJob, Point
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def others(
     thetas_g: dict,
     residuals: dict[tuple[Point, str], dict[str, torch.Tensor]],
     cache_thetas: dict[str, dict[tuple[Point, str], dict[str, torch.Tensor]]] | None = None,
-    caches: CacheBaselines = CacheBaselines(None, None),  # noqa: B008 (a frozen dataclass, from uph.lm.fit_job)
+    caches: CacheBaselines = CacheBaselines(None, None),  # noqa: B008 (a frozen dataclass, from uph.lm.jobs.fit_job)
 ) -> pd.DataFrame:
     """The control with a residual's capacity that is not the user's own: per (point, solver, user u) the
     global theta plus the mean of the other users' residual thetas, scored on u's held-out text,

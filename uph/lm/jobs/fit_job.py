@@ -9,18 +9,18 @@ row per (user, point, solver):
     residual   theta_r fitted on the user's train tokens on top of theta_g (held fixed): the
                personal gain beyond domain adaptation is nll(theta_g + theta_r) - nll(theta_g)
 
-Each arm's capacity, the radius of its ball, is chosen on validation (uph.lm.capacity): every radius
-of fit.radii is fitted on the users' fit parts (warm along the path, uph.lm.fit.fit_path) and scored
+Each arm's capacity, the radius of its ball, is chosen on validation (uph.lm.engine.capacity): every radius
+of fit.radii is fitted on the users' fit parts (warm along the path, uph.lm.engine.fit.fit_path) and scored
 on their validation parts, the best mean is chosen, and the arm is refitted on all train tokens at it.
-The cache baselines choose their knobs the same way: the unigram mixtures (uph.lm.baselines) their lambda,
-the neural cache (uph.lm.neural_cache) its temperature and lambda. The heads of fit.on_cache are also
+The cache baselines choose their knobs the same way: the unigram mixtures (uph.lm.engine.baselines) their lambda,
+the neural cache (uph.lm.engine.neural_cache) its temperature and lambda. The heads of fit.on_cache are also
 fitted on a cache's residual-arm mixture as their base (a fourth arm, "cache" or "neural_cache").
 
 Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all its methods; the
-per-user ones hold the users of one fit job (fit.jobs of them, balanced by train tokens: uph.lm.partition),
+per-user ones hold the users of one fit job (fit.jobs of them, balanced by train tokens: uph.lm.jobs.partition),
 and a user's rows do not depend on which job holds it. `capacity_choices` chooses (rule capacity); the
-other jobs are uph.lm.global_fit (fit_global, fit_global_unigram, fit_global_neural_cache),
-uph.lm.validate (validate), uph.lm.refit (fit) and uph.lm.controls (fit_others, cross_user).
+other jobs are uph.lm.jobs.global_fit (fit_global, fit_global_unigram, fit_global_neural_cache),
+uph.lm.jobs.validate (validate), uph.lm.jobs.refit (fit) and uph.lm.jobs.controls (fit_others, cross_user).
 """
 
 from __future__ import annotations
@@ -35,18 +35,18 @@ import torch
 from uph.artifacts import FIT_FILE, USERS_FILE
 from uph.config import sweep_points
 from uph.device import resolve_device
-from uph.lm.baselines import NEURAL_CACHE, UNIGRAM, cache_mixture, count
-from uph.lm.basis import load_basis
-from uph.lm.cache import UserStates, read_users
-from uph.lm.capacity import KNOBS, choose, chosen
-from uph.lm.evaluate import HeldOut
-from uph.lm.fit import FitResult
-from uph.lm.heads import Head, HeadSettings, full_bias_head, make_head
-from uph.lm.models import OutputLayer, read_output_layer
-from uph.lm.neural_cache import NeuralCache
-from uph.lm.partition import users_of_job
-from uph.lm.solvers import SolverSettings
-from uph.lm.tokens import Mixture, Tokens, on_device, prepare
+from uph.lm.data.basis import load_basis
+from uph.lm.data.cache import UserStates, read_users
+from uph.lm.data.models import OutputLayer, read_output_layer
+from uph.lm.engine.baselines import NEURAL_CACHE, UNIGRAM, cache_mixture, count
+from uph.lm.engine.capacity import KNOBS, choose, chosen
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.fit import FitResult
+from uph.lm.engine.heads import Head, HeadSettings, full_bias_head, make_head
+from uph.lm.engine.neural_cache import NeuralCache
+from uph.lm.engine.solvers import SolverSettings
+from uph.lm.engine.tokens import Mixture, Tokens, on_device, prepare
+from uph.lm.jobs.partition import users_of_job
 from uph.model_identity import read_identity as read_model_identity
 
 FULL_BIAS = "full_bias"
@@ -90,7 +90,7 @@ class DoseResponse:
 @dataclass(frozen=True)
 class Capacity:
     """fit.radii, fit.lambdas, fit.temperatures and fit.validation_fraction: the grids and the split of
-    uph.lm.capacity."""
+    uph.lm.engine.capacity."""
 
     radii: tuple[float, ...]
     lambdas: tuple[float, ...]
@@ -153,7 +153,7 @@ def build_heads(points, layer: OutputLayer, svd, settings: HeadSettings, full_bi
 
 @dataclass
 class FitJob:
-    """What a fit-stage job works on: the model's output layer (on `device`: uph.lm.tokens.on_device), the
+    """What a fit-stage job works on: the model's output layer (on `device`: uph.lm.engine.tokens.on_device), the
     users of its cache files (each checked against the model, the users table and the job's extract keys),
     every method's head, and the gap between a train part and the part that follows it (extract.context)."""
 
@@ -186,7 +186,7 @@ def load_methods(inputs, fit: FitConfig, cache: dict, device: str, only=None, me
 
 
 def job_users(users_path, job, jobs: int) -> list[str]:
-    """The users of fit job `job` of `jobs` (uph.lm.partition), from the users table at `users_path`."""
+    """The users of fit job `job` of `jobs` (uph.lm.jobs.partition), from the users table at `users_path`."""
     return users_of_job(USERS_FILE.read_parquet(users_path, ["user_id", "train_end"]), int(job), jobs)
 
 
@@ -203,7 +203,7 @@ def _fit_columns(prefix: str, result: FitResult) -> dict:
 
 
 def _scored_path(held_out: HeldOut, path, offset: torch.Tensor | None, columns: dict) -> list[dict]:
-    """One validation row per ball of a path (uph.lm.fit.fit_path): its thetas (on top of `offset`)
+    """One validation row per ball of a path (uph.lm.engine.fit.fit_path): its thetas (on top of `offset`)
     scored on the validation part in one pass (HeldOut.many)."""
     thetas = torch.stack([theta.double() for theta, _ in path])
     scores = held_out.many(thetas if offset is None else thetas + offset)
@@ -231,7 +231,7 @@ CACHES = {UNIGRAM: "cache", NEURAL_CACHE: "neural_cache"}  # fit.on_cache's cach
 
 
 def capacity_choices(validation: pd.DataFrame) -> pd.DataFrame:
-    """Every (method, arm, train_tokens)'s choice from the validation rows of every job (uph.lm.capacity)."""
+    """Every (method, arm, train_tokens)'s choice from the validation rows of every job (uph.lm.engine.capacity)."""
     return choose(validation, CHOICE_KEYS, KNOBS)
 
 

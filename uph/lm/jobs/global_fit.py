@@ -16,12 +16,15 @@ import math
 import pandas as pd
 from tqdm import tqdm
 
-from uph.lm.baselines import arm_nll, count, hidden_of, log_unigram, model_log_probs, targets_of
-from uph.lm.cache import UserStates
-from uph.lm.capacity import chosen, chosen_row
-from uph.lm.evaluate import HeldOut
-from uph.lm.fit import fit_path, fit_theta
-from uph.lm.fit_job import (
+from uph.lm.data.cache import UserStates
+from uph.lm.data.splits import split_lengths
+from uph.lm.engine.baselines import arm_nll, count, hidden_of, log_unigram, model_log_probs, targets_of
+from uph.lm.engine.capacity import chosen, chosen_row
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.fit import fit_path, fit_theta
+from uph.lm.engine.neural_cache import Datastore, datastore_table, log_cache_probabilities, pooled_datastore
+from uph.lm.engine.tokens import Tokens, pool, prepare
+from uph.lm.jobs.fit_job import (
     ALL_TOKENS,
     ARMS,
     NEURAL_CACHE_METHOD,
@@ -35,9 +38,6 @@ from uph.lm.fit_job import (
     _scored_path,
     capacity_choices,
 )
-from uph.lm.neural_cache import Datastore, datastore_table, log_cache_probabilities, pooled_datastore
-from uph.lm.splits import split_lengths
-from uph.lm.tokens import Tokens, pool, prepare
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def global_unigram(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def global_neural_cache(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(chosen settings, pooled datastore, validation rows) of the neural cache (uph.lm.neural_cache): the
+    """(chosen settings, pooled datastore, validation rows) of the neural cache (uph.lm.engine.neural_cache): the
     pooled datastore holds each user's first train tokens up to the global theta's cap (its fit-part
     share marked); each arm's (T, lambda) is chosen on every user's validation part from the pooled fit
     parts' datastore and the user's own fit part (mixture_validation). Rule fit_global_neural_cache."""

@@ -12,10 +12,14 @@ import logging
 import pandas as pd
 import torch
 
-from uph.lm.baselines import counts_of, hidden_of, log_unigram, targets_of, unigram_nll
-from uph.lm.evaluate import HeldOut
-from uph.lm.fit import HeadOnTokens, WarmStart, fit_theta_steps
-from uph.lm.fit_job import (
+from uph.lm.engine.baselines import counts_of, hidden_of, log_unigram, targets_of, unigram_nll
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.fit import HeadOnTokens, WarmStart, fit_theta_steps
+from uph.lm.engine.heads import Head
+from uph.lm.engine.lockstep import run_lockstep, user_groups
+from uph.lm.engine.neural_cache import NeuralCache
+from uph.lm.engine.tokens import Tokens
+from uph.lm.jobs.fit_job import (
     ARMS,
     CACHES,
     NEURAL_CACHE_METHOD,
@@ -28,10 +32,6 @@ from uph.lm.fit_job import (
     _radius,
     prepared,
 )
-from uph.lm.heads import Head
-from uph.lm.lockstep import run_lockstep, user_groups
-from uph.lm.neural_cache import NeuralCache
-from uph.lm.tokens import Tokens
 
 log = logging.getLogger(__name__)
 
@@ -117,14 +117,14 @@ def fit_dose_response_steps(
 
 def neural_cache_arms(user: str, train: Tokens, test: Tokens, cache: NeuralCache) -> dict:
     """One user's neural cache mixtures in the three arms at their chosen (T, lambda), scored on test: the
-    columns of a fits row (uph.lm.neural_cache)."""
+    columns of a fits row (uph.lm.engine.neural_cache)."""
     nlls = cache.arm_nlls(test, cache.own(user, hidden_of(train), targets_of(train)))
     return {"base_nll": test.base_nll, **{f"{arm}_nll": nll for arm, nll in nlls.items()}}
 
 
 def unigram_arms(train: Tokens, test: Tokens, unigram: pd.DataFrame) -> dict:
     """One user's unigram mixtures in the three arms at their chosen lambdas, scored on test: the columns
-    of a fits row (uph.lm.baselines)."""
+    of a fits row (uph.lm.engine.baselines)."""
     pooled = log_unigram(torch.tensor(unigram["counts"].iloc[0], dtype=torch.float64))
     own = log_unigram(counts_of(train, len(pooled)))
     lams = {arm: float(unigram[f"lambda_{arm}"].iloc[0]) for arm in ARMS}
@@ -180,7 +180,7 @@ def fit_user_steps(
     """One user's rows: (every method x solver with its three arms, and the cache baselines'; dose-response).
     The heads of fit.on_cache are also fitted on their cache's residual-arm mixture (fit_on_cache_steps).
     `starts`: the validate job's warm starts (warm_starts); a refit without one starts cold. A fit's steps
-    (uph.lm.lockstep): a generator of the refits' evaluation requests."""
+    (uph.lm.engine.lockstep): a generator of the refits' evaluation requests."""
     starts = starts or {}
 
     def start(point: Point, solver: str, arm: str, radius: float, k: int | None = None) -> WarmStart | None:
@@ -272,7 +272,7 @@ def fit_users(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every user of one fit job: (fits, dose_response) tables (module docstring), each refit warm from
     its validation path's ball at the chosen radius where `starts` (warm_starts) has it. With `lockstep`
-    (default: on a GPU) the users' refits advance together within uph.lm.lockstep's memory budget; each
+    (default: on a GPU) the users' refits advance together within uph.lm.engine.lockstep's memory budget; each
     user's rows are the same either way."""
     tokens = {user: len(states.train_targets) + len(states.test_targets) for user, states in job.users.items()}
     tables = ([], [])

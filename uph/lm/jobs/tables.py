@@ -3,7 +3,7 @@
 personalization: per method (head, alpha, d; the baselines full_bias, unigram and neural_cache with no
 alpha, d) and
 solver, the arms on the users' held-out text, each uph.stats.compare of per-user NLLs (paired bootstrap
-interval, users improved, sign test), each at its capacity chosen on validation (uph.lm.capacity):
+interval, users improved, sign test), each at its capacity chosen on validation (uph.lm.engine.capacity):
 
     global            nll(theta_g)          against base_nll
     personal          nll(theta_u)          against base_nll
@@ -18,7 +18,7 @@ interval, users improved, sign test), each at its capacity chosen on validation 
     neural cache+head, neural cache others, neural cache own vs others: the same on the neural cache
 
 The cache baselines' arms are the pooled, the personal and the personal-on-pooled cache (uph.lm.
-baselines, uph.lm.neural_cache); the neural cache's others control is its residual arm with a store of
+baselines, uph.lm.engine.neural_cache); the neural cache's others control is its residual arm with a store of
 the same size drawn from the other users'. Each arm's row has its chosen `capacity` (radius, or lambda;
 the neural cache's `temperature` beside it), `at_edge` and the share of users whose theta lies on its
 ball; `params_per_user` is the mean over users (the neural cache stores a user's every train state). capacity: every validation curve, its chosen point marked.
@@ -33,13 +33,13 @@ import numpy as np
 import pandas as pd
 
 from uph.artifacts import FIT_FILE
-from uph.lm.capacity import chosen_row
-from uph.lm.solvers import on_ball
+from uph.lm.engine.capacity import chosen_row
+from uph.lm.engine.solvers import on_ball
 from uph.stats import COMPARISON_COLUMNS, compare
 
 KEYS = ["head", "alpha", "d", "solver"]
 BASELINES = ("full_bias", "unigram", "neural_cache")  # rows with no alpha, d: the baselines, not prior heads
-ARMS = (  # control, its arm (uph.lm.capacity), held-out NLL, the reference it is compared with, its KL column
+ARMS = (  # control, its arm (uph.lm.engine.capacity), held-out NLL, the reference it is compared with, its KL column
     ("global", "global", "global_nll", "base_nll", "global_kl"),
     ("personal", "personal", "personal_nll", "base_nll", "personal_kl"),
     ("global+personal", "residual", "residual_nll", "global_nll", "residual_kl"),
@@ -108,7 +108,7 @@ def personalization_table(
 ) -> pd.DataFrame:
     """`fits`: the fit jobs' per-(user, method, solver) rows; `global_fits`: fit_global's rows; `others`:
     fit_others' per-(user, method, solver) others_nll (no rows with one user: no others controls);
-    `choices`: the capacity job's choices (uph.lm.capacity)."""
+    `choices`: the capacity job's choices (uph.lm.engine.capacity)."""
     global_fits = global_fits.set_index(KEYS)
     fits = fits.assign(others_nll=np.nan) if others.empty else fits.merge(others, on=[*KEYS, "user"], how="left")
     rows = []

@@ -14,13 +14,13 @@ import pandas as pd
 import torch
 
 from uph.errors import ConfigError
-from uph.lm.baselines import hidden_of, targets_of
-from uph.lm.evaluate import HeldOut
-from uph.lm.fit import HeadOnTokens, WarmStart, fit_path_steps
-from uph.lm.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, _choice_columns, _scored_path
-from uph.lm.heads import Head
-from uph.lm.lockstep import run_lockstep, user_groups
-from uph.lm.tokens import Tokens, prepare, validation_split
+from uph.lm.engine.baselines import hidden_of, targets_of
+from uph.lm.engine.evaluate import HeldOut
+from uph.lm.engine.fit import HeadOnTokens, WarmStart, fit_path_steps
+from uph.lm.engine.heads import Head
+from uph.lm.engine.lockstep import run_lockstep, user_groups
+from uph.lm.engine.tokens import Tokens, prepare, validation_split
+from uph.lm.jobs.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, _choice_columns, _scored_path
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def validate_user_steps(
     part and tail; the paths of fit.on_cache's heads on their cache's mixture (the residual arm's, from
     the fit part: CacheBaselines.on_cache). Returns (validation rows,
     warm-start rows: every ball's theta and BFGS model, for the refit at the radius chosen, _warm_rows).
-    A fit's steps (uph.lm.lockstep): a generator of the paths' evaluation requests."""
+    A fit's steps (uph.lm.engine.lockstep): a generator of the paths' evaluation requests."""
     capacity = fit.capacity
     fit_part, held = validation_split(train, capacity.validation_fraction, gap)
     dose_points, ks = dict(fit.dose_response.points), [k for k in fit.dose_response.train_tokens if k < train.n]
@@ -93,7 +93,7 @@ WARM_MAX_D = 128  # a warm start's BFGS model is d² doubles: 128 KB at d = 128,
 
 
 def _warm_rows(path, columns: dict) -> list[dict]:
-    """Each ball's warm start (uph.lm.fit.WarmStart) for a refit at its radius: its theta and the exact
+    """Each ball's warm start (uph.lm.engine.fit.WarmStart) for a refit at its radius: its theta and the exact
     solver's dense BFGS model, up to d = WARM_MAX_D (beyond, and for adam, the refit starts cold)."""
     return [
         {
@@ -125,7 +125,7 @@ def validate_users(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every user of one fit job: (the validation rows that capacity_choices chooses from, the warm starts
     the fit job's refits read at the radii chosen) (validate_user_steps). With `lockstep` (default: on a
-    GPU) the users' paths advance together, as many users at a time as uph.lm.lockstep's memory budget
+    GPU) the users' paths advance together, as many users at a time as uph.lm.engine.lockstep's memory budget
     holds; each user's rows are the same either way."""
     train_tokens = {user: len(states.train_targets) for user, states in job.users.items()}
     rows, warm = [], []
