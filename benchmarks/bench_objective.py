@@ -1,4 +1,4 @@
-"""One evaluation of the fit objective J(theta) with its gradient (uph.lm.engine.fit.Objective), per kind of head.
+"""One evaluation of the fit objective J(theta) with its gradient (uph.lm.engine.objective.Objective), per kind of head.
 
 A synthetic model of SmolLM2-135M's size (V = 49152, H = 576; random W, hidden states and targets: the
 cost depends on the sizes only), one user's tokens prepared once, then evaluations at random thetas:
@@ -18,8 +18,8 @@ import torch
 
 from uph.device import resolve_device
 from uph.lm.data.models import OutputLayer
-from uph.lm.engine.fit import Objective
 from uph.lm.engine.heads import HeadSettings, full_bias_head, make_head
+from uph.lm.engine.objective import Objective
 from uph.lm.engine.tokens import on_device, prepare
 
 

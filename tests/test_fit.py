@@ -12,26 +12,17 @@ import torch
 import torch.nn.functional as F
 from tiny_lm import sample_text, user_split
 
-import uph.lm.engine.fit
 import uph.lm.engine.lockstep
+import uph.lm.engine.objective
 import uph.lm.engine.solvers
 from uph.device import count_host_reads
 from uph.errors import ConfigError, FitDivergedError
 from uph.lm.data.models import OutputLayer
 from uph.lm.engine.evaluate import HeldOut
-from uph.lm.engine.fit import (
-    VOCAB_BLOCK,
-    HeadOnTokens,
-    Objective,
-    WarmStart,
-    fit_path,
-    fit_path_steps,
-    fit_theta,
-    fit_theta_steps,
-    vocab_block,
-)
+from uph.lm.engine.fit import WarmStart, fit_path, fit_path_steps, fit_theta, fit_theta_steps
 from uph.lm.engine.heads import HEADS, HeadSettings, full_bias_head, make_head
-from uph.lm.engine.lockstep import evaluate_many, lockstep_groups, run_lockstep
+from uph.lm.engine.lockstep import lockstep_groups, run_lockstep
+from uph.lm.engine.objective import VOCAB_BLOCK, HeadOnTokens, Objective, evaluate_many, vocab_block
 from uph.lm.engine.solvers import SolverSettings, projected_gradient_norm
 from uph.lm.engine.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
 
@@ -431,7 +422,7 @@ def test_tiles_are_the_devices_and_leave_the_objective_unchanged(lm, monkeypatch
     for name, head in heads.items():
         values = []
         for chunk, block in ((64, 16), (GPU_CHUNK, V)):
-            monkeypatch.setattr(uph.lm.engine.fit, "vocab_block", lambda device, vocab, block=block: block)
+            monkeypatch.setattr(uph.lm.engine.objective, "vocab_block", lambda device, vocab, block=block: block)
             tokens = prepare(h, y, OutputLayer(W, b), chunk=chunk)
             at = theta if head.d == D else thetas[0]
             value = Objective(tokens, head, *BETA_LAM)(at)
@@ -457,9 +448,11 @@ def test_a_chunk_the_fast_path_flags_is_mended_alone(lm, name):
     head32 = make_head(name, W.float(), d=D, alpha=alpha, settings=HEAD_SETTINGS, svd=svd, bias=b.float())
     theta = 5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(4)), dim=0)
     tokens = prepare(h.float(), y, OutputLayer(W.float(), b.float()), chunk=64, cache_bytes=2 * 64 * W.shape[0] * 4)
-    objective, flagged, flagged_of = Objective(tokens, head32, *BETA_LAM), [], uph.lm.engine.fit._flagged
+    objective, flagged, flagged_of = Objective(tokens, head32, *BETA_LAM), [], uph.lm.engine.objective._flagged
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(uph.lm.engine.fit, "_flagged", lambda flags: flagged.append(flagged_of(flags)) or flagged[-1])
+        patch.setattr(
+            uph.lm.engine.objective, "_flagged", lambda flags: flagged.append(flagged_of(flags)) or flagged[-1]
+        )
         value = objective(theta.float())
     assert flagged == [[3]]
     theta64 = theta.clone().requires_grad_(True)

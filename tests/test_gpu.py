@@ -24,8 +24,9 @@ from uph.attention.self_attention import simplicial_attention, triple_product_at
 from uph.device import setup_device
 from uph.lm.data.cache import read_shard
 from uph.lm.data.models import OutputLayer
-from uph.lm.engine.fit import Objective, fit_theta
+from uph.lm.engine.fit import fit_theta
 from uph.lm.engine.heads import HEADS, full_bias_head, make_head
+from uph.lm.engine.objective import Objective
 from uph.lm.engine.solvers import SolverSettings
 from uph.lm.engine.tokens import prepare
 

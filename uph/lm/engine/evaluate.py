@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from uph.lm.engine.fit import Objective
 from uph.lm.engine.heads import Head
+from uph.lm.engine.objective import Objective
 from uph.lm.engine.tokens import Tokens
 
 

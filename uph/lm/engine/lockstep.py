@@ -4,7 +4,7 @@ A fit's steps (uph.lm.engine.fit.fit_path_steps, the solvers of uph.lm.engine.so
 request (objective, theta) for J's Value with its gradient and is sent the Value back. `run` drives one
 fit, evaluating each request as it comes; `run_lockstep` drives several (a job's users, each walking its
 paths of radii): each round it takes every fit's pending request and evaluates them all at once
-(`evaluate_many`), so the device work of all of them is queued back to back and read back once.
+(uph.lm.engine.objective.evaluate_many), so the device work of all of them is queued back to back and read back once.
 
 Why. On a GPU one user's evaluation is a few large kernels (its p0 blocks, [V, 1024] floats each) and a
 read back of J and its gradient, after which the device idles while the host runs the solver's step
@@ -20,72 +20,10 @@ tests/test_evaluate.py).
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from uph.lm.engine.fit import Objective, Value
-
-
-def evaluate_many(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool = True) -> list[Value]:
-    """J (and its gradient) of each (objective, residual theta): one evaluation, or several users' next
-    steps at once (run_lockstep). A theta of zeros is the objective's base, known
-    from its construction; the others' passes are queued on the device back to back and read back once
-    for all of them (_device_round)."""
-    thetas = [theta.detach().double().cpu() for _, theta in requests]
-    moving = [bool(theta.any()) for theta in thetas]
-    found = iter(_device_round([(o, theta) for (o, _), theta, m in zip(requests, thetas, moving) if m], need_grad))
-    values = []
-    for (objective, _), theta, moves in zip(requests, thetas, moving):
-        change, grad = next(found) if moves else (0.0, objective.mbar * objective.tokens.n)
-        values.append(objective._value(theta, need_grad, change, grad))
-    return values
-
-
-def _device_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool) -> list[tuple]:
-    """(Σ_t of the log-partition change, Σ_t a_t ⊙ P^T p_t or None) on the host for each (objective,
-    residual theta). Every fast pass is queued, then one read brings back all their sums and their chunks'
-    flags; where a chunk needs mending (a tilt that may overflow, a sum that underflows: uph.lm.engine.fit's
-    Numerics), every such objective's mended chunks are queued and one more read brings them back; a token
-    that still underflows (rarer still) costs its objective a read of its own."""
-    if not requests:
-        return []
-    objectives = [objective for objective, _ in requests]
-    queued = [objective._queued(objective.offset + theta, need_grad) for objective, theta in requests]
-    sums = [objective._finished(each) for objective, each in zip(objectives, queued)]
-    flags, results = _read(objectives, sums, need_grad, [each.chunk_flags() for each in queued])
-    mend = [i for i, flag in enumerate(flags) if flag.any()]
-    if not mend:
-        return results
-    shape = [flags[i].reshape(len(queued[i].flags), -1) for i in mend]
-    mended = [objectives[i]._finished(queued[i], flag) for i, flag in zip(mend, shape)]
-    unders = [each.unders(queued[i].theta.device) for i, each in zip(mend, mended)]
-    unders, found = _read([objectives[i] for i in mend], mended, need_grad, unders)
-    for i, each, under, result in zip(mend, mended, unders, found):
-        results[i] = result
-        if under.any():
-            settled = objectives[i]._settled(queued[i], each, under)
-            results[i] = _read([objectives[i]], [settled], need_grad, [])[1][0]
-    return results
-
-
-def _read(objectives, sums, need_grad: bool, extras: list[torch.Tensor]) -> tuple[list, list[tuple]]:
-    """One device-to-host read of `extras` and of each objective's (change, gradient) from its sums: (the
-    extras as float64 arrays, [(Σ_t of the log-partition change, Σ_t a_t ⊙ P^T p_t or None)])."""
-    changes = torch.stack([objective._change(each.log_z) for objective, each in zip(objectives, sums)])
-    host = _read_back([*extras, changes, *([each.grad for each in sums] if need_grad else [])])
-    extras, changes, grads = host[: len(extras)], host[len(extras)], host[len(extras) + 1 :]
-    results = [(float(change), torch.from_numpy(grads[i]) if need_grad else None) for i, change in enumerate(changes)]
-    return extras, results
-
-
-def _read_back(tensors: list[torch.Tensor]) -> list[np.ndarray]:
-    """`tensors` on the host as float64 arrays, in one device-to-host read of them all."""
-    host = torch.cat([tensor.reshape(-1).double() for tensor in tensors]).cpu().numpy()
-    return np.split(host, np.cumsum([tensor.numel() for tensor in tensors])[:-1])
-
+from uph.lm.engine.objective import evaluate_many
 
 LOCKSTEP_BYTES = 4 * 2**30  # the cached p0 of a lockstep group's users together (V floats a train token)
 

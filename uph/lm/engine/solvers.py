@@ -76,7 +76,7 @@ def project(theta: torch.Tensor, radius: float) -> torch.Tensor:
 class Solution:
     theta: torch.Tensor
     iterations: int
-    value: object  # uph.lm.engine.fit.Value at theta
+    value: object  # uph.lm.engine.objective.Value at theta
     hessian: torch.Tensor | None  # the exact solver's model to start the next ball: BFGS's [d, d], L-BFGS's diagonal
 
 

@@ -1,5 +1,5 @@
 """A split's tokens with their base distribution p0, computed once (`prepare`: the only V×H products)
-and cached within a memory budget; the fit objective (uph.lm.engine.fit) and the evaluation read them."""
+and cached within a memory budget; the fit objective (uph.lm.engine.objective) and the evaluation read them."""
 
 from __future__ import annotations
 

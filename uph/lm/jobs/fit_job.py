@@ -198,11 +198,12 @@ def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tu
     )
 
 
-def _fit_columns(prefix: str, result: FitResult) -> dict:
+def fit_columns(prefix: str, result: FitResult) -> dict:
+    """A fit's columns (FitResult.as_dict less the solver), each named `<prefix>_<column>`."""
     return {f"{prefix}_{key}": value for key, value in result.as_dict().items() if key != "solver"}
 
 
-def _scored_path(held_out: HeldOut, path, offset: torch.Tensor | None, columns: dict) -> list[dict]:
+def scored_path(held_out: HeldOut, path, offset: torch.Tensor | None, columns: dict) -> list[dict]:
     """One validation row per ball of a path (uph.lm.engine.fit.fit_path): its thetas (on top of `offset`)
     scored on the validation part in one pass (HeldOut.many)."""
     thetas = torch.stack([theta.double() for theta, _ in path])
@@ -221,7 +222,8 @@ def _scored_path(held_out: HeldOut, path, offset: torch.Tensor | None, columns: 
     ]
 
 
-def _choice_columns(point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> dict:
+def choice_columns(point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> dict:
+    """The columns that name one choice of the capacity table: the point's, the solver, the arm, the train tokens."""
     return {**point.columns, "solver": solver, "arm": arm, "train_tokens": train_tokens}
 
 
@@ -235,8 +237,9 @@ def capacity_choices(validation: pd.DataFrame) -> pd.DataFrame:
     return choose(validation, CHOICE_KEYS, KNOBS)
 
 
-def _radius(choices: pd.DataFrame, point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> float:
-    return chosen(choices, "capacity", **_choice_columns(point, solver, arm, train_tokens))
+def chosen_radius(choices: pd.DataFrame, point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> float:
+    """The radius the capacity table chose for one point, solver, arm and train tokens."""
+    return chosen(choices, "capacity", **choice_columns(point, solver, arm, train_tokens))
 
 
 def global_thetas(table: pd.DataFrame, column: str = "theta") -> dict[tuple[Point, str], torch.Tensor]:

@@ -32,11 +32,11 @@ from uph.lm.jobs.fit_job import (
     Capacity,
     FitConfig,
     FitJob,
-    _choice_columns,
-    _fit_columns,
-    _radius,
-    _scored_path,
     capacity_choices,
+    choice_columns,
+    chosen_radius,
+    fit_columns,
+    scored_path,
 )
 
 log = logging.getLogger(__name__)
@@ -106,28 +106,28 @@ def fit_global(job: FitJob, fit: FitConfig) -> tuple[pd.DataFrame, pd.DataFrame]
         held = _validation_part(job, states, splits[user][1])
         held_out = {point: HeldOut(held, head) for point, head in job.heads.items()}
         for (point, solver), path in paths.items():
-            columns = {**_choice_columns(point, solver, "global"), "user": user}
-            validation += _scored_path(held_out[point], path, None, columns)
+            columns = {**choice_columns(point, solver, "global"), "user": user}
+            validation += scored_path(held_out[point], path, None, columns)
     validation = pd.DataFrame(validation)
     choices = capacity_choices(validation)
     train = None if fit_ends == train_ends else _pooled(job, train_ends)  # else: the same tokens, the same fit
     rows = []
     for (point, solver), path in paths.items():
-        radius = _radius(choices, point, solver, "global")
+        radius = chosen_radius(choices, point, solver, "global")
         theta_fit, result = next((theta, result) for theta, result in path if result.radius == radius)
         theta = theta_fit
         if train is not None:
             theta, result = fit_theta(
                 train, job.heads[point], solver, fit.solver, radius, user="global", label=point.label
             )
-        edge = chosen_row(choices, **_choice_columns(point, solver, "global"))["at_edge"]
+        edge = chosen_row(choices, **choice_columns(point, solver, "global"))["at_edge"]
         rows.append(
             {
                 **point.columns,
                 "solver": solver,
                 "pooled_tokens": sum(train_ends.values()),
                 "at_edge": edge,
-                **_fit_columns("fit", result),
+                **fit_columns("fit", result),
                 "theta": theta.double().tolist(),
                 "theta_fit": theta_fit.double().tolist(),
             }

@@ -14,10 +14,11 @@ import torch
 
 from uph.lm.engine.baselines import counts_of, hidden_of, log_unigram, targets_of, unigram_nll
 from uph.lm.engine.evaluate import HeldOut
-from uph.lm.engine.fit import HeadOnTokens, WarmStart, fit_theta_steps
+from uph.lm.engine.fit import WarmStart, fit_theta_steps
 from uph.lm.engine.heads import Head
 from uph.lm.engine.lockstep import run_lockstep, user_groups
 from uph.lm.engine.neural_cache import NeuralCache
+from uph.lm.engine.objective import HeadOnTokens
 from uph.lm.engine.tokens import Tokens
 from uph.lm.jobs.fit_job import (
     ARMS,
@@ -28,8 +29,8 @@ from uph.lm.jobs.fit_job import (
     FitConfig,
     FitJob,
     Point,
-    _fit_columns,
-    _radius,
+    chosen_radius,
+    fit_columns,
     prepared,
 )
 
@@ -68,8 +69,8 @@ def fit_arms_steps(
         "global_kl": global_["kl"],
         "personal_kl": personal_["kl"],
         "residual_kl": residual_["kl"],
-        **_fit_columns("personal", personal),
-        **_fit_columns("residual", residual),
+        **fit_columns("personal", personal),
+        **fit_columns("residual", residual),
         "sum_theta_norm": float((theta_g + theta_r.double()).norm()),
         "theta_personal": theta_p.double().tolist(),
         "theta_residual": theta_r.double().tolist(),
@@ -160,7 +161,7 @@ def fit_on_cache_steps(
     return {
         f"{prefix}_nll": held_out.base_nll,
         f"{prefix}_head_nll": held_out(theta)["nll"],
-        **_fit_columns(prefix, result),
+        **fit_columns(prefix, result),
         f"theta_{prefix}": theta.double().tolist(),
     }
 
@@ -196,14 +197,14 @@ def fit_user_steps(
         held_out = HeldOut(test, head)
         for solver in fit.solvers:
             theta_g = thetas_g[(point, solver)]
-            radii = tuple(_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
+            radii = tuple(chosen_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
             warm = (start(point, solver, "personal", radii[0]), start(point, solver, "residual", radii[1]))
             arms, theta_r = yield from fit_arms_steps(
                 train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm
             )
             for cache in [cache for at, by, cache in fit.on_cache if (at, by) == (point, solver)]:
                 prefix = CACHES[cache]
-                radius = _radius(choices, point, solver, prefix)
+                radius = chosen_radius(choices, point, solver, prefix)
                 warm_cache = start(point, solver, prefix, radius)
                 tokens = on_mixture[cache]
                 arms |= yield from fit_on_cache_steps(
@@ -212,7 +213,7 @@ def fit_user_steps(
             fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
             if dose_points.get(point) == solver:
                 ks = [k for k in fit.dose_response.train_tokens if k < train.n]
-                dose_radii = {k: _radius(choices, point, solver, "residual", k) for k in ks} | {train.n: radii[1]}
+                dose_radii = {k: chosen_radius(choices, point, solver, "residual", k) for k in ks} | {train.n: radii[1]}
                 dose_starts = {k: start(point, solver, "residual", dose_radii[k], k) for k in ks}
                 dose += [
                     {**point.columns, "solver": solver, "user": user, **row}

@@ -16,11 +16,12 @@ import torch
 from uph.errors import ConfigError
 from uph.lm.engine.baselines import hidden_of, targets_of
 from uph.lm.engine.evaluate import HeldOut
-from uph.lm.engine.fit import HeadOnTokens, WarmStart, fit_path_steps
+from uph.lm.engine.fit import WarmStart, fit_path_steps
 from uph.lm.engine.heads import Head
 from uph.lm.engine.lockstep import run_lockstep, user_groups
+from uph.lm.engine.objective import HeadOnTokens
 from uph.lm.engine.tokens import Tokens, prepare, validation_split
-from uph.lm.jobs.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, _choice_columns, _scored_path
+from uph.lm.jobs.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, choice_columns, scored_path
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def validate_user_steps(
     rows, warm = [], []
 
     def scored(held_out: HeldOut, path, offset, columns: dict) -> None:
-        rows.extend(_scored_path(held_out, path, offset, {**columns, "user": user}))
+        rows.extend(scored_path(held_out, path, offset, {**columns, "user": user}))
         warm.extend(_warm_rows(path, {**columns, "user": user}))
 
     for point, head in heads.items():
@@ -68,8 +69,8 @@ def validate_user_steps(
             residual = yield from fit_path_steps(
                 fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label, shared
             )
-            scored(held_out, personal, None, _choice_columns(point, solver, "personal"))
-            scored(held_out, residual, theta_g, _choice_columns(point, solver, "residual"))
+            scored(held_out, personal, None, choice_columns(point, solver, "personal"))
+            scored(held_out, residual, theta_g, choice_columns(point, solver, "residual"))
             if dose_points.get(point) != solver:
                 continue
             for k in ks:
@@ -77,7 +78,7 @@ def validate_user_steps(
                 path = yield from fit_path_steps(
                     fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label
                 )
-                scored(HeldOut(held_k, head), path, theta_g, _choice_columns(point, solver, "residual", k))
+                scored(HeldOut(held_k, head), path, theta_g, choice_columns(point, solver, "residual", k))
     for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # each cache's mixture once
         on_cache = caches.on_cache(cache, user, hidden_of(fit_part), targets_of(fit_part), True, gap)
         fit_cache, held_cache = on_cache(fit_part, own=True), on_cache(held)
@@ -85,7 +86,7 @@ def validate_user_steps(
             path = yield from fit_path_steps(
                 fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label
             )
-            scored(HeldOut(held_cache, heads[point]), path, None, _choice_columns(point, solver, CACHES[cache]))
+            scored(HeldOut(held_cache, heads[point]), path, None, choice_columns(point, solver, CACHES[cache]))
     return rows, warm
 
 
