@@ -144,7 +144,7 @@ def test_provenance_records_the_run(tiny_study):
     assert wall["fit_global_unigram"]["jobs"] == 1 and wall["cross_user_headline"]["jobs"] == 1
     assert wall["extract"]["jobs"] == 2 and wall["copy_task_train"]["jobs"] == 2 and wall["feedback_train"]["jobs"] == 4
     assert "aggregate" in wall and "provenance" not in wall  # its own benchmark is written after it
-    assert all(entry["seconds"] > 0 for entry in wall.values())
+    assert all(entry["seconds"] > 0 and entry["peak_rss_mb"] > 50 for entry in wall.values())  # python alone: ~10 MB
     # what each rule's jobs ran on, from the record every job wrote beside its log (uph.logs.record_device)
     devices = record["devices_per_rule"]
     assert all(devices[rule]["jobs"] == entry["jobs"] for rule, entry in wall.items())
@@ -815,22 +815,28 @@ def test_provenance_helpers_tolerate_no_git_and_find_every_seed(tmp_path):
 
 
 def test_provenance_gathers_the_device_records_of_each_rules_jobs(tmp_path):
-    """A rule whose jobs ran on two hosts and devices (a SLURM run: a GPU node, a CPU node) lists both; a
-    damaged record is one line naming it."""
+    """A rule whose jobs ran on two hosts and devices (a SLURM run: a GPU node, a CPU node) lists both, and the
+    largest peak of device memory of its CUDA jobs; a damaged record is one line naming it."""
     records = {
         "fit/fit-job~0.log": {"rule": "fit", "host": "gpu-node", "device": "cuda", "device_name": "NVIDIA H200"},
         "fit/fit-job~1.log": {"rule": "fit", "host": "cpu-node", "device": "cpu", "device_name": "AMD EPYC"},
+        "fit/fit-job~2.log": {"rule": "fit", "host": "gpu-node", "device": "cuda", "device_name": "NVIDIA H200"},
         "aggregate.log": {"rule": "aggregate", "host": "login", "device": "cpu", "device_name": "Xeon"},
     }
+    peaks = {"fit/fit-job~0.log": (1800, 2048), "fit/fit-job~2.log": (2500, 2304)}  # MiB: allocated, reserved
+    for log, (allocated, reserved) in peaks.items():
+        records[log].update(peak_allocated_mib=allocated, peak_reserved_mib=reserved)
     for log, record in records.items():
         write_json(record, tmp_path / f"{log}.device.json")
     assert rule_devices(tmp_path) == {
         "aggregate": {"jobs": 1, "host": ["login"], "device": ["cpu"], "device_name": ["Xeon"]},
         "fit": {
-            "jobs": 2,
+            "jobs": 3,
             "host": ["cpu-node", "gpu-node"],
             "device": ["cpu", "cuda"],
             "device_name": ["AMD EPYC", "NVIDIA H200"],
+            "peak_allocated_mib": 2500,  # the largest of any job, not a list
+            "peak_reserved_mib": 2304,
         },
     }
     (tmp_path / "aggregate.log.device.json").write_text('{"rule": "aggr')

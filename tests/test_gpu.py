@@ -21,7 +21,7 @@ from test_extract import _build_cache, _users
 from test_fit import BETA_LAM, HEAD_SETTINGS, D
 
 from uph.attention.self_attention import simplicial_attention, triple_product_attention
-from uph.device import setup_device
+from uph.device import device_record, peak_device_memory, setup_device
 from uph.lm.data.cache import read_shard
 from uph.lm.data.models import OutputLayer
 from uph.lm.engine.fit import fit_theta
@@ -144,3 +144,15 @@ def test_the_gpu_check_passes_a_run_against_itself_and_names_each_departure(tiny
     problems = gpu_check.compare_runs(cpu, cuda)
     assert problems[0].startswith("personalization [") and " delta_nll: " in problems[0]
     assert problems[-1] == "feedback: ran on CPU in both runs, yet its bytes differ"
+
+
+@needs_cuda
+def test_a_cuda_jobs_record_holds_its_peak_device_memory():
+    """uph.device.peak_device_memory, which every CUDA job logs and records when it ends (uph.logs): a 256 MiB
+    tensor held once shows in both peaks; a CPU job's record gets none."""
+    torch.cuda.reset_peak_memory_stats()
+    held = torch.empty(64 * 2**20, dtype=torch.float32, device=CUDA)
+    del held
+    peak = peak_device_memory(device_record(CUDA))
+    assert peak["peak_allocated_mib"] >= 256 and peak["peak_reserved_mib"] >= peak["peak_allocated_mib"]
+    assert peak_device_memory(device_record(torch.device("cpu"))) == {}

@@ -160,6 +160,20 @@ def device_record(device, dtype=None) -> dict:
     return record
 
 
+def peak_device_memory(record: dict) -> dict:
+    """A CUDA job's peak device memory in MiB, as torch's caching allocator saw it over the whole job:
+    what its tensors held at most (`peak_allocated_mib`) and what it reserved from the GPU at most
+    (`peak_reserved_mib`: what a GPU shared by several jobs must have room for). Empty on a CPU."""
+    if record["device"] != "cuda":
+        return {}
+    import torch
+
+    return {
+        "peak_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20),
+        "peak_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20),
+    }
+
+
 def describe(record: dict) -> str:
     """One log line of a job's record."""
     line = f"on {record['host']}: {record['device']} ({record['device_name']})"

@@ -2,7 +2,8 @@
 
 Every job logs one line saying what it runs on and leaves the same as JSON beside its log,
 `<log>.device.json` (uph.device: host, device and its name, dtype, matmul precision, TF32 and
-determinism on CUDA); results/provenance.json gathers them per rule. A job with a `device` param sets
+determinism on CUDA; a CUDA job adds its peak device memory when it ends, uph.device.peak_device_memory);
+results/provenance.json gathers them per rule. A job with a `device` param sets
 up its device first (uph.device.setup_device); any other job records its host and CPU without
 importing torch.
 
@@ -20,7 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-from uph.device import TRAINING_RULES, describe, device_record, host_record, resolve_dtype, setup_device
+from uph.device import (
+    TRAINING_RULES,
+    describe,
+    device_record,
+    host_record,
+    peak_device_memory,
+    resolve_dtype,
+    setup_device,
+)
 from uph.errors import UphError
 from uph.io import write_json
 
@@ -43,11 +52,15 @@ def rule_logging(snakemake):
     fail_once(snakemake, log)
     start = time.perf_counter()
     try:
-        record_device(snakemake, log)
+        record = record_device(snakemake, log)
         yield log
     except UphError as error:
         log.error("%s", error)
         sys.exit(1)
+    if peak := peak_device_memory(record):
+        log.info("peak device memory: %(peak_allocated_mib)d MiB allocated, %(peak_reserved_mib)d MiB reserved", peak)
+        if snakemake.log:
+            write_json({**record, **peak}, f"{snakemake.log[0]}.device.json")
     log.info("done in %.1f s", time.perf_counter() - start)
 
 

@@ -64,10 +64,14 @@ def config_seeds(config: dict, path: tuple = ()) -> dict:
     return seeds
 
 
+PEAKS = ("peak_allocated_mib", "peak_reserved_mib")  # a CUDA job's peak device memory (uph.device.peak_device_memory)
+
+
 def rule_devices(logs_dir: str | Path) -> dict:
     """rule -> {'jobs': n, and per key of the jobs' records (host, device, device_name, dtype, ...) the
-    distinct values, sorted}, from every `<log>.device.json` under `logs_dir` (uph.logs.record_device).
-    A job run before jobs recorded their device has no record: 'jobs' counts the records."""
+    distinct values, sorted; for a peak of device memory (PEAKS) the largest of any job}, from every
+    `<log>.device.json` under `logs_dir` (uph.logs.record_device). A job run before jobs recorded their
+    device has no record: 'jobs' counts the records."""
     values, jobs = {}, {}
     for path in sorted(Path(logs_dir).rglob("*.device.json")):
         try:
@@ -81,13 +85,17 @@ def rule_devices(logs_dir: str | Path) -> dict:
         for key, value in record.items():
             values.setdefault(rule, {}).setdefault(key, set()).add(value)
     return {
-        rule: {"jobs": jobs[rule], **{key: sorted(seen, key=str) for key, seen in sorted(values[rule].items())}}
+        rule: {
+            "jobs": jobs[rule],
+            **{key: max(seen) if key in PEAKS else sorted(seen, key=str) for key, seen in sorted(values[rule].items())},
+        }
         for rule in sorted(jobs)
     }
 
 
 def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -> dict:
-    """rule -> {'jobs': n, 'seconds': wall seconds summed over its jobs}. `benchmark_patterns`: rule ->
+    """rule -> {'jobs': n, 'seconds': wall seconds summed over its jobs, 'peak_rss_mb': the largest resident
+    memory of any of its jobs (Snakemake's max_rss, MB; None where none was measured)}. `benchmark_patterns`: rule ->
     its `benchmark:` file pattern, e.g. 'results/benchmarks/extract-{shard}.tsv'; every file present
     in those patterns' folders counts for the first rule whose pattern it matches."""
     regexes = {
@@ -100,9 +108,14 @@ def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -
     for path in (path for folder in folders for path in sorted(folder.glob("*.tsv"))):
         rule = next((rule for rule, regex in regexes.items() if regex.fullmatch(path.as_posix())), None)
         if rule is not None:
-            jobs, seconds = times.get(rule, (0, 0.0))
-            times[rule] = (jobs + 1, seconds + float(pd.read_csv(path, sep="\t")["s"].sum()))
-    return {rule: {"jobs": jobs, "seconds": round(seconds, 2)} for rule, (jobs, seconds) in sorted(times.items())}
+            jobs, seconds, rss = times.get(rule, (0, 0.0, []))
+            benchmark = pd.read_csv(path, sep="\t")
+            rss = [*rss, *pd.to_numeric(benchmark["max_rss"], errors="coerce").dropna()]
+            times[rule] = (jobs + 1, seconds + float(benchmark["s"].sum()), rss)
+    return {
+        rule: {"jobs": jobs, "seconds": round(seconds, 2), "peak_rss_mb": round(max(rss), 1) if rss else None}
+        for rule, (jobs, seconds, rss) in sorted(times.items())
+    }
 
 
 def table_code(tables_dir: str | Path, current: dict) -> dict:
