@@ -5,7 +5,7 @@ its own tokens. One at a time, every evaluation is queued, read back and waited 
 next step; in lockstep, every user's next evaluation is queued back to back and read back once a round.
 
     .venv/bin/python benchmarks/bench_lockstep.py [--device cpu|cuda] [--vocab 49152] [--users 4] [--tokens 1600]
-        [--chunk 1024]
+        [--chunk 1024] [--ops]
 
 Two ways to read it. At the model's vocabulary on a CPU the kernels are the whole cost and the two
 orders run at one speed (the same arithmetic). At a small vocabulary (`--vocab 512`) the kernels cost
@@ -14,6 +14,11 @@ of an evaluation's operations): the floor of a GPU evaluation run one at a time,
 device wait for each other, and the part a round overlaps with the device's work in lockstep. It also
 counts the host reads of each order's device part (`device_reads`, in a second, untimed pass: every read of
 a tensor's values to the host) beside the evaluations and lockstep rounds.
+
+`--ops` prints instead how many operations one round dispatches (torch.profiler: the aten operations called
+from Python, not those they call in turn) for 1 and for 12 users, one line: `ops per round: U=1 <n>, U=12 <n>`.
+A round that stacks its users into one computation dispatches about as many for 12 as for 1; one that
+dispatches each user's evaluation on its own, 12 times as many (each a kernel launch on a GPU).
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import time
 import torch
 
 import uph.lm.engine.lockstep
+import uph.lm.engine.objective
 from uph.device import count_host_reads
 from uph.lm.data.models import OutputLayer
 from uph.lm.engine.fit import fit_path, fit_path_steps
 from uph.lm.engine.heads import HeadSettings, make_head
 from uph.lm.engine.lockstep import run_lockstep
+from uph.lm.engine.objective import Objective, evaluate_many
 from uph.lm.engine.solvers import SolverSettings
 from uph.lm.engine.tokens import on_device, prepare
 
@@ -55,21 +62,38 @@ def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: i
 
 def device_reads(order) -> int:
     """How many times `order`'s evaluations read back to the host in their device part (every round's
-    uph.lm.engine.lockstep._device_round: what a GPU waits on), counted by uph.device.count_host_reads; an
+    uph.lm.engine.objective._device_round: what a GPU waits on), counted by uph.device.count_host_reads; an
     untimed pass."""
-    device_round, reads = uph.lm.engine.lockstep._device_round, []
+    device_round, reads = uph.lm.engine.objective._device_round, []
 
     def counted(requests, need_grad):
         result, n = count_host_reads(device_round, requests, need_grad)
         reads.append(n)
         return result
 
-    uph.lm.engine.lockstep._device_round = counted
+    uph.lm.engine.objective._device_round = counted
     try:
         order()
     finally:
-        uph.lm.engine.lockstep._device_round = device_round
+        uph.lm.engine.objective._device_round = device_round
     return sum(reads)
+
+
+def ops_per_round(head, tokens, settings: SolverSettings) -> int:
+    """The operations one round of evaluate_many dispatches for every user of `tokens` at a theta of its own
+    (torch.profiler: aten operations without an aten parent), after an unprofiled round (warm-up)."""
+    objectives = [Objective(t, head, settings.beta, settings.lam) for t in tokens]
+    generator = torch.Generator().manual_seed(1)
+    requests = [
+        (objective, 0.3 * torch.randn(head.d, generator=generator, dtype=torch.float64)) for objective in objectives
+    ]
+    evaluate_many(requests)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        evaluate_many(requests)
+    return sum(
+        event.name.startswith("aten::") and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
+        for event in profile.events()
+    )
 
 
 def timed(function, device) -> tuple[float, object]:
@@ -90,8 +114,14 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=1600)
     parser.add_argument("--chunk", type=int, help="tokens per chunk (default: the device's; 1024 as on a GPU)")
+    parser.add_argument("--ops", action="store_true", help="count the operations a round dispatches for 1 and 12 users")
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.ops:
+        head, tokens = users(args.vocab, args.hidden, 12, args.tokens, device, args.chunk)
+        counts = {k: ops_per_round(head, tokens[:k], SolverSettings.defaults()) for k in (1, 12)}
+        print(f"ops per round: U=1 {counts[1]}, U=12 {counts[12]}")
+        return
     head, tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk)
     settings = SolverSettings.defaults()
     rounds = []

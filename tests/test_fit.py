@@ -510,7 +510,7 @@ def test_an_evaluation_reads_nothing_back_per_chunk(lm, device):
     "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
 )
 def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device):
-    """evaluate_many of K users' next steps (uph.lm.engine.lockstep): the device part of the round reads every
+    """evaluate_many of K users' next steps (uph.lm.engine.objective): the device part of the round reads every
     objective's J and gradient back in one read for K = 1, 2 and 4 (each head, on the model's base and
     on a mixture), in two where a tilt that may overflow has chunks mended (theta 100 times larger), and
     each Value is the one its objective gives alone, bit for bit."""
@@ -519,7 +519,7 @@ def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device
     floor = torch.full((W.shape[0],), 0.3 / W.shape[0], dtype=torch.float64)
     heads = [make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in HEADS]
     users = [prepare(h[i::4].float(), y[i::4], layer, chunk=30, device=device) for i in range(4)]
-    device_round, reads, seen = uph.lm.engine.lockstep._device_round, [], set()
+    device_round, reads, seen = uph.lm.engine.objective._device_round, [], set()
 
     def counted(requests, need_grad):
         found = []
@@ -536,7 +536,7 @@ def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device
             for k in (1, 2, 4):
                 reads.clear()
                 with pytest.MonkeyPatch.context() as patch:
-                    patch.setattr(uph.lm.engine.lockstep, "_device_round", counted)
+                    patch.setattr(uph.lm.engine.objective, "_device_round", counted)
                     values = evaluate_many(list(zip(objectives[:k], thetas[:k])))
                 per_k.append(reads[:])
                 assert [(v.objective, v.ce, v.kl) for v in values] == [(v.objective, v.ce, v.kl) for v in alone[:k]]
