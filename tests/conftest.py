@@ -59,6 +59,15 @@ def without_modules(folder: Path, *names: str, where: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(folder)}
 
 
+OUTPUTS = ["results/tables", "results/figures", "results/summary.md"]
+
+
+def files_under(root, parts=OUTPUTS) -> dict:
+    """relative path -> bytes of every file under `parts` of `root`."""
+    paths = [p for part in parts for p in ([root / part] if (root / part).is_file() else (root / part).rglob("*"))]
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in paths if p.is_file()}
+
+
 @dataclass
 class Run:
     workdir: Path
@@ -86,26 +95,63 @@ class SecondRun:
     slurm_jobs: list[tuple[str, str]]  # (state, comment) of each job SLURM listed after the run
 
 
+class SlurmRun:
+    """The tiny study through sbatch on a one-node SLURM cluster on localhost (tests/slurm_cluster.py), with
+    profiles/slurm and gram_resilience's first attempt failing on purpose (UPH_FAIL_ONCE), running in the
+    background from its start until `finish` (a SecondRun)."""
+
+    def __init__(self, cluster_folder: Path, workdir: Path):
+        profile = yaml.safe_load((SLURM_PROFILE / "config.v8+.yaml").read_text())
+        requests = [profile["default-resources"], *profile["set-resources"].values()]
+        # twice the CPUs it has: a tiny job waits on sbatch, polls and start-ups as much as it computes
+        memory_mb, cpus = max(r.get("mem_mb", 0) for r in requests), 2 * os.cpu_count()
+        self.cluster = SlurmCluster(cluster_folder, memory_mb=memory_mb, cpus=cpus)
+        self.workdir, self.result = workdir, None
+        env = {**os.environ, "SLURM_CONF": self.cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
+        command = snakemake_command(workdir, "--profile", str(SLURM_PROFILE), *SNAKEMAKE_ARGS)
+        self.logs = [cluster_folder / "snakemake.out", cluster_folder / "snakemake.err"]
+        with open(self.logs[0], "w") as out, open(self.logs[1], "w") as err:
+            self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
+
+    def finish(self) -> SecondRun:
+        """Wait for the run, list what SLURM ran, stop the cluster (once)."""
+        if self.result is None:
+            try:
+                returncode = self.process.wait(timeout=1200)
+                listed = self.cluster.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout
+            finally:
+                self.process.kill()
+                self.cluster.stop()
+            out, err = (path.read_text() for path in self.logs)
+            run = subprocess.CompletedProcess(self.process.args, returncode, out, err)
+            jobs = [tuple(line.split("|")) for line in listed.splitlines()]
+            self.result = SecondRun(self.workdir, run, True, jobs)
+        return self.result
+
+
+@pytest.fixture(scope="session", autouse=True)
+def slurm_run(request, tmp_path_factory):
+    """Where SLURM is installed and a collected test asks for second_run, its run through sbatch starts with
+    the session's first test (a SlurmRun): it waits on SLURM's polls and start-ups more than it computes, so
+    the tests before the first that needs it run beside it instead of after it."""
+    if missing_programs() or not any("second_run" in item.fixturenames for item in request.session.items):
+        yield None
+        return
+    run = SlurmRun(tmp_path_factory.mktemp("slurm"), tmp_path_factory.mktemp("second-run"))
+    yield run
+    run.finish()
+
+
 @pytest.fixture(scope="session")
-def second_run(tiny_study, tmp_path_factory) -> SecondRun:
-    """The tiny study once more in a fresh folder, whose bytes tests/test_aggregate.py holds to the first
-    run's: where SLURM is installed, through sbatch on a one-node SLURM cluster on localhost
-    (tests/slurm_cluster.py) with profiles/slurm and gram_resilience's first attempt failing on purpose
-    (UPH_FAIL_ONCE), which tests/test_slurm.py checks; else locally. One run serves both questions, since
-    each is a whole study (about 100 s locally, 300 s through sbatch on 2 cores)."""
+def second_run(slurm_run, tmp_path_factory) -> SecondRun:
+    """The tiny study once more in a fresh folder, whose bytes tests/test_workflow.py holds to the first
+    run's (the tiny_study fixture): through sbatch where SLURM is installed (slurm_run), which
+    tests/test_slurm.py checks, else locally. One run serves both questions, since each is a whole study
+    (about 80 s locally, 240 s through sbatch on 2 cores)."""
+    if slurm_run is not None:
+        return slurm_run.finish()
     workdir = tmp_path_factory.mktemp("second-run")
-    if missing_programs():
-        return SecondRun(workdir, snakemake(workdir), False, [])
-    profile = yaml.safe_load((SLURM_PROFILE / "config.v8+.yaml").read_text())
-    requests = [profile["default-resources"], *profile["set-resources"].values()]
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), memory_mb=max(r.get("mem_mb", 0) for r in requests))
-    try:
-        env = {**os.environ, "SLURM_CONF": cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
-        run = snakemake(workdir, "--profile", str(SLURM_PROFILE), *SNAKEMAKE_ARGS, env=env)
-        listed = cluster.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout.splitlines()
-    finally:
-        cluster.stop()
-    return SecondRun(workdir, run, True, [tuple(line.split("|")) for line in listed])
+    return SecondRun(workdir, snakemake(workdir), False, [])
 
 
 @pytest.fixture(autouse=True)

@@ -150,7 +150,7 @@ def test_a_job_that_fails_once_is_retried_by_the_local_profile(tmp_path, monkeyp
 def test_the_tiny_study_runs_through_sbatch_with_a_retry(tiny_study, second_run):
     """The second run of the tiny study (conftest.second_run) went through sbatch, every job but the
     localrules, and retried the one that failed once. Its tables, figures and summary equal the local run's
-    byte for byte (tests/test_aggregate.py), both on CPU (config/test.yaml); GPU nodes of another model than
+    byte for byte (tests/test_workflow.py), both on CPU (config/test.yaml); GPU nodes of another model than
     the local GPU would match it only to rounding (uph.device)."""
     if not second_run.through_slurm:
         pytest.skip(

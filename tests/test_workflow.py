@@ -6,10 +6,11 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, SNAKEMAKE, snakemake, without_modules
+from conftest import REPO, SNAKEMAKE, files_under, snakemake, without_modules
 
 from uph.config import schema_defaults
 from uph.report.answers import point_label
+from uph.report.catalog import TABLES
 from uph.report.study import best_beyond_global
 
 RADII = yaml.safe_load((REPO / "config/test.yaml").read_text())["fit"]["radii"]
@@ -139,3 +140,23 @@ def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path):
     assert run.returncode != 0
     assert "config key 'extract.shards': -1 is less than the minimum of 1" in run.stdout + run.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, second_run):
+    """On CPU (config/test.yaml's device) two runs give the same bytes, the second through sbatch where SLURM
+    is installed (conftest.second_run). On CUDA (uph.device) the LM tables would repeat bit for bit only with
+    the same GPU model and software stack (deterministic kernels), and the training branches' tables, should
+    their `<branch>.device` put them there, only to a tolerance."""
+    assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
+    assert second_run.run.returncode == 0, second_run.run.stderr[-3000:]
+    first, second = files_under(tiny_study.workdir), files_under(second_run.workdir)
+    assert sorted(first) == sorted(second)
+    assert sum(path.endswith(".csv") for path in first) == len(TABLES)
+    # feedback.csv measures each method's seconds per step in the run (issue 17): all else is identical
+    timed = {f"results/tables/feedback{suffix}" for suffix in (".csv", ".md", ".tex")}
+    assert [path for path in first if first[path] != second[path] and path not in timed] == []
+    tables = [
+        pd.read_csv(root / "results/tables/feedback.csv").drop(columns="seconds_per_step")
+        for root in (tiny_study.workdir, second_run.workdir)
+    ]
+    pd.testing.assert_frame_equal(*tables)
