@@ -570,6 +570,29 @@ def test_run_lockstep_hands_each_fit_its_own_values_and_stops_on_an_error(lm):
         run_lockstep(fits)
 
 
+def test_objectives_on_one_device_share_one_work_buffer_and_keep_their_values(lm):
+    """Every Objective writes its blocks into one buffer per device and dtype (shared_scratch), so a lockstep
+    group holds one, not one per user and arm: an objective's Value is the same bit for bit before and after
+    another head's objective on other tokens has used the buffer, and a longer chunk grows it."""
+    h, y, W, b, svd = lm
+    layer = OutputLayer(W.float(), b.float())
+    cvh, uncond = (
+        make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in ("cvh", "uncond")
+    )
+    first = Objective(prepare(h[:150].float(), y[:150], layer, chunk=30), cvh, *BETA_LAM)
+    theta = 0.3 * torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    before = first(theta)
+    second = Objective(prepare(h[150:].float(), y[150:], layer, chunk=30), uncond, *BETA_LAM)
+    second(theta)
+    assert first.scratch.untyped_storage().data_ptr() == second.scratch.untyped_storage().data_ptr()
+    after = first(theta)
+    assert (after.objective, after.ce, after.kl) == (before.objective, before.ce, before.kl)
+    assert torch.equal(after.grad, before.grad)
+    longer = Objective(prepare(h.float(), y, layer, chunk=len(y)), cvh, *BETA_LAM)
+    assert longer.scratch.numel() > first.scratch.numel()
+    assert first(theta).objective == before.objective  # its own, smaller buffer still works
+
+
 def test_lockstep_groups_hold_what_the_budget_holds_in_the_users_order():
     """Users cut into lockstep groups by their p0's bytes (4 V bytes a token), in order, at least one a group."""
     tokens = {"a": 10, "b": 20, "c": 5, "d": 40, "e": 1}

@@ -25,7 +25,8 @@ import torch
 
 from uph.lm.engine.objective import evaluate_many
 
-LOCKSTEP_BYTES = 4 * 2**30  # the cached p0 of a lockstep group's users together (V floats a train token)
+LOCKSTEP_BYTES = 4 * 2**30  # the cached p0 of a lockstep group's users together (V floats a train token); their
+# objectives' work blocks are one buffer for the whole job (uph.lm.engine.objective.shared_scratch)
 
 
 def lockstep_groups(train_tokens: dict[str, int], vocab: int, budget: float = LOCKSTEP_BYTES) -> list[list[str]]:

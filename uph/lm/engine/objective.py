@@ -65,6 +65,21 @@ def vocab_block(device: torch.device, vocab: int) -> int:
     return VOCAB_BLOCK if device.type == "cpu" else vocab
 
 
+_SCRATCH: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def shared_scratch(device: torch.device, dtype: torch.dtype, numel: int) -> torch.Tensor:
+    """`numel` elements of the one work buffer that every Objective on `device` in `dtype` writes its blocks
+    into (Objective._block). One is enough: an Objective's operations, and those of a round's objectives, run
+    one after another (in a GPU's stream order), and each block is read before the next is written. So a job
+    holds one [V, c] buffer (201 MB at V = 49,152 and a GPU's c = 1,024), not one per live Objective (a
+    lockstep group's users and arms), and a group's memory is its p0 (uph.lm.engine.lockstep)."""
+    held = _SCRATCH.get((device, dtype))
+    if held is None or held.numel() < numel:
+        held = _SCRATCH[(device, dtype)] = torch.empty(numel, dtype=dtype, device=device)
+    return held[:numel]
+
+
 @dataclass
 class Value:
     objective: float
@@ -113,7 +128,7 @@ class Objective:
             self.blocks = list(zip(self.P_log2e.split(self.block), self.PT.split(self.block, dim=1)))
         self.reach = 1.0 if self.P is None else float(self.P.norm(dim=1).max())  # |P_v · u| <= reach ‖u‖
         columns = max(len(chunk.targets) for chunk in tokens.chunks)
-        self.scratch = torch.empty(min(self.block, vocab) * columns, dtype=self.dtype, device=self.device)
+        self.scratch = shared_scratch(self.device, self.dtype, min(self.block, vocab) * columns)
         self.a = None
         if head.conditional:
             A = head.A.to(self.device, self.dtype)
@@ -142,7 +157,8 @@ class Objective:
 
     def _block(self, rows: int, columns: int) -> torch.Tensor:
         """The reused work block [rows <= self.block, columns]: on a CPU small enough to stay in cache, and
-        allocated once (a fresh block per chunk would cost page faults)."""
+        allocated once (a fresh block per chunk would cost page faults); shared with every Objective on the
+        device (shared_scratch)."""
         return self.scratch[: rows * columns].view(rows, columns)
 
     def _a(self, i: int) -> torch.Tensor:
