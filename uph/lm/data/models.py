@@ -283,24 +283,22 @@ PARITY_TEXT = (
 )
 
 
-def parity_windows(tokenizer, vocab_size: int, n_random: int = 2, length: int = 32) -> list[torch.Tensor]:
-    """The fixed windows [1, T] of the parity check: a sentence of text, and seeded random token ids
-    (which reach rows of the lm_head that text does not)."""
+def parity_windows(tokenizer, vocab_size: int, n_random: int = 2, length: int = 32) -> torch.Tensor:
+    """The fixed windows of the parity check as one batch [1 + n_random, T]: a sentence of text (its first
+    T <= length tokens), and seeded random token ids (which reach rows of the lm_head that text does not)."""
     text = torch.tensor(tokenizer(PARITY_TEXT)["input_ids"][:length])[None]
     generator = torch.Generator().manual_seed(0)
-    return [text] + [torch.randint(0, vocab_size, (1, length), generator=generator) for _ in range(n_random)]
+    return torch.cat([text, torch.randint(0, vocab_size, (n_random, text.shape[1]), generator=generator)])
 
 
 @torch.inference_mode()
-def logprob_gap(model, layer: OutputLayer, windows: list[torch.Tensor]) -> float:
+def logprob_gap(model, layer: OutputLayer, windows: torch.Tensor) -> float:
     """max |log_softmax(model(ids).logits) - log_softmax(layer.logits(final_hidden(model, ids)))| over
-    every position and token of the windows (nan when either side is not finite)."""
-    gaps = []
-    for ids in windows:
-        own = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float(), dim=-1)
-        ours = torch.log_softmax(layer.logits(final_hidden(model, ids)), dim=-1)
-        gaps.append((own - ours).abs().max())
-    return torch.stack(gaps).max().item()  # torch's max keeps a nan
+    every position and token of the windows [B, T], each side one batched pass (nan when either side is
+    not finite)."""
+    own = torch.log_softmax(model(input_ids=windows, use_cache=False).logits.float(), dim=-1)
+    ours = torch.log_softmax(layer.logits(final_hidden(model, windows)), dim=-1)
+    return (own - ours).abs().max().item()  # torch's max keeps a nan
 
 
 def check_tokenizer_fits(tokenizer, vocab_size: int, source: str) -> None:
@@ -335,7 +333,7 @@ def check_causal(model, ids: torch.Tensor, vocab_size: int, source: str) -> None
         )
 
 
-def check_parity(model, layer: OutputLayer, windows: list[torch.Tensor], source: str) -> dict:
+def check_parity(model, layer: OutputLayer, windows: torch.Tensor, source: str) -> dict:
     """The parity record of identity.json, or one ModelError line when the suite's base distribution
     (final_hidden, then the OutputLayer) is not the model's own."""
     gap = logprob_gap(model, layer, windows)
@@ -346,7 +344,7 @@ def check_parity(model, layer: OutputLayer, windows: list[torch.Tensor], source:
             "the logits in a way uph.lm.data.models does not know: use a supported family (README: Bring your own "
             "model) or add the transform to LOGIT_SCALES / LOGIT_SOFTCAPS"
         )
-    return {"max_logprob_diff": gap, "tolerance": PARITY_TOLERANCE, "positions": sum(w.shape[1] for w in windows)}
+    return {"max_logprob_diff": gap, "tolerance": PARITY_TOLERANCE, "positions": windows.numel()}
 
 
 def materialize(
@@ -407,7 +405,7 @@ def materialize(
     check_tokenizer_fits(tokenizer, identity["vocab_size"], source)
     windows = parity_windows(tokenizer, identity["vocab_size"])
     identity["parity"] = check_parity(reloaded, _output_layer(out_dir, identity), windows, source)
-    check_causal(reloaded, windows[-1], identity["vocab_size"], source)
+    check_causal(reloaded, windows[-1:], identity["vocab_size"], source)
     write_json(identity, out_dir / IDENTITY)
     return identity
 
