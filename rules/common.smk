@@ -104,7 +104,8 @@ CROSS_USER_BLOCK = os.path.join(SWEEP, "cross_user-job~{job}.parquet")  # one fi
 GLOBAL_FIT = results("fit", "global", "method~{method}")
 GLOBAL_UNIGRAM = results("fit", "global", "unigram")
 GLOBAL_NEURAL_CACHE = results("fit", "global", "neural_cache")
-CACHE_BASELINES = {  # the cache baselines' global tables a per-user fit job reads (uph.lm.jobs.fit_job.read_cache_baselines)
+# the cache baselines' global tables a per-user fit job reads (uph.lm.jobs.fit_job.read_cache_baselines)
+CACHE_BASELINES = {
     "unigram": f"{GLOBAL_UNIGRAM}/unigram.parquet",
     "neural_cache": f"{GLOBAL_NEURAL_CACHE}/neural_cache.parquet",
     "datastore": f"{GLOBAL_NEURAL_CACHE}/datastore.parquet",
