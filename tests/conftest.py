@@ -110,8 +110,12 @@ class SlurmRun:
         env = {**os.environ, "SLURM_CONF": self.cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
         command = snakemake_command(workdir, "--profile", str(SLURM_PROFILE), *SNAKEMAKE_ARGS)
         self.logs = [cluster_folder / "snakemake.out", cluster_folder / "snakemake.err"]
-        with open(self.logs[0], "w") as out, open(self.logs[1], "w") as err:
-            self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
+        try:
+            with open(self.logs[0], "w") as out, open(self.logs[1], "w") as err:
+                self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
+        except BaseException:
+            self.cluster.stop()
+            raise
 
     def finish(self) -> SecondRun:
         """Wait for the run, list what SLURM ran, stop the cluster (once)."""
@@ -120,26 +124,38 @@ class SlurmRun:
                 returncode = self.process.wait(timeout=1200)
                 listed = self.cluster.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout
             finally:
-                self.process.kill()
-                self.cluster.stop()
+                self.stop()
             out, err = (path.read_text() for path in self.logs)
             run = subprocess.CompletedProcess(self.process.args, returncode, out, err)
             jobs = [tuple(line.split("|")) for line in listed.splitlines()]
             self.result = SecondRun(self.workdir, run, True, jobs)
         return self.result
 
+    def stop(self) -> None:
+        """End the run where it is (a session that no longer needs it) and stop the cluster."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.cluster.stop()
+
 
 @pytest.fixture(scope="session", autouse=True)
 def slurm_run(request, tmp_path_factory):
     """Where SLURM is installed and a collected test asks for second_run, its run through sbatch starts with
     the session's first test (a SlurmRun): it waits on SLURM's polls and start-ups more than it computes, so
-    the tests before the first that needs it run beside it instead of after it."""
+    the tests before the first that needs it run beside it instead of after it. A cluster that does not
+    start fails second_run's tests, not every test; a session that ends first stops the run."""
     if missing_programs() or not any("second_run" in item.fixturenames for item in request.session.items):
         yield None
         return
-    run = SlurmRun(tmp_path_factory.mktemp("slurm"), tmp_path_factory.mktemp("second-run"))
+    try:
+        run = SlurmRun(tmp_path_factory.mktemp("slurm"), tmp_path_factory.mktemp("second-run"))
+    except Exception as error:  # handed to second_run, which raises it
+        yield error
+        return
     yield run
-    run.finish()
+    if run.result is None:
+        run.stop()
 
 
 @pytest.fixture(scope="session")
@@ -148,6 +164,8 @@ def second_run(slurm_run, tmp_path_factory) -> SecondRun:
     run's (the tiny_study fixture): through sbatch where SLURM is installed (slurm_run), which
     tests/test_slurm.py checks, else locally. One run serves both questions, since each is a whole study
     (about 80 s locally, 240 s through sbatch on 2 cores)."""
+    if isinstance(slurm_run, Exception):
+        raise slurm_run
     if slurm_run is not None:
         return slurm_run.finish()
     workdir = tmp_path_factory.mktemp("second-run")
