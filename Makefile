@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
 	touch $@
 
 # gpu=$(GPU_SLOTS): the jobs that compute on a GPU (device auto where one is visible) share it, four at a
-# time (profiles/local says why four).
+# time (profiles/local says why four; a 16 GB GPU takes 2: README, "Slots per GPU size").
 GPU_SLOTS ?= 4
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPU_SLOTS) --configfile config.yaml
