@@ -287,7 +287,7 @@ def test_full_vocabulary_bias_is_the_unconditional_head_at_d_equal_v(lm):
     expected.backward()
     tokens = prepare(h, y, OutputLayer(W, b), chunk=64)
     value = Objective(tokens, head, *BETA_LAM)(bias.detach())
-    assert value.objective == pytest.approx(float(expected), rel=1e-10)
+    assert value.objective == pytest.approx(expected.item(), rel=1e-10)
     torch.testing.assert_close(value.grad, bias.grad, rtol=1e-8, atol=1e-12)
     theta, result = fit_theta(tokens, head, "exact", SolverSettings.defaults(tol=1e-6, max_iter=2000))
     assert (
