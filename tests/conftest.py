@@ -26,6 +26,11 @@ LM_TARGETS = [
 ]
 
 
+def slurm_profile() -> dict:
+    """profiles/slurm's settings (its default and per-rule resources)."""
+    return yaml.safe_load((SLURM_PROFILE / "config.v8+.yaml").read_text())
+
+
 def snakemake_command(workdir, *args, config="config/test.yaml") -> list[str]:
     """The snakemake command line on this repository's Snakefile in `workdir` (config: relative to
     the repository, or an absolute path)."""
@@ -101,7 +106,7 @@ class SlurmRun:
     background from its start until `finish` (a SecondRun)."""
 
     def __init__(self, cluster_folder: Path, workdir: Path):
-        profile = yaml.safe_load((SLURM_PROFILE / "config.v8+.yaml").read_text())
+        profile = slurm_profile()
         requests = [profile["default-resources"], *profile["set-resources"].values()]
         # twice the CPUs it has: a tiny job waits on sbatch, polls and start-ups as much as it computes
         memory_mb, cpus = max(r.get("mem_mb", 0) for r in requests), 2 * os.cpu_count()

@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from conftest import REPO, SLURM_PROFILE, snakemake
+from conftest import REPO, SLURM_PROFILE, slurm_profile, snakemake
 
 from uph.config import validate
 from uph.device import gpu_visible
@@ -26,10 +26,6 @@ FIT_STAGE = {
 # With `device: cuda` and no `<branch>.device`: extraction and the fit stage ask for a GPU, the training runs do not.
 GPU_RULES = {"extract", *FIT_STAGE}
 TRAINING_RULES = {"copy_task_train", "attention_train", "feedback_train"}
-
-
-def slurm_profile() -> dict:
-    return yaml.safe_load((SLURM_PROFILE / "config.v8+.yaml").read_text())
 
 
 def planned_jobs(dry_run: str) -> dict[str, int]:
