@@ -1,24 +1,28 @@
-"""Users' fits one at a time against the same fits in lockstep (uph.lm.engine.lockstep), on any device.
+"""Users' fits one at a time, in lockstep, and in lockstep stacked (uph.lm.engine.lockstep, .round), on any device.
 
 Each user walks the validate job's path of radii (the default's 9, svd_cvh at d = 32, exact solver) on
 its own tokens. One at a time, every evaluation is queued, read back and waited for before the solver's
-next step; in lockstep, every user's next evaluation is queued back to back and read back once a round.
+next step; in lockstep, every user's next evaluation is queued back to back and read back once a round;
+stacked (the users' tokens side by side, as a GPU's fit jobs have them), a round is one batched pass.
 
     .venv/bin/python benchmarks/bench_lockstep.py [--device cpu|cuda] [--vocab 49152] [--users 4] [--tokens 1600]
         [--chunk 1024] [--ops]
 
-Two ways to read it. At the model's vocabulary on a CPU the kernels are the whole cost and the two
+Two ways to read it. At the model's vocabulary on a CPU the kernels are the whole cost and the first two
 orders run at one speed (the same arithmetic). At a small vocabulary (`--vocab 512`) the kernels cost
-next to nothing, and what is left (with `--chunk 1024`, a GPU's chunks) is the host's work per evaluation (the solver's step, the dispatch
-of an evaluation's operations): the floor of a GPU evaluation run one at a time, where the host and the
-device wait for each other, and the part a round overlaps with the device's work in lockstep. It also
-counts the host reads of each order's device part (`device_reads`, in a second, untimed pass: every read of
-a tensor's values to the host) beside the evaluations and lockstep rounds.
+next to nothing, and what is left (with `--chunk 1024`, a GPU's chunks) is the host's work per evaluation
+(the solver's step, the dispatch of an evaluation's operations): the floor of a GPU evaluation run one at
+a time, where the host and the device wait for each other, and the part a round overlaps with the device's
+work in lockstep, and stacking shares among its users. It also counts the host reads of each order's
+device part (`device_reads`, in a second, untimed pass: every read of a tensor's values to the host)
+beside the evaluations and lockstep rounds. Stacked values are each user's to float32 rounding (the
+largest relative difference of an objective is printed); the first two orders', bit for bit.
 
-`--ops` prints instead how many operations one round dispatches (torch.profiler: the aten operations called
-from Python, not those they call in turn) for 1 and for 12 users, one line: `ops per round: U=1 <n>, U=12 <n>`.
-A round that stacks its users into one computation dispatches about as many for 12 as for 1; one that
-dispatches each user's evaluation on its own, 12 times as many (each a kernel launch on a GPU).
+`--ops` prints instead how many operations one round dispatches in its device part
+(uph.device.count_dispatched_ops) for 1 and for 12 users stacked, one line: `ops per round: U=1 <n>,
+U=12 <n>`, and below it the same not stacked. A stacked round dispatches as many for 12 as for 1 while
+their tokens fit one block (uph.lm.engine.round.STACK_SCRATCH: 262,144 tokens at V = 512, 2,730 at 49,152),
+dispatched each on its own, 12 times as many (each a kernel launch on a GPU).
 """
 
 from __future__ import annotations
@@ -30,70 +34,75 @@ import torch
 
 import uph.lm.engine.lockstep
 import uph.lm.engine.objective
-from uph.device import count_host_reads
+import uph.lm.engine.round
+from uph.device import count_dispatched_ops, count_host_reads
 from uph.lm.data.models import OutputLayer
 from uph.lm.engine.fit import fit_path, fit_path_steps
 from uph.lm.engine.heads import HeadSettings, make_head
 from uph.lm.engine.lockstep import run_lockstep
-from uph.lm.engine.objective import Objective, evaluate_many
+from uph.lm.engine.objective import Objective
+from uph.lm.engine.round import evaluate_round
 from uph.lm.engine.solvers import SolverSettings
-from uph.lm.engine.tokens import on_device, prepare
+from uph.lm.engine.tokens import on_device, prepare, prepare_stack
 
 RADII = (0.05, 0.15, 0.5, 1.5, 5, 15, 50, 150, 500)  # config.yaml's fit.radii
 
 
-def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: int | None = None):
-    """(output layer, head, every user's tokens): a random output layer with an LM's logit scale, each
-    user's hidden states tilted by a theta of its own, targets drawn from the tilted model."""
+def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: int | None = None, stacked=False):
+    """(head, every user's tokens): a random output layer with an LM's logit scale, each user's hidden
+    states tilted by a theta of its own, targets drawn from the tilted model; `stacked`: the users' tokens
+    side by side in one Stack (uph.lm.engine.tokens.prepare_stack, as a GPU's fit jobs have them)."""
     generator = torch.Generator().manual_seed(0)
     W = torch.randn(vocab, hidden, generator=generator) / hidden**0.5 * 4
     svd = torch.linalg.svd(W.double(), full_matrices=False)
     head = make_head("svd_cvh", W, d=32, alpha=1.0, settings=HeadSettings.defaults(), svd=svd)
     layer = on_device(OutputLayer(W), device)
-    tokens = []
+    splits = []
     for _ in range(n_users):
         h = torch.randn(n_tokens, hidden, generator=generator)
         star = 3 * torch.randn(32, generator=generator)
         probabilities = torch.softmax(head.logits(h, star), dim=-1)
-        y = torch.multinomial(probabilities.float(), 1, generator=generator).squeeze(1)
-        tokens.append(prepare(h, y, layer, chunk=chunk, device=device))
-    return head, tokens
+        splits.append((h, torch.multinomial(probabilities.float(), 1, generator=generator).squeeze(1)))
+    if stacked:
+        return head, prepare_stack(splits, layer, chunk=chunk, device=device)
+    return head, [prepare(h, y, layer, chunk=chunk, device=device) for h, y in splits]
 
 
 def device_reads(order) -> int:
-    """How many times `order`'s evaluations read back to the host in their device part (every round's
-    uph.lm.engine.objective._device_round: what a GPU waits on), counted by uph.device.count_host_reads; an
-    untimed pass."""
-    device_round, reads = uph.lm.engine.objective._device_round, []
+    """How many times `order`'s evaluations read back to the host in their device part (each round's
+    uph.lm.engine.objective._device_round, and uph.lm.engine.round._device_part where it is stacked: what a
+    GPU waits on), counted by uph.device.count_host_reads; an untimed pass."""
+    parts, reads = [(uph.lm.engine.objective, "_device_round"), (uph.lm.engine.round, "_device_part")], []
 
-    def counted(requests, need_grad):
-        result, n = count_host_reads(device_round, requests, need_grad)
-        reads.append(n)
-        return result
+    def counted(part):
+        def read(*args):
+            result, n = count_host_reads(part, *args)
+            reads.append(n)
+            return result
 
-    uph.lm.engine.objective._device_round = counted
+        return read
+
+    originals = [getattr(module, name) for module, name in parts]
     try:
+        for (module, name), part in zip(parts, originals):
+            setattr(module, name, counted(part))
         order()
     finally:
-        uph.lm.engine.objective._device_round = device_round
+        for (module, name), part in zip(parts, originals):
+            setattr(module, name, part)
     return sum(reads)
 
 
 def ops_per_round(head, tokens, settings: SolverSettings) -> int:
-    """The operations one round of evaluate_many dispatches for every user of `tokens` at a theta of its own
-    (torch.profiler: aten operations without an aten parent), after an unprofiled round (warm-up)."""
+    """The operations one round (evaluate_round) dispatches in its device part for every user of `tokens` at a
+    theta of its own (uph.device.count_dispatched_ops), after an uncounted round (warm-up)."""
     objectives = [Objective(t, head, settings.beta, settings.lam) for t in tokens]
     generator = torch.Generator().manual_seed(1)
     requests = [
         (objective, 0.3 * torch.randn(head.d, generator=generator, dtype=torch.float64)) for objective in objectives
     ]
-    evaluate_many(requests)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-        evaluate_many(requests)
-    return sum(
-        event.name.startswith("aten::") and not (event.cpu_parent and event.cpu_parent.name.startswith("aten::"))
-        for event in profile.events()
-    )
+    evaluate_round(requests)
+    return count_dispatched_ops(evaluate_round, requests)[1]
 
 
 def timed(function, device) -> tuple[float, object]:
@@ -118,15 +127,22 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     if args.ops:
-        head, tokens = users(args.vocab, args.hidden, 12, args.tokens, device, args.chunk)
-        counts = {k: ops_per_round(head, tokens[:k], SolverSettings.defaults()) for k in (1, 12)}
-        print(f"ops per round: U=1 {counts[1]}, U=12 {counts[12]}")
+        counts = {}
+        for stacked in (True, False):
+            for k in (1, 12):
+                head, tokens = users(args.vocab, args.hidden, k, args.tokens, device, args.chunk, stacked)
+                counts[stacked, k] = ops_per_round(head, tokens, SolverSettings.defaults())
+        print(f"ops per round: U=1 {counts[True, 1]}, U=12 {counts[True, 12]}")
+        print(
+            f"(not stacked, each user's evaluation dispatched on its own: U=1 {counts[False, 1]}, U=12 {counts[False, 12]})"
+        )
         return
     head, tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk)
+    _, stacked_tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk, stacked=True)
     settings = SolverSettings.defaults()
     rounds = []
-    evaluate_many = uph.lm.engine.lockstep.evaluate_many
-    uph.lm.engine.lockstep.evaluate_many = lambda requests: rounds.append(len(requests)) or evaluate_many(requests)
+    evaluate_round = uph.lm.engine.lockstep.evaluate_round
+    uph.lm.engine.lockstep.evaluate_round = lambda requests: rounds.append(len(requests)) or evaluate_round(requests)
 
     def one_at_a_time():
         return [fit_path(t, head, "exact", settings, RADII) for t in tokens]
@@ -134,28 +150,37 @@ def main() -> None:
     def lockstep():
         return run_lockstep([fit_path_steps(t, head, "exact", settings, RADII) for t in tokens])
 
+    def stacked():
+        return run_lockstep([fit_path_steps(t, head, "exact", settings, RADII) for t in stacked_tokens])
+
     fit_path(tokens[0], head, "exact", settings, RADII[:2])  # warm-up: allocator, kernels
-    rounds.clear()
-    alone_s, alone = timed(one_at_a_time, device)
-    alone_rounds = len(rounds)
-    rounds.clear()
-    together_s, together = timed(lockstep, device)
-    together_rounds = len(rounds)
-    alone_reads, together_reads = (device_reads(order) for order in (one_at_a_time, lockstep))
+    stacked()
+    measured = {}
+    for label, order in [("one at a time", one_at_a_time), ("lockstep", lockstep), ("stacked", stacked)]:
+        rounds.clear()
+        seconds, paths = timed(order, device)
+        measured[label] = (seconds, paths, len(rounds), device_reads(order))
+    alone, together, batched = (measured[label][1] for label in ("one at a time", "lockstep", "stacked"))
     evaluations = sum(result.evaluations for path in alone for _, result in path)
     same = all(torch.equal(a, b) for path_a, path_b in zip(alone, together) for (a, _), (b, _) in zip(path_a, path_b))
+    gap = max(
+        abs(a.objective - b.objective) / abs(a.objective)
+        for path_a, path_b in zip(alone, batched)
+        for (_, a), (_, b) in zip(path_a, path_b)
+    )
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
     chunk = len(tokens[0].chunks[0].targets)
     print(f"V {args.vocab}, H {args.hidden}, {args.users} users x {args.tokens} tokens in chunks of {chunk}, 9 radii")
-    print(f"{evaluations} evaluations; rounds: evaluate_many's; reads back: counted in their device part")
+    print(
+        f"{evaluations} evaluations one at a time; rounds: evaluate_round's; reads back: counted in their device part"
+    )
     print(f"{'order':<14}{'wall s':>9}{'ms / evaluation':>17}{'rounds':>8}{'reads back':>12}")
-    for order, seconds, n_rounds, reads in [
-        ("one at a time", alone_s, alone_rounds, alone_reads),
-        ("lockstep", together_s, together_rounds, together_reads),
-    ]:
-        print(f"{order:<14}{seconds:>9.2f}{1e3 * seconds / evaluations:>17.2f}{n_rounds:>8}{reads:>12}")
-    print(f"lockstep / one at a time: {together_s / alone_s:.2f}; the same thetas: {same}")
+    for label, (seconds, _, n_rounds, reads) in measured.items():
+        print(f"{label:<14}{seconds:>9.2f}{1e3 * seconds / evaluations:>17.2f}{n_rounds:>8}{reads:>12}")
+    alone_s = measured["one at a time"][0]
+    print(f"lockstep / one at a time: {measured['lockstep'][0] / alone_s:.2f}; the same thetas: {same}")
+    print(f"stacked / one at a time: {measured['stacked'][0] / alone_s:.2f}; objectives within {gap:.1e} (relative)")
 
 
 if __name__ == "__main__":

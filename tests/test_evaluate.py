@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -19,7 +20,7 @@ import uph.lm.engine.lockstep
 import uph.lm.jobs.controls
 import uph.lm.jobs.fit_job
 import uph.lm.jobs.global_fit
-import uph.lm.jobs.validate
+import uph.lm.jobs.refit
 from uph.config import schema_defaults
 from uph.lm.data.cache import UserStates
 from uph.lm.data.models import OutputLayer
@@ -188,9 +189,13 @@ def test_no_choice_moves_when_the_test_tokens_change(planted):
 
 
 def test_users_fitted_in_lockstep_get_the_rows_they_get_one_at_a_time(planted, monkeypatch):
-    """The validate and fit jobs with their users in lockstep (as on a GPU) write every row they write with
-    one user at a time, bit for bit (the heads, the full bias, the dose-response, a head on the unigram
-    cache's mixture), and their rounds did hold both users."""
+    """The validate and fit jobs with their users in lockstep write every row they write with one user at a
+    time, bit for bit (the heads, the full bias, the dose-response, a head on the unigram cache's mixture),
+    and their rounds did hold both users. With the users' tokens stacked too (as on a GPU: one batched
+    pass a round, uph.lm.engine.round) they choose the same and write the same rows, each number within
+    the fits' tolerance: a fit stops at a certificate of fit.tol (1e-5), so where it lands, what it scores
+    there and its certificate may move by that much (the rounding of the planted model's float64 sums is
+    far below); most rounds held both users on one head."""
     head, layer, trains, tests, _ = planted
     point = Point.of("svd_cvh", 1.0, D)
     on_cache = [{**point.columns, "solver": "exact", "cache": "unigram"}]
@@ -201,22 +206,34 @@ def test_users_fitted_in_lockstep_get_the_rows_they_get_one_at_a_time(planted, m
     thetas, validation = fit_global(job, fit)
     unigram, unigram_validation = global_unigram(job, fit)
     caches = CacheBaselines(unigram, None)
-    sizes, evaluate_many = [], uph.lm.engine.lockstep.evaluate_many
+    rounds, evaluate_round = [], uph.lm.engine.lockstep.evaluate_round
     monkeypatch.setattr(
-        uph.lm.engine.lockstep, "evaluate_many", lambda requests: sizes.append(len(requests)) or evaluate_many(requests)
+        uph.lm.engine.lockstep, "evaluate_round", lambda requests: rounds.append(requests) or evaluate_round(requests)
     )
     tables = {}
-    for lockstep in (False, True):
-        sizes.clear()
-        per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit, lockstep=lockstep)
+    for layout in ("alone", "lockstep", "stacked"):
+        rounds.clear()
+        lockstep, stacked = layout != "alone", layout == "stacked"
+        per_user, warm = validate_users(job, global_thetas(thetas, "theta_fit"), caches, fit, lockstep, stacked)
         choices = capacity_choices(pd.concat([validation, unigram_validation, per_user]))
-        fits, dose = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm), lockstep=lockstep)
-        tables[lockstep] = [
-            table.drop(columns=table.filter(like="seconds").columns) for table in (per_user, warm, fits, dose)
+        fits, dose = fit_users(job, global_thetas(thetas), choices, caches, fit, warm_starts(warm), lockstep, stacked)
+        tables[layout] = [
+            table.drop(columns=table.filter(like="seconds").columns) for table in (choices, per_user, warm, fits, dose)
         ]
-        assert max(sizes) == (2 if lockstep else 1)
-    for alone, together in zip(tables[False], tables[True]):
+        assert max(len(requests) for requests in rounds) == (2 if lockstep else 1)
+        if stacked:
+            batched = [r for r in rounds if len(r) == 2 and len({objective.shared.head for objective, _ in r}) == 1]
+            assert len(batched) > len(rounds) / 2
+    for alone, together in zip(tables["alone"], tables["lockstep"]):
         pd.testing.assert_frame_equal(alone, together, check_exact=True)
+    for together, stacked in zip(tables["lockstep"], tables["stacked"]):
+        numbers = [
+            c for c in together.columns if together[c].dtype.kind == "f" or c.startswith("theta") or c == "model"
+        ]
+        pd.testing.assert_frame_equal(together.drop(columns=numbers), stacked.drop(columns=numbers), check_exact=True)
+        for column in numbers:
+            for expected, found in zip(together[column], stacked[column]):
+                np.testing.assert_allclose(found, expected, rtol=fit.solver.tol, atol=fit.solver.tol, err_msg=column)
 
 
 def test_unigram_arms_against_explicit_mixtures(planted):
@@ -396,7 +413,7 @@ def test_every_tokens_of_a_fit_job_shares_its_one_output_layer(planted, monkeypa
     for name, value in reads.items():
         monkeypatch.setattr(uph.lm.jobs.fit_job, name, lambda *_, value=value: value)
     made, prepare_tokens = [], uph.lm.jobs.fit_job.prepare
-    for module in (uph.lm.jobs.fit_job, uph.lm.jobs.global_fit, uph.lm.jobs.validate, uph.lm.jobs.controls):
+    for module in (uph.lm.jobs.fit_job, uph.lm.jobs.global_fit, uph.lm.jobs.refit, uph.lm.jobs.controls):
         monkeypatch.setattr(
             module, "prepare", lambda *args, **kwargs: made.append(prepare_tokens(*args, **kwargs)) or made[-1]
         )

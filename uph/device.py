@@ -216,3 +216,27 @@ def count_host_reads(function, *args, **kwargs) -> tuple[object, int]:
         for name, method in originals.items():
             setattr(torch.Tensor, name, method)
     return result, count
+
+
+DEVICE_PART = "uph: device part"  # the profiler range of a round's device work (uph.lm.engine.round, .objective)
+
+
+def count_dispatched_ops(function, *args, **kwargs) -> tuple[object, int]:
+    """function(*args, **kwargs) and how many operations it dispatched in its device part (torch.profiler: the
+    aten operations called from Python within a DEVICE_PART range, not those they call in turn; on a GPU,
+    a kernel launch or more each; the host's float64 steps on each user's values are outside). For tests
+    and benchmarks."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        result = function(*args, **kwargs)
+
+    def counted(event) -> bool:
+        parent = event.cpu_parent
+        if not event.name.startswith("aten::") or (parent and parent.name.startswith("aten::")):
+            return False
+        while parent is not None and parent.name != DEVICE_PART:
+            parent = parent.cpu_parent
+        return parent is not None
+
+    return result, sum(counted(event) for event in profile.events())

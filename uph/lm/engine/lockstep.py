@@ -3,8 +3,10 @@
 A fit's steps (uph.lm.engine.fit.fit_path_steps, the solvers of uph.lm.engine.solvers) are a generator: it yields the
 request (objective, theta) for J's Value with its gradient and is sent the Value back. `run` drives one
 fit, evaluating each request as it comes; `run_lockstep` drives several (a job's users, each walking its
-paths of radii): each round it takes every fit's pending request and evaluates them all at once
-(uph.lm.engine.objective.evaluate_many), so the device work of all of them is queued back to back and read back once.
+paths of radii): each round it takes the fits' pending requests and evaluates them all at once
+(uph.lm.engine.round.evaluate_round), so the device work of all of them is queued back to back and read back
+once; where the group's tokens are stacked (uph.lm.engine.tokens.prepare_stack, on a GPU), the requests of
+one head are one batched pass, whose operations do not grow with the users.
 
 Why. On a GPU one user's evaluation is a few large kernels (its p0 blocks, [V, 1024] floats each) and a
 read back of J and its gradient, after which the device idles while the host runs the solver's step
@@ -14,7 +16,7 @@ the GPU at every step, and each evaluation reads back on its own; in lockstep a 
 kernels while the host works through the others' steps, and reads back once (twice where a chunk needs
 mending). On a CPU the kernels are the whole cost and the order changes nothing: each fit's arithmetic is
 exactly its own, so its values are bit-identical however many fits share its rounds (tests/test_fit.py,
-tests/test_evaluate.py).
+tests/test_evaluate.py); stacked, they are its own to float32 rounding (uph.lm.engine.round).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Generator
 
 import torch
 
-from uph.lm.engine.objective import evaluate_many
+from uph.lm.engine.round import batch_key, evaluate_round
 
 LOCKSTEP_BYTES = 4 * 2**30  # the cached p0 of a lockstep group's users together (V floats a train token); their
 # objectives' work blocks are one buffer for the whole job (uph.lm.engine.objective.shared_scratch)
@@ -60,22 +62,38 @@ def run(steps: Generator):
 
 def run_lockstep(fits: list[Generator]) -> list:
     """What each of `fits` (generators of evaluation requests) returns, driven together: each round
-    evaluates every pending request in one evaluate_many and sends each its Value; a fit that returns
-    leaves the rounds. An error in any fit (uph.errors.FitDivergedError) stops them all."""
-    results, pending = [None] * len(fits), {}
+    evaluates the due requests in one evaluate_round and sends each its Value; a fit that returns leaves
+    the rounds. An error in any fit (uph.errors.FitDivergedError) stops them all.
+
+    Which are due: all, unless some request's tokens are stacked (uph.lm.engine.round: one batched pass a
+    stack and head). Then a fit that moves on to another head or objective waits for the fits behind it
+    (the fewest such moves) to catch up, so that the group's users, who walk the same heads in the same
+    order, keep asking for the same head in the same rounds."""
+    results, pending, stages = [None] * len(fits), {}, [[0, None] for _ in fits]
     for i, steps in enumerate(fits):
-        _advance(steps, None, i, pending, results)
+        _advance(steps, None, i, pending, results, stages)
     while pending:
-        values = evaluate_many(list(pending.values()))
-        for i, value in zip(list(pending), values):
-            _advance(fits[i], value, i, pending, results)
+        due = list(pending)
+        if any(batch_key(objective) is not None for objective, _ in pending.values()):
+            behind = min(stages[i][0] for i in due)
+            due = [i for i in due if stages[i][0] == behind]
+        values = evaluate_round([pending[i] for i in due])
+        for i, value in zip(due, values):
+            _advance(fits[i], value, i, pending, results, stages)
     return results
 
 
-def _advance(steps: Generator, value, i: int, pending: dict, results: list) -> None:
-    """Send fit i its Value (None: start it) and file its next request, or its result when it returns."""
+def _advance(steps: Generator, value, i: int, pending: dict, results: list, stages: list) -> None:
+    """Send fit i its Value (None: start it) and file its next request, or its result when it returns; count
+    its moves to another batch (stages[i]: [moves, the last request's batch_key or objective])."""
     try:
         pending[i] = steps.send(value)
     except StopIteration as stop:
         pending.pop(i, None)
         results[i] = stop.value
+        return
+    objective = pending[i][0]
+    key = batch_key(objective) or objective
+    if key != stages[i][1]:
+        stages[i][0] += 1
+        stages[i][1] = key

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from uph.device import DEVICE_PART
 from uph.lm.engine.heads import Head
 from uph.lm.engine.tokens import Chunk, Tokens
 
@@ -72,8 +73,9 @@ def shared_scratch(device: torch.device, dtype: torch.dtype, numel: int) -> torc
     """`numel` elements of the one work buffer that every Objective on `device` in `dtype` writes its blocks
     into (Objective._block). One is enough: an Objective's operations, and those of a round's objectives, run
     one after another (in a GPU's stream order), and each block is read before the next is written. So a job
-    holds one [V, c] buffer (201 MB at V = 49,152 and a GPU's c = 1,024), not one per live Objective (a
-    lockstep group's users and arms), and a group's memory is its p0 (uph.lm.engine.lockstep)."""
+    holds one buffer (201 MB at V = 49,152 and a GPU's c = 1,024; a stacked round's block, 512 MiB:
+    uph.lm.engine.round), not one per live Objective (a lockstep group's users and arms), and a group's memory
+    is its p0 (uph.lm.engine.lockstep)."""
     held = _SCRATCH.get((device, dtype))
     if held is None or held.numel() < numel:
         held = _SCRATCH[(device, dtype)] = torch.empty(numel, dtype=dtype, device=device)
@@ -147,6 +149,9 @@ class Objective:
         self.offset = torch.zeros(self.d, dtype=torch.float64) if offset is None else offset.detach().double().cpu()
         self.log_z_base, grad_base = self._log_partitions(self.offset, need_grad=True)
         self.mbar = grad_base / tokens.n
+        self.base_sum = None  # Σ_t L_t at the base (float64, host): where a round evaluates these tokens stacked
+        if tokens.stack is not None and tokens.mixture is None:
+            self.base_sum = float(sum(lz.sum(dtype=torch.float64) for lz in self.log_z_base))
         self.base_nll = tokens.base_nll  # NLL at the offset: the base's, moved by the fixed theta
         if self.shared.log_z0 is None:
             offset_free = not self.offset.any()
@@ -344,7 +349,7 @@ class Objective:
         reference = self.log_z_base if reference is None else reference
         return sum((lz - ref).sum(dtype=torch.float64) for lz, ref in zip(log_z, reference))
 
-    def _value(self, theta: torch.Tensor, need_grad: bool, change: float, grad) -> Value:
+    def value_at(self, theta: torch.Tensor, need_grad: bool, change: float, grad) -> Value:
         """J's Value at the residual `theta` (float64, host) from Σ_t (L_t - L_t at the base) `change` and
         Σ_t a_t ⊙ P^T p_t `grad` [d] (host)."""
         ce, kl = self.ce_kl(theta, change / self.tokens.n)
@@ -411,7 +416,7 @@ def evaluate_many(requests: list[tuple[Objective, torch.Tensor]], need_grad: boo
     values = []
     for (objective, _), theta, moves in zip(requests, thetas, moving):
         change, grad = next(found) if moves else (0.0, objective.mbar * objective.tokens.n)
-        values.append(objective._value(theta, need_grad, change, grad))
+        values.append(objective.value_at(theta, need_grad, change, grad))
     return values
 
 
@@ -421,25 +426,26 @@ def _device_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: boo
     flags; where a chunk needs mending (a tilt that may overflow, a sum that underflows: the module
     docstring's Numerics), every such objective's mended chunks are queued and one more read brings them back; a token
     that still underflows (rarer still) costs its objective a read of its own."""
-    if not requests:
-        return []
-    objectives = [objective for objective, _ in requests]
-    queued = [objective._queued(objective.offset + theta, need_grad) for objective, theta in requests]
-    sums = [objective._finished(each) for objective, each in zip(objectives, queued)]
-    flags, results = _read(objectives, sums, need_grad, [each.chunk_flags() for each in queued])
-    mend = [i for i, flag in enumerate(flags) if flag.any()]
-    if not mend:
+    with torch.profiler.record_function(DEVICE_PART):
+        if not requests:
+            return []
+        objectives = [objective for objective, _ in requests]
+        queued = [objective._queued(objective.offset + theta, need_grad) for objective, theta in requests]
+        sums = [objective._finished(each) for objective, each in zip(objectives, queued)]
+        flags, results = _read(objectives, sums, need_grad, [each.chunk_flags() for each in queued])
+        mend = [i for i, flag in enumerate(flags) if flag.any()]
+        if not mend:
+            return results
+        shape = [flags[i].reshape(len(queued[i].flags), -1) for i in mend]
+        mended = [objectives[i]._finished(queued[i], flag) for i, flag in zip(mend, shape)]
+        unders = [each.unders(queued[i].theta.device) for i, each in zip(mend, mended)]
+        unders, found = _read([objectives[i] for i in mend], mended, need_grad, unders)
+        for i, each, under, result in zip(mend, mended, unders, found):
+            results[i] = result
+            if under.any():
+                settled = objectives[i]._settled(queued[i], each, under)
+                results[i] = _read([objectives[i]], [settled], need_grad, [])[1][0]
         return results
-    shape = [flags[i].reshape(len(queued[i].flags), -1) for i in mend]
-    mended = [objectives[i]._finished(queued[i], flag) for i, flag in zip(mend, shape)]
-    unders = [each.unders(queued[i].theta.device) for i, each in zip(mend, mended)]
-    unders, found = _read([objectives[i] for i in mend], mended, need_grad, unders)
-    for i, each, under, result in zip(mend, mended, unders, found):
-        results[i] = result
-        if under.any():
-            settled = objectives[i]._settled(queued[i], each, under)
-            results[i] = _read([objectives[i]], [settled], need_grad, [])[1][0]
-    return results
 
 
 def _read(objectives, sums, need_grad: bool, extras: list[torch.Tensor]) -> tuple[list, list[tuple]]:

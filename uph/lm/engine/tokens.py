@@ -3,7 +3,7 @@ and cached within a memory budget; the fit objective (uph.lm.engine.objective) a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,14 +86,32 @@ class Mixture:
         return -torch.logaddexp(log_weight - nll0.double(), mass.log()).to(nll0.dtype)
 
 
+@dataclass(eq=False)
+class Stack:
+    """A lockstep group's splits side by side (prepare_stack): one p0 [V, N] whose columns are each split's
+    tokens in turn, so that a round evaluates all of its users as one computation (uph.lm.engine.round).
+    Each split's Tokens views its columns (Tokens.stack, Tokens.start)."""
+
+    p0: torch.Tensor  # [V, N]
+    hidden: torch.Tensor  # [N, H]
+    derived: dict = field(default_factory=dict, repr=False)  # what rounds compute once (uph.lm.engine.round)
+
+    @property
+    def n(self) -> int:
+        return self.p0.shape[1]
+
+
 @dataclass
 class Tokens:
     """A split's tokens with the base distribution of each token, cached within a memory budget: the
-    model's (p0), or its mixture with caches (`mixture`: see Mixture)."""
+    model's (p0), or its mixture with caches (`mixture`: see Mixture). Tokens of a Stack (prepare_stack)
+    are its columns start..start + n - 1."""
 
     chunks: list[Chunk]
     layer: OutputLayer  # on the tokens' device, in the compute dtype
     mixture: Mixture | None = None
+    stack: Stack | None = None
+    start: int = 0
 
     @property
     def n(self) -> int:
@@ -163,7 +181,7 @@ class Tokens:
                 scale = None if chunk.scale is None else chunk.scale[a:b]
                 chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0, floor, scale))
             offset += c
-        return Tokens(chunks, self.layer, self.mixture)
+        return Tokens(chunks, self.layer, self.mixture, self.stack, self.start + start)
 
 
 def validation_split(train: Tokens, fraction: float, gap: int) -> tuple[Tokens, Tokens]:
@@ -236,6 +254,34 @@ def prepare(
             piece.p0, budget = p0, budget - p0.numel() * p0.element_size()
         chunks.append(piece)
     return Tokens(chunks, layer)
+
+
+def prepare_stack(
+    splits: list[tuple[torch.Tensor, torch.Tensor]],
+    layer: OutputLayer,
+    chunk: int | None = None,
+    device: torch.device | str = "cpu",
+) -> list[Tokens]:
+    """The splits (hidden [n_i, H], targets [n_i]) as `prepare` makes them, p0 always cached, their columns
+    side by side in one Stack: p0 [V, Σ n_i], each split's chunks views of its columns. A lockstep group's
+    users (uph.lm.engine.lockstep.lockstep_groups sizes them within its budget) as one computation a round."""
+    layer = on_device(layer, device)
+    hidden = torch.cat([h for h, _ in splits]).to(device)
+    if hidden.shape[1] != layer.W.shape[1] or any(len(h) != len(y) for h, y in splits):
+        raise ValueError(f"hidden states and targets of {len(splits)} splits do not fit W {tuple(layer.W.shape)}")
+    stack = Stack(torch.empty(layer.W.shape[0], len(hidden), dtype=layer.W.dtype, device=device), hidden)
+    chunk, start, split_tokens = chunk or chunk_size(device), 0, []
+    for _, targets in splits:
+        chunks = []
+        for a in range(start, start + len(targets), chunk):
+            b = min(a + chunk, start + len(targets))
+            piece = Chunk(hidden[a:b], targets[a - start : b - start].to(device).long(), None, stack.p0[:, a:b])
+            p0, piece.nll0 = base_distribution(piece, layer)
+            piece.p0.copy_(p0)
+            chunks.append(piece)
+        split_tokens.append(Tokens(chunks, layer, stack=stack, start=start))
+        start += len(targets)
+    return split_tokens
 
 
 def pool(splits: list[Tokens]) -> Tokens:

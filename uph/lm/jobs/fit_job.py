@@ -45,7 +45,7 @@ from uph.lm.engine.fit import FitResult
 from uph.lm.engine.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.engine.neural_cache import NeuralCache
 from uph.lm.engine.solvers import SolverSettings
-from uph.lm.engine.tokens import Mixture, Tokens, on_device, prepare
+from uph.lm.engine.tokens import Mixture, Tokens, on_device, prepare, prepare_stack
 from uph.lm.jobs.partition import users_of_job
 from uph.model_identity import read_identity as read_model_identity
 
@@ -196,6 +196,19 @@ def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tu
         prepare(states.train_hidden, states.train_targets, layer, device=device),
         prepare(states.test_hidden, states.test_targets, layer, device=device),
     )
+
+
+def group_trains(job: FitJob, group: list[str], stacked: bool | None = None) -> dict[str, Tokens]:
+    """The train tokens of a lockstep group's users (uph.lm.engine.lockstep.user_groups), with their base
+    distributions on the job's device: `stacked` (default: on a GPU) side by side in one Stack, whose
+    requests a round evaluates as one batched pass (uph.lm.engine.round), else each on its own."""
+    if job.device.type == "cpu" if stacked is None else not stacked:
+        return {
+            user: prepare(job.users[user].train_hidden, job.users[user].train_targets, job.layer, device=job.device)
+            for user in group
+        }
+    splits = [(job.users[user].train_hidden, job.users[user].train_targets) for user in group]
+    return dict(zip(group, prepare_stack(splits, job.layer, device=job.device)))
 
 
 def fit_columns(prefix: str, result: FitResult) -> dict:

@@ -19,7 +19,7 @@ from uph.lm.engine.heads import Head
 from uph.lm.engine.lockstep import run_lockstep, user_groups
 from uph.lm.engine.neural_cache import NeuralCache
 from uph.lm.engine.objective import HeadOnTokens
-from uph.lm.engine.tokens import Tokens
+from uph.lm.engine.tokens import Tokens, prepare
 from uph.lm.jobs.fit_job import (
     ARMS,
     CACHES,
@@ -31,7 +31,7 @@ from uph.lm.jobs.fit_job import (
     Point,
     chosen_radius,
     fit_columns,
-    prepared,
+    group_trains,
 )
 
 log = logging.getLogger(__name__)
@@ -270,17 +270,20 @@ def fit_users(
     fit: FitConfig,
     starts: dict[tuple, WarmStart] | None = None,
     lockstep: bool | None = None,
+    stacked: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every user of one fit job: (fits, dose_response) tables (module docstring), each refit warm from
     its validation path's ball at the chosen radius where `starts` (warm_starts) has it. With `lockstep`
     (default: on a GPU) the users' refits advance together within uph.lm.engine.lockstep's memory budget; each
-    user's rows are the same either way."""
+    user's rows are the same either way. `stacked` (default: on a GPU; implies lockstep): a group's train
+    tokens side by side, as uph.lm.jobs.validate.validate_users has them."""
     tokens = {user: len(states.train_targets) + len(states.test_targets) for user, states in job.users.items()}
     tables = ([], [])
-    for group in user_groups(tokens, job.layer.W.shape[0], job.device, lockstep):
+    for group in user_groups(tokens, job.layer.W.shape[0], job.device, True if stacked else lockstep):
         steps = []
-        for user in group:
-            train, test = prepared(job.users[user], job.layer, job.device)
+        for user, train in group_trains(job, group, stacked).items():
+            states = job.users[user]
+            test = prepare(states.test_hidden, states.test_targets, job.layer, device=job.device)
             steps.append(fit_user_steps(user, train, test, job.heads, thetas_g, choices, caches, fit, job.gap, starts))
         for rows in run_lockstep(steps):
             for table, user_rows in zip(tables, rows):

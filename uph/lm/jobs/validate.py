@@ -20,8 +20,17 @@ from uph.lm.engine.fit import WarmStart, fit_path_steps
 from uph.lm.engine.heads import Head
 from uph.lm.engine.lockstep import run_lockstep, user_groups
 from uph.lm.engine.objective import HeadOnTokens
-from uph.lm.engine.tokens import Tokens, prepare, validation_split
-from uph.lm.jobs.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, Point, choice_columns, scored_path
+from uph.lm.engine.tokens import Tokens, validation_split
+from uph.lm.jobs.fit_job import (
+    CACHES,
+    CacheBaselines,
+    FitConfig,
+    FitJob,
+    Point,
+    choice_columns,
+    group_trains,
+    scored_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,19 +131,23 @@ def warm_starts(table: pd.DataFrame) -> dict[tuple, WarmStart]:
 
 
 def validate_users(
-    job: FitJob, thetas_g_fit: dict, caches: CacheBaselines, fit: FitConfig, lockstep: bool | None = None
+    job: FitJob,
+    thetas_g_fit: dict,
+    caches: CacheBaselines,
+    fit: FitConfig,
+    lockstep: bool | None = None,
+    stacked: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every user of one fit job: (the validation rows that capacity_choices chooses from, the warm starts
     the fit job's refits read at the radii chosen) (validate_user_steps). With `lockstep` (default: on a
     GPU) the users' paths advance together, as many users at a time as uph.lm.engine.lockstep's memory budget
-    holds; each user's rows are the same either way."""
+    holds; each user's rows are the same either way. `stacked` (default: on a GPU; implies lockstep) puts
+    a group's train tokens side by side (group_trains): its rounds are batched passes, whose values are
+    each user's to float32 rounding."""
     train_tokens = {user: len(states.train_targets) for user, states in job.users.items()}
     rows, warm = [], []
-    for group in user_groups(train_tokens, job.layer.W.shape[0], job.device, lockstep):
-        trains = {
-            user: prepare(job.users[user].train_hidden, job.users[user].train_targets, job.layer, device=job.device)
-            for user in group
-        }
+    for group in user_groups(train_tokens, job.layer.W.shape[0], job.device, True if stacked else lockstep):
+        trains = group_trains(job, group, stacked)
         steps = [
             validate_user_steps(user, train, job.heads, thetas_g_fit, caches, fit, job.gap)
             for user, train in trains.items()

@@ -1,0 +1,179 @@
+"""A lockstep round as one computation: the requests on one Stack evaluated by one batched pass.
+
+A round (uph.lm.engine.lockstep) asks for J at each of its fits' thetas. Where their tokens sit side by side
+in one Stack (uph.lm.engine.tokens.prepare_stack: a lockstep group's users), one pass over the stack's
+p0 [V, N] serves them all. Token t tilts by the theta of the request r(t) whose tokens hold it (its
+objective's offset included; row R of Θ [R + 1, d] is zeros, for the tokens no request holds):
+
+    conditional    u_t = a_t ⊙ Θ_r(t)    Z_t = Σ_v p0_tv exp(P_v · u_t)    g_r = Σ_{t of r} a_t ⊙ P^T p_t
+    unconditional  E = exp(P Θ^T - shift) [V, R + 1]    Z_t = Σ_v p0_tv E_v,r(t)    g_r = P^T (E_r ⊙ Σ_{t of r} p0_t / Z_t)
+
+with a = A h once per stack and head, and the last sum one [V, c] x [c, R + 1] product per block of c
+tokens. Each request's Σ_t log Z_t and g_r (conditional) are differences of one float64 cumulative sum
+over the tokens, taken at its ends, and one read brings every request's back; J and its gradient follow
+from them as for one objective alone (uph.lm.engine.objective: Objective.value_at, with the objective's
+Σ_t L_t at its base, Objective.base_sum). The blocks are as wide as STACK_SCRATCH holds, so the operations a
+round dispatches grow with the group's tokens over that width, not with its users: about thirty, and five
+a block (tests/test_round.py counts them; benchmarks/bench_lockstep.py --ops prints them).
+
+What a batch does not do, its requests do alone (uph.lm.engine.objective.evaluate_many, in the same round):
+a request with a token the fast path flags (a tilt that may pass EXP_SAFE, a sum that underflows: the
+objective's Numerics mend those), one on a mixture base or outside a stack, and every request of a batch
+that covers under half of its stack's tokens (a pass over all of them would cost more than theirs alone).
+
+The batched values are J's to float32 rounding, not bit for bit those of the objective alone: the sums over
+the vocabulary run in other blocks and the base is the objective's own. A token's log-partition differs by a
+rounding, far below the solvers' noise floor (uph.lm.engine.solvers.NOISE); a user's value does not depend on
+which other users share its round beyond the float64 rounding of the cumulative sum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from uph.device import DEVICE_PART
+from uph.lm.engine.objective import EXP_SAFE, UNDERFLOW, Objective, Value, evaluate_many, shared_scratch
+from uph.lm.engine.tokens import Stack
+
+STACK_SCRATCH = 512 * 2**20  # bytes of a batched pass's work block [V, c]: c = 2,730 tokens at V = 49,152
+
+
+def batch_key(objective: Objective):
+    """What a request shares a batched pass by: (its stack, its head); None where it goes alone (no stack, a
+    mixture base)."""
+    return None if objective.base_sum is None else (objective.tokens.stack, objective.shared.head)
+
+
+def evaluate_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool = True) -> list[Value]:
+    """J (and its gradient) of each (objective, residual theta) of a round: the requests of each stack and
+    head in one batched pass (module docstring), the others, and those a batch leaves, by evaluate_many."""
+    thetas = [theta.detach().double().cpu() for _, theta in requests]
+    batches: dict[tuple, list[int]] = {}
+    for i, ((objective, _), theta) in enumerate(zip(requests, thetas)):
+        key = batch_key(objective)
+        if key is not None and theta.any():
+            batches.setdefault(key, []).append(i)
+    values: list[Value | None] = [None] * len(requests)
+    for (stack, _), members in batches.items():
+        objectives = [requests[i][0] for i in members]
+        if 2 * sum(objective.tokens.n for objective in objectives) < stack.n:
+            continue
+        found = batched_sums(stack, objectives, [thetas[i] for i in members], need_grad)
+        for i, objective, sums in zip(members, objectives, found):
+            if sums is not None:
+                values[i] = objective.value_at(thetas[i], need_grad, *sums)
+    alone = [i for i, value in enumerate(values) if value is None]
+    for i, value in zip(alone, evaluate_many([(requests[i][0], thetas[i]) for i in alone], need_grad)):
+        values[i] = value
+    return values
+
+
+def batched_sums(stack: Stack, objectives: list[Objective], thetas: list[torch.Tensor], need_grad: bool) -> list:
+    """(Σ_t L_t - its value at the base, g_r [d] float64 or None) on the host for each objective of one head on
+    `stack` at its residual theta, from one batched pass; None for a request the pass flags (evaluate it
+    alone)."""
+    sums, grads = _device_part(stack, objectives, thetas, need_grad)
+    found = []
+    for r, objective in enumerate(objectives):
+        if sums[r, 1] > 0:
+            found.append(None)
+            continue
+        grad = None if not need_grad else (sums[r, 2:] if objective.a is not None else grads[r]).clone()
+        found.append((float(sums[r, 0]) - objective.base_sum, grad))
+    return found
+
+
+def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.Tensor], need_grad: bool):
+    """The batched pass and its one read back: (per request [R, 2 (+ d)] Σ_t log Z_t, how many tokens are
+    flagged (and Σ_t a_t ⊙ P^T p_t), per request g_r [R, d] of an unconditional head or None), float64, host."""
+    first, R = objectives[0], len(objectives)
+    V, N = stack.p0.shape
+    width = max(1, min(N, STACK_SCRATCH // (V * stack.p0.element_size())))
+    blocks = [(lo, min(lo + width, N)) for lo in range(0, N, width)]
+    with torch.profiler.record_function(DEVICE_PART):
+        owner, ends = _layout(stack, objectives)
+        offsets = torch.stack([objective.offset for objective in objectives])
+        rows = _theta_rows(stack, offsets + torch.stack(thetas), first)
+        scratch = shared_scratch(first.device, first.dtype, V * width)
+        pass_ = _conditional if first.a is not None else _unconditional
+        per_token, grads = pass_(stack, first, owner, rows, blocks, scratch, need_grad)
+        cumulative = torch.cat([per_token.new_zeros(1, per_token.shape[1]), per_token.cumsum(0)])
+        sums = cumulative.index_select(0, ends[R:]) - cumulative.index_select(0, ends[:R])  # [R, 2 (+ d)]
+        parts = [sums] if grads is None else [sums, grads]
+        host = torch.cat([part.reshape(-1) for part in parts]).cpu()
+    return host[: sums.numel()].view(R, -1), None if grads is None else host[sums.numel() :].view(R, -1)
+
+
+def _conditional(stack, objective, owner, rows, blocks, scratch, need_grad):
+    """Per token [N, 2 + d] float64: log Z_t, a flag (a tilt that may pass EXP_SAFE, or Z_t underflows), and
+    where need_grad a_t ⊙ P^T p_t; no per-request part."""
+    head, P_log2e, N = objective.shared.head, objective.P_log2e, stack.n
+    a = stack.derived.get(head)
+    if a is None:
+        a = stack.derived[head] = stack.hidden.to(objective.dtype) @ head.A.to(objective.device, objective.dtype).T
+    u = a * rows.index_select(0, owner)  # [N, d]
+    z = torch.empty(N, dtype=objective.dtype, device=objective.device)
+    p_sum = torch.empty(N, objective.d, dtype=objective.dtype, device=objective.device) if need_grad else None
+    for lo, hi in blocks:
+        s = torch.mm(P_log2e, u[lo:hi].T, out=scratch[: len(P_log2e) * (hi - lo)].view(-1, hi - lo))
+        e = s.exp2_().mul_(stack.p0[:, lo:hi])  # p_t up to 1 / Z_t
+        torch.sum(e, dim=0, out=z[lo:hi])
+        if need_grad:
+            torch.mm(e.T, objective.P, out=p_sum[lo:hi])
+    flag = (u.norm(dim=1) * objective.reach > EXP_SAFE) | (z < UNDERFLOW)
+    columns = [z.log()[:, None], flag[:, None]]
+    if need_grad:
+        columns.append(a * (p_sum / z[:, None]))
+    return torch.cat([column.double() for column in columns], dim=1), None
+
+
+def _unconditional(stack, objective, owner, rows, blocks, scratch, need_grad):
+    """Per token [N, 2] float64: log Z_t and whether Z_t underflows; and where need_grad each request's g_r
+    [R, d] float64."""
+    P, V, N = objective.P, *stack.p0.shape
+    tilts = rows.T if P is None else P @ rows.T  # [V, R + 1]
+    shift = tilts.amax(dim=0)
+    E = (tilts - shift).exp_()
+    z = torch.empty(N, dtype=objective.dtype, device=objective.device)
+    inverse_z_p0 = torch.zeros(V, len(rows), dtype=torch.float64, device=objective.device) if need_grad else None
+    for lo, hi in blocks:
+        e = torch.index_select(E, 1, owner[lo:hi], out=scratch[: V * (hi - lo)].view(V, hi - lo))
+        e.mul_(stack.p0[:, lo:hi])
+        torch.sum(e, dim=0, out=z[lo:hi])
+        if need_grad:
+            inverse_z = z[lo:hi].reciprocal().masked_fill_(z[lo:hi] < UNDERFLOW, 0)
+            weights = torch.zeros(hi - lo, len(rows), dtype=z.dtype, device=z.device)
+            inverse_z_p0 += stack.p0[:, lo:hi] @ weights.scatter_(1, owner[lo:hi, None], inverse_z[:, None])
+    per_token = torch.stack([(z.log() + shift.index_select(0, owner)).double(), (z < UNDERFLOW).double()], dim=1)
+    if not need_grad:
+        return per_token, None
+    fast = E * inverse_z_p0
+    return per_token, (fast.T if P is None else fast.T @ P.double())[:-1]
+
+
+def _layout(stack: Stack, objectives: list[Objective]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the request of each of the stack's tokens [N] (R: none), the requests' first tokens then their ends
+    [2R]) on the stack's device, made once per set of requests."""
+    spans = tuple((objective.tokens.start, objective.tokens.start + objective.tokens.n) for objective in objectives)
+    layout = stack.derived.get(spans)
+    if layout is None:
+        owner = torch.full((stack.n,), len(spans), dtype=torch.long)
+        for r, (start, stop) in enumerate(spans):
+            if (owner[start:stop] != len(spans)).any():
+                raise ValueError("a round's requests on one stack hold disjoint tokens (one request a user)")
+            owner[start:stop] = r
+        ends = torch.tensor([start for start, _ in spans] + [stop for _, stop in spans])
+        layout = stack.derived[spans] = (owner.to(stack.p0.device), ends.to(stack.p0.device))
+    return layout
+
+
+def _theta_rows(stack: Stack, thetas: torch.Tensor, objective: Objective) -> torch.Tensor:
+    """Θ [R + 1, d] on the device in the compute dtype (the last row zeros): one copy from a reused host
+    buffer, pinned and not waited for on a GPU (the round's read back waits for it, before the buffer is
+    written again)."""
+    shape, cuda = (len(thetas) + 1, objective.d), objective.device.type == "cuda"  # thetas [R, d] float64
+    host = stack.derived.get(("thetas", shape))
+    if host is None:
+        host = stack.derived[("thetas", shape)] = torch.zeros(shape, dtype=objective.dtype, pin_memory=cuda)
+    host[:-1] = thetas
+    return host.to(objective.device, non_blocking=True)
