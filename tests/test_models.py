@@ -394,31 +394,65 @@ def test_only_a_candidate_that_passed_admission_replaces_the_model(tmp_path):
     assert sorted(p.name for p in model_dir.parent.iterdir()) == ["model", "model_candidate-refused"]
 
 
-def test_a_gguf_file_is_parsed_once_while_a_source_loads_and_gguf_is_itself_after(tmp_path):
+def test_a_gguf_file_is_read_once_and_as_gguf_reads_it_while_a_source_loads(tmp_path):
     """Transformers parses a GGUF file for the config, the tokenizer and the weights (uph.lm.data.models
-    _gguf_parsed_once): within the block the same path gives the same parsed reader, and the tensor-name
-    map is built once; after it, and after an error in it, gguf's own are back."""
+    _gguf_read_once): within the block the same path gives the same reader, whose fields and tensors hold
+    what gguf's own reader reads (a string array, numbers, block-quantized tensors); the tensor-name map is
+    built once; the metadata comes as equal copies; Q4_1 and Q8_0 blocks de-quantize bit for bit as gguf
+    does; after the block, and after an error in it, gguf's and transformers' own are back."""
     import gguf
     import numpy as np
+    from transformers import modeling_gguf_pytorch_utils as loader
 
-    from uph.lm.data.models import _gguf_parsed_once
+    from uph.lm.data.models import _gguf_read_once
 
     path = tmp_path / "t.gguf"
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_uint32("x", 3)
+    writer.add_array("words", ["thou", "art", "ẞ", ""])
+    weights = np.random.default_rng(0).normal(size=(4, 64)).astype(np.float32)
+    quantized = {
+        kind: gguf.quantize(weights, kind) for kind in (gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0)
+    }
     writer.add_tensor("t", np.ones((2, 3), dtype=np.float32))
+    for kind, blocks in quantized.items():
+        writer.add_tensor(kind.name, blocks, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    with _gguf_parsed_once():
+    own = gguf.GGUFReader(path)
+    originals = (
+        gguf.GGUFReader,
+        gguf.get_tensor_name_map,
+        gguf.dequantize,
+        loader.load_gguf_checkpoint,
+        loader._gguf_parse_value,
+    )
+    with _gguf_read_once():
         first = gguf.GGUFReader(path)
         assert gguf.GGUFReader(str(path)) is first and first.fields["x"].parts[-1][0] == 3
+        for name, field in own.fields.items():
+            read = first.fields[name]
+            assert (read.data, read.types) == (field.data, field.types), name
+            assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(read.parts, field.parts)), name
+        assert [bytes(first.fields["words"].parts[i]).decode() for i in first.fields["words"].data] == [
+            "thou",
+            "art",
+            "ẞ",
+            "",
+        ]
+        for read, tensor in zip(first.tensors, own.tensors, strict=True):
+            assert read.name == tensor.name and np.array_equal(read.data, tensor.data)
+            expected = originals[2](tensor.data, tensor.tensor_type)
+            found = gguf.dequantize(read.data, read.tensor_type)
+            assert found.dtype == np.float32 and np.array_equal(found, expected), tensor.name
+        assert np.abs(gguf.dequantize(first.tensors[1].data, first.tensors[1].tensor_type) - weights).max() < 0.2
         arch = gguf.MODEL_ARCH.LLAMA
         assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize) == originals[:3]
+    assert (loader.load_gguf_checkpoint, loader._gguf_parse_value) == originals[3:]
     assert gguf.GGUFReader(path) is not first
-    with pytest.raises(ValueError), _gguf_parsed_once():
+    with pytest.raises(ValueError), _gguf_read_once():
         raise ValueError("a refused source")
-    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize) == originals[:3]
