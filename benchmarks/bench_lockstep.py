@@ -69,27 +69,25 @@ def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: i
 
 
 def device_reads(order) -> int:
-    """How many times `order`'s evaluations read back to the host in their device part (each round's
-    uph.lm.engine.objective._device_round, and uph.lm.engine.round._device_part where it is stacked: what a
-    GPU waits on), counted by uph.device.count_host_reads; an untimed pass."""
-    parts, reads = [(uph.lm.engine.objective, "_device_round"), (uph.lm.engine.round, "_device_part")], []
+    """How many times `order`'s evaluations waited for the device: the host reads of each round's
+    uph.lm.engine.objective._device_round (counted by uph.device.count_host_reads), and each stacked pass's
+    sums read (uph.lm.engine.round: one wait each); an untimed pass."""
+    device_round, read, reads = uph.lm.engine.objective._device_round, uph.lm.engine.round._InFlight.read, []
 
-    def counted(part):
-        def read(*args):
-            result, n = count_host_reads(part, *args)
-            reads.append(n)
-            return result
+    def counted_round(requests, need_grad):
+        result, n = count_host_reads(device_round, requests, need_grad)
+        reads.append(n)
+        return result
 
-        return read
+    def counted_read(in_flight):
+        reads.append(1)
+        return read(in_flight)
 
-    originals = [getattr(module, name) for module, name in parts]
+    uph.lm.engine.objective._device_round, uph.lm.engine.round._InFlight.read = counted_round, counted_read
     try:
-        for (module, name), part in zip(parts, originals):
-            setattr(module, name, counted(part))
         order()
     finally:
-        for (module, name), part in zip(parts, originals):
-            setattr(module, name, part)
+        uph.lm.engine.objective._device_round, uph.lm.engine.round._InFlight.read = device_round, read
     return sum(reads)
 
 
@@ -141,8 +139,8 @@ def main() -> None:
     _, stacked_tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk, stacked=True)
     settings = SolverSettings.defaults()
     rounds = []
-    evaluate_round = uph.lm.engine.lockstep.evaluate_round
-    uph.lm.engine.lockstep.evaluate_round = lambda requests: rounds.append(len(requests)) or evaluate_round(requests)
+    queue_round = uph.lm.engine.lockstep.queue_round
+    uph.lm.engine.lockstep.queue_round = lambda requests: rounds.append(len(requests)) or queue_round(requests)
 
     def one_at_a_time():
         return [fit_path(t, head, "exact", settings, RADII) for t in tokens]
@@ -172,9 +170,7 @@ def main() -> None:
     print(f"device {name}, torch {torch.__version__}, threads {torch.get_num_threads()}")
     chunk = len(tokens[0].chunks[0].targets)
     print(f"V {args.vocab}, H {args.hidden}, {args.users} users x {args.tokens} tokens in chunks of {chunk}, 9 radii")
-    print(
-        f"{evaluations} evaluations one at a time; rounds: evaluate_round's; reads back: counted in their device part"
-    )
+    print(f"{evaluations} evaluations one at a time; rounds: queue_round's; reads back: counted in their device part")
     print(f"{'order':<14}{'wall s':>9}{'ms / evaluation':>17}{'rounds':>8}{'reads back':>12}")
     for label, (seconds, _, n_rounds, reads) in measured.items():
         print(f"{label:<14}{seconds:>9.2f}{1e3 * seconds / evaluations:>17.2f}{n_rounds:>8}{reads:>12}")

@@ -195,7 +195,7 @@ def test_users_fitted_in_lockstep_get_the_rows_they_get_one_at_a_time(planted, m
     pass a round, uph.lm.engine.round) they choose the same and write the same rows, each number within
     the fits' tolerance: a fit stops at a certificate of fit.tol (1e-5), so where it lands, what it scores
     there and its certificate may move by that much (the rounding of the planted model's float64 sums is
-    far below); most rounds held both users on one head."""
+    far below); the two users, each in its half's stack, alternate rounds, most of them batched."""
     head, layer, trains, tests, _ = planted
     point = Point.of("svd_cvh", 1.0, D)
     on_cache = [{**point.columns, "solver": "exact", "cache": "unigram"}]
@@ -206,9 +206,9 @@ def test_users_fitted_in_lockstep_get_the_rows_they_get_one_at_a_time(planted, m
     thetas, validation = fit_global(job, fit)
     unigram, unigram_validation = global_unigram(job, fit)
     caches = CacheBaselines(unigram, None)
-    rounds, evaluate_round = [], uph.lm.engine.lockstep.evaluate_round
+    rounds, queue_round = [], uph.lm.engine.lockstep.queue_round
     monkeypatch.setattr(
-        uph.lm.engine.lockstep, "evaluate_round", lambda requests: rounds.append(requests) or evaluate_round(requests)
+        uph.lm.engine.lockstep, "queue_round", lambda requests: rounds.append(requests) or queue_round(requests)
     )
     tables = {}
     for layout in ("alone", "lockstep", "stacked"):
@@ -220,10 +220,11 @@ def test_users_fitted_in_lockstep_get_the_rows_they_get_one_at_a_time(planted, m
         tables[layout] = [
             table.drop(columns=table.filter(like="seconds").columns) for table in (choices, per_user, warm, fits, dose)
         ]
-        assert max(len(requests) for requests in rounds) == (2 if lockstep else 1)
-        if stacked:
-            batched = [r for r in rounds if len(r) == 2 and len({objective.shared.head for objective, _ in r}) == 1]
-            assert len(batched) > len(rounds) / 2
+        assert max(len(requests) for requests in rounds) == (2 if layout == "lockstep" else 1)
+        if stacked:  # each user its half's stack: the two users' rounds alternate, each one batched pass
+            stacks = [{objective.tokens.stack for objective, _ in r if objective.base_sum is not None} for r in rounds]
+            assert len(set().union(*stacks)) == 4 and all(len(each) <= 1 for each in stacks)  # validate's 2, fit's 2
+            assert sum(len(each) == 1 for each in stacks) > len(rounds) / 2
     for alone, together in zip(tables["alone"], tables["lockstep"]):
         pd.testing.assert_frame_equal(alone, together, check_exact=True)
     for together, stacked in zip(tables["lockstep"], tables["stacked"]):

@@ -134,9 +134,9 @@ def test_stacked_users_in_lockstep_reach_their_own_paths_with_one_head_a_round(l
             objectives += [result.objective for _, result in path]
         return objectives
 
-    rounds, evaluate = [], uph.lm.engine.lockstep.evaluate_round
+    rounds, queue = [], uph.lm.engine.lockstep.queue_round
     monkeypatch.setattr(
-        uph.lm.engine.lockstep, "evaluate_round", lambda r: rounds.append({o.shared.head for o, _ in r}) or evaluate(r)
+        uph.lm.engine.lockstep, "queue_round", lambda r: rounds.append({o.shared.head for o, _ in r}) or queue(r)
     )
     together = run_lockstep([walk(tokens) for tokens in prepare_stack(splits, layer)])
     assert len(rounds) > 4 and all(len(heads_in_round) == 1 for heads_in_round in rounds)
@@ -144,3 +144,40 @@ def test_stacked_users_in_lockstep_reach_their_own_paths_with_one_head_a_round(l
         tokens = prepare(*split, layer)
         own = [result.objective for head in heads for _, result in fit_path(tokens, head, "exact", settings, radii)]
         assert objectives == pytest.approx(own, rel=1e-6)
+
+
+def test_two_stacks_rounds_alternate_and_each_stack_gets_what_it_gets_alone(lm, monkeypatch):
+    """Six users in two stacks (as a GPU job's group in two halves) walking paths in lockstep: one stack's round
+    is queued while the other's Values are taken (two rounds in flight, the stacks alternating), and each fit
+    returns, bit for bit, what it returns in lockstep beside its own stack's fits alone."""
+    h, y, W, b, svd = lm
+    layer = on_device(OutputLayer(W.float(), b.float()), "cpu")
+    splits = [(h[50 * i : 50 * (i + 1)].float(), y[50 * i : 50 * (i + 1)]) for i in range(6)]
+    halves = [prepare_stack(splits[:3], layer), prepare_stack(splits[3:], layer)]
+    head, settings = heads_of(W.float(), svd)[2], SolverSettings.defaults()
+
+    def fits(stacks):
+        return [fit_path_steps(tokens, head, "exact", settings, [0.5, 5.0]) for tokens in stacks]
+
+    events, queue, finish = [], uph.lm.engine.lockstep.queue_round, uph.lm.engine.lockstep.finish_round
+    half = {id(tokens[0].stack): k for k, tokens in enumerate(halves)}
+
+    def queued(requests):
+        events.append(("queue", half[id(requests[0][0].tokens.stack)]))
+        return queue(requests)
+
+    def finished(round_):
+        events.append(("finish", half[id(round_.requests[0][0].tokens.stack)]))
+        return finish(round_)
+
+    monkeypatch.setattr(uph.lm.engine.lockstep, "queue_round", queued)
+    monkeypatch.setattr(uph.lm.engine.lockstep, "finish_round", finished)
+    together = run_lockstep(fits(halves[0]) + fits(halves[1]))
+    monkeypatch.undo()
+    assert events[:4] == [("queue", 0), ("queue", 1), ("finish", 0), ("queue", 0)]
+    in_flight = [sum(1 if kind == "queue" else -1 for kind, _ in events[: k + 1]) for k in range(len(events))]
+    assert max(in_flight) == 2 and sum(count == 2 for count in in_flight) > 4
+    alone = run_lockstep(fits(halves[0])) + run_lockstep(fits(halves[1]))
+    for path, own in zip(together, alone, strict=True):
+        for (theta, result), (own_theta, own_result) in zip(path, own, strict=True):
+            assert torch.equal(theta, own_theta) and result.objective == own_result.objective

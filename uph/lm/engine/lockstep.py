@@ -4,8 +4,8 @@ A fit's steps (uph.lm.engine.fit.fit_path_steps, the solvers of uph.lm.engine.so
 request (objective, theta) for J's Value with its gradient and is sent the Value back. `run` drives one
 fit, evaluating each request as it comes; `run_lockstep` drives several (a job's users, each walking its
 paths of radii): each round it takes the fits' pending requests and evaluates them all at once
-(uph.lm.engine.round.evaluate_round), so the device work of all of them is queued back to back and read back
-once; where the group's tokens are stacked (uph.lm.engine.tokens.prepare_stack, on a GPU), the requests of
+(uph.lm.engine.round.queue_round and finish_round), so the device work of all of them is queued back to back
+and read back once; where the group's tokens are stacked (uph.lm.engine.tokens.prepare_stack, on a GPU), the requests of
 one head are one batched pass, whose operations do not grow with the users.
 
 Why. On a GPU one user's evaluation is a few large kernels (its p0 blocks, [V, 1024] floats each) and a
@@ -21,11 +21,13 @@ tests/test_evaluate.py); stacked, they are its own to float32 rounding (uph.lm.e
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Generator
+from dataclasses import dataclass
 
 import torch
 
-from uph.lm.engine.round import batch_key, evaluate_round
+from uph.lm.engine.round import batch_key, finish_round, queue_round
 
 LOCKSTEP_BYTES = 4 * 2**30  # the cached p0 of a lockstep group's users together (V floats a train token); their
 # objectives' work blocks are one buffer for the whole job (uph.lm.engine.objective.shared_scratch)
@@ -61,39 +63,72 @@ def run(steps: Generator):
 
 
 def run_lockstep(fits: list[Generator]) -> list:
-    """What each of `fits` (generators of evaluation requests) returns, driven together: each round
-    evaluates the due requests in one evaluate_round and sends each its Value; a fit that returns leaves
-    the rounds. An error in any fit (uph.errors.FitDivergedError) stops them all.
+    """What each of `fits` (generators of evaluation requests) returns, driven together in rounds: each
+    round evaluates the due requests of one group of fits (uph.lm.engine.round: queue_round, then
+    finish_round) and sends each its Value; a fit that returns leaves the rounds. An error in any fit
+    (uph.errors.FitDivergedError) stops them all.
 
-    Which are due: all, unless some request's tokens are stacked (uph.lm.engine.round: one batched pass a
-    stack and head). Then a fit that moves on to another head or objective waits for the fits behind it
-    (the fewest such moves) to catch up, so that the group's users, who walk the same heads in the same
-    order, keep asking for the same head in the same rounds."""
-    results, pending, stages = [None] * len(fits), {}, [[0, None] for _ in fits]
+    Without stacked tokens (a CPU's jobs), every pending request is due, in one round. A fit whose
+    requests are stacked (uph.lm.engine.tokens.prepare_stack) belongs to its stack's group; each group has
+    at most one round in flight, and the groups' rounds alternate: while the device computes one group's
+    pass, the host takes the last group's Values and runs its fits' solver steps (on a GPU, host and device
+    overlap; on a CPU the order changes nothing). Within a group, a fit that moves on to another head or
+    objective waits for the fits behind it (the fewest such moves), so that the group's users, who walk the
+    same heads in the same order, keep asking for the same head in the same rounds. Each group's rounds
+    are the ones it would have alone, so each fit's values are too."""
+    results, pending, stages = [None] * len(fits), {}, [_Stage() for _ in fits]
     for i, steps in enumerate(fits):
         _advance(steps, None, i, pending, results, stages)
+    in_flight: deque[tuple[list[int], object]] = deque()
     while pending:
-        due = list(pending)
-        if any(batch_key(objective) is not None for objective, _ in pending.values()):
-            behind = min(stages[i][0] for i in due)
-            due = [i for i in due if stages[i][0] == behind]
-        values = evaluate_round([pending[i] for i in due])
-        for i, value in zip(due, values):
+        busy = {i for due, _ in in_flight for i in due}
+        for due in _due(pending, stages, busy):
+            in_flight.append((due, queue_round([pending[i] for i in due])))
+        due, queued = in_flight.popleft()
+        for i, value in zip(due, finish_round(queued)):
             _advance(fits[i], value, i, pending, results, stages)
     return results
 
 
-def _advance(steps: Generator, value, i: int, pending: dict, results: list, stages: list) -> None:
+@dataclass
+class _Stage:
+    """Where a fit is: how many times its requests moved to another batch (uph.lm.engine.round.batch_key, or
+    another objective where it has none), the last one's, and its stack (its first stacked request's)."""
+
+    moves: int = 0
+    key: object = None
+    home: object = None
+
+
+def _due(pending: dict, stages: list[_Stage], busy: set) -> list[list[int]]:
+    """The rounds to queue: for each group of fits (by stack; one group without stacks) with no round in
+    flight, its pending fits, those of a stack's group only at its fewest moves."""
+    groups: dict[object, list[int]] = {}
+    for i in pending:
+        groups.setdefault(stages[i].home, []).append(i)
+    rounds = []
+    for home, members in groups.items():
+        if busy.intersection(members):
+            continue
+        if home is not None:
+            behind = min(stages[i].moves for i in members)
+            members = [i for i in members if stages[i].moves == behind]
+        rounds.append(members)
+    return rounds
+
+
+def _advance(steps: Generator, value, i: int, pending: dict, results: list, stages: list[_Stage]) -> None:
     """Send fit i its Value (None: start it) and file its next request, or its result when it returns; count
-    its moves to another batch (stages[i]: [moves, the last request's batch_key or objective])."""
+    its moves to another batch."""
     try:
         pending[i] = steps.send(value)
     except StopIteration as stop:
         pending.pop(i, None)
         results[i] = stop.value
         return
-    objective = pending[i][0]
+    objective, stage = pending[i][0], stages[i]
     key = batch_key(objective) or objective
-    if key != stages[i][1]:
-        stages[i][0] += 1
-        stages[i][1] = key
+    if key != stage.key:
+        stage.moves, stage.key = stage.moves + 1, key
+    if stage.home is None and batch_key(objective) is not None:
+        stage.home = batch_key(objective)[0]

@@ -10,9 +10,11 @@ objective's offset included; row R of Θ [R + 1, d] is zeros, for the tokens no 
 
 with a = A h once per stack and head, and the last sum one [V, c] x [c, R + 1] product per block of c
 tokens. Each request's Σ_t log Z_t and g_r (conditional) are differences of one float64 cumulative sum
-over the tokens, taken at its ends, and one read brings every request's back; J and its gradient follow
-from them as for one objective alone (uph.lm.engine.objective: Objective.value_at, with the objective's
-Σ_t L_t at its base, Objective.base_sum). The blocks are as wide as STACK_SCRATCH holds, so the operations a
+over the tokens, taken at its ends. A round is queued (queue_round: the passes, and their sums copied into
+pinned memory without waiting) and then finished (finish_round: one wait for the copy), so the host may
+run another stack's solver steps between the two (uph.lm.engine.lockstep alternates a group's two
+halves). J and its gradient follow from the sums as for one objective alone (uph.lm.engine.objective:
+Objective.value_at, with the objective's Σ_t L_t at its base, Objective.base_sum). The blocks are as wide as STACK_SCRATCH holds, so the operations a
 round dispatches grow with the group's tokens over that width, not with its users: about thirty, and five
 a block (tests/test_round.py counts them; benchmarks/bench_lockstep.py --ops prints them).
 
@@ -28,6 +30,8 @@ which other users share its round beyond the float64 rounding of the cumulative 
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -47,45 +51,79 @@ def batch_key(objective: Objective):
 def evaluate_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool = True) -> list[Value]:
     """J (and its gradient) of each (objective, residual theta) of a round: the requests of each stack and
     head in one batched pass (module docstring), the others, and those a batch leaves, by evaluate_many."""
+    return finish_round(queue_round(requests, need_grad))
+
+
+@dataclass
+class QueuedRound:
+    """A round whose batched passes are queued on the device and being copied back, not yet waited for
+    (queue_round): the host may work meanwhile (uph.lm.engine.lockstep runs another stack's fits)."""
+
+    requests: list[tuple[Objective, torch.Tensor]]
+    thetas: list[torch.Tensor]  # float64, host
+    need_grad: bool
+    batches: list[tuple[list[int], _InFlight]]  # the requests of each batched pass, its sums on their way
+
+
+def queue_round(requests: list[tuple[Objective, torch.Tensor]], need_grad: bool = True) -> QueuedRound:
+    """A round's batched passes queued (finish_round waits for them and evaluates the rest)."""
     thetas = [theta.detach().double().cpu() for _, theta in requests]
     batches: dict[tuple, list[int]] = {}
     for i, ((objective, _), theta) in enumerate(zip(requests, thetas)):
         key = batch_key(objective)
         if key is not None and theta.any():
             batches.setdefault(key, []).append(i)
-    values: list[Value | None] = [None] * len(requests)
+    queued = QueuedRound(requests, thetas, need_grad, [])
     for (stack, _), members in batches.items():
         objectives = [requests[i][0] for i in members]
-        if 2 * sum(objective.tokens.n for objective in objectives) < stack.n:
-            continue
-        found = batched_sums(stack, objectives, [thetas[i] for i in members], need_grad)
-        for i, objective, sums in zip(members, objectives, found):
-            if sums is not None:
-                values[i] = objective.value_at(thetas[i], need_grad, *sums)
+        if 2 * sum(objective.tokens.n for objective in objectives) >= stack.n:
+            passed = _device_part(stack, objectives, [thetas[i] for i in members], need_grad)
+            queued.batches.append((members, passed))
+    return queued
+
+
+def finish_round(queued: QueuedRound) -> list[Value]:
+    """The Values of a queued round: each batched pass's sums waited for, the requests it flags and the
+    others evaluated by evaluate_many."""
+    requests, thetas, need_grad = queued.requests, queued.thetas, queued.need_grad
+    values: list[Value | None] = [None] * len(requests)
+    for members, passed in queued.batches:
+        sums, grads = passed.read()
+        for r, i in enumerate(members):
+            objective = requests[i][0]
+            if sums[r, 1] > 0:  # a token the fast path flags: alone
+                continue
+            grad = None if not need_grad else (sums[r, 2:] if objective.a is not None else grads[r]).clone()
+            values[i] = objective.value_at(thetas[i], need_grad, float(sums[r, 0]) - objective.base_sum, grad)
     alone = [i for i, value in enumerate(values) if value is None]
     for i, value in zip(alone, evaluate_many([(requests[i][0], thetas[i]) for i in alone], need_grad)):
         values[i] = value
     return values
 
 
-def batched_sums(stack: Stack, objectives: list[Objective], thetas: list[torch.Tensor], need_grad: bool) -> list:
-    """(Σ_t L_t - its value at the base, g_r [d] float64 or None) on the host for each objective of one head on
-    `stack` at its residual theta, from one batched pass; None for a request the pass flags (evaluate it
-    alone)."""
-    sums, grads = _device_part(stack, objectives, thetas, need_grad)
-    found = []
-    for r, objective in enumerate(objectives):
-        if sums[r, 1] > 0:
-            found.append(None)
-            continue
-        grad = None if not need_grad else (sums[r, 2:] if objective.a is not None else grads[r]).clone()
-        found.append((float(sums[r, 0]) - objective.base_sum, grad))
-    return found
+@dataclass
+class _InFlight:
+    """A batched pass's per-request sums on their way to the host: copied into pinned memory without waiting,
+    behind an event on a GPU (on a CPU, there already)."""
+
+    host: torch.Tensor  # float64: [R, 2 (+ d)] sums, then [R, d] gradients of an unconditional head
+    rows: int
+    sums: int  # elements of the sums
+    grads: bool
+    event: torch.cuda.Event | None
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the sums [R, 2 (+ d)], the gradients [R, d] or None), once the copy has landed."""
+        if self.event is not None:
+            self.event.synchronize()
+        sums = self.host[: self.sums].view(self.rows, -1)
+        return sums, self.host[self.sums :].view(self.rows, -1) if self.grads else None
 
 
-def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.Tensor], need_grad: bool):
-    """The batched pass and its one read back: (per request [R, 2 (+ d)] Σ_t log Z_t, how many tokens are
-    flagged (and Σ_t a_t ⊙ P^T p_t), per request g_r [R, d] of an unconditional head or None), float64, host."""
+def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.Tensor], need_grad: bool) -> _InFlight:
+    """The batched pass queued, and its per request Σ_t log Z_t, how many tokens are flagged (and, for a
+    conditional head, Σ_t a_t ⊙ P^T p_t; for an unconditional head g_r [R, d] after them) copied back
+    without waiting (float64)."""
     first, R = objectives[0], len(objectives)
     V, N = stack.p0.shape
     width = max(1, min(N, STACK_SCRATCH // (V * stack.p0.element_size())))
@@ -99,9 +137,14 @@ def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.T
         per_token, grads = pass_(stack, first, owner, rows, blocks, scratch, need_grad)
         cumulative = torch.cat([per_token.new_zeros(1, per_token.shape[1]), per_token.cumsum(0)])
         sums = cumulative.index_select(0, ends[R:]) - cumulative.index_select(0, ends[:R])  # [R, 2 (+ d)]
-        parts = [sums] if grads is None else [sums, grads]
-        host = torch.cat([part.reshape(-1) for part in parts]).cpu()
-    return host[: sums.numel()].view(R, -1), None if grads is None else host[sums.numel() :].view(R, -1)
+        flat = torch.cat([part.reshape(-1) for part in ([sums] if grads is None else [sums, grads])])
+        if flat.device.type != "cuda":
+            return _InFlight(flat.cpu(), R, sums.numel(), grads is not None, None)
+        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        host.copy_(flat, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return _InFlight(host, R, sums.numel(), grads is not None, event)
 
 
 def _conditional(stack, objective, owner, rows, blocks, scratch, need_grad):

@@ -200,15 +200,21 @@ def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tu
 
 def group_trains(job: FitJob, group: list[str], stacked: bool | None = None) -> dict[str, Tokens]:
     """The train tokens of a lockstep group's users (uph.lm.engine.lockstep.user_groups), with their base
-    distributions on the job's device: `stacked` (default: on a GPU) side by side in one Stack, whose
-    requests a round evaluates as one batched pass (uph.lm.engine.round), else each on its own."""
+    distributions on the job's device: `stacked` (default: on a GPU) side by side in two Stacks, the
+    group's halves, each of whose rounds is one batched pass (uph.lm.engine.round) and whose rounds
+    alternate (the host runs one half's solver steps while the device computes the other's pass); else
+    each on its own."""
     if job.device.type == "cpu" if stacked is None else not stacked:
         return {
             user: prepare(job.users[user].train_hidden, job.users[user].train_targets, job.layer, device=job.device)
             for user in group
         }
-    splits = [(job.users[user].train_hidden, job.users[user].train_targets) for user in group]
-    return dict(zip(group, prepare_stack(splits, job.layer, device=job.device)))
+    trains, middle = {}, (len(group) + 1) // 2
+    for half in (group[:middle], group[middle:]):
+        if half:
+            splits = [(job.users[user].train_hidden, job.users[user].train_targets) for user in half]
+            trains.update(zip(half, prepare_stack(splits, job.layer, device=job.device)))
+    return trains
 
 
 def fit_columns(prefix: str, result: FitResult) -> dict:
