@@ -3,7 +3,8 @@
 Each user walks the validate job's path of radii (the default's 9, svd_cvh at d = 32, exact solver) on
 its own tokens. One at a time, every evaluation is queued, read back and waited for before the solver's
 next step; in lockstep, every user's next evaluation is queued back to back and read back once a round;
-stacked (the users' tokens side by side, as a GPU's fit jobs have them), a round is one batched pass.
+stacked (the users' tokens side by side in two halves, as a GPU's fit jobs have them), a round is one
+batched pass, and the halves' rounds alternate.
 
     .venv/bin/python benchmarks/bench_lockstep.py [--device cpu|cuda] [--vocab 49152] [--users 4] [--tokens 1600]
         [--chunk 1024] [--ops]
@@ -43,7 +44,7 @@ from uph.lm.engine.lockstep import run_lockstep
 from uph.lm.engine.objective import Objective
 from uph.lm.engine.round import evaluate_round
 from uph.lm.engine.solvers import SolverSettings
-from uph.lm.engine.tokens import on_device, prepare, prepare_stack
+from uph.lm.engine.tokens import on_device, prepare, prepare_halves, prepare_stack
 
 RADII = (0.05, 0.15, 0.5, 1.5, 5, 15, 50, 150, 500)  # config.yaml's fit.radii
 
@@ -51,7 +52,8 @@ RADII = (0.05, 0.15, 0.5, 1.5, 5, 15, 50, 150, 500)  # config.yaml's fit.radii
 def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: int | None = None, stacked=False):
     """(head, every user's tokens): a random output layer with an LM's logit scale, each user's hidden
     states tilted by a theta of its own, targets drawn from the tilted model; `stacked`: the users' tokens
-    side by side in one Stack (uph.lm.engine.tokens.prepare_stack, as a GPU's fit jobs have them)."""
+    side by side in one Stack (uph.lm.engine.tokens.prepare_stack), or "halves": in two, as a GPU's fit jobs
+    have them (prepare_halves)."""
     generator = torch.Generator().manual_seed(0)
     W = torch.randn(vocab, hidden, generator=generator) / hidden**0.5 * 4
     svd = torch.linalg.svd(W.double(), full_matrices=False)
@@ -63,6 +65,8 @@ def users(vocab: int, hidden: int, n_users: int, n_tokens: int, device, chunk: i
         star = 3 * torch.randn(32, generator=generator)
         probabilities = torch.softmax(head.logits(h, star), dim=-1)
         splits.append((h, torch.multinomial(probabilities.float(), 1, generator=generator).squeeze(1)))
+    if stacked == "halves":
+        return head, prepare_halves(splits, layer, chunk=chunk, device=device)
     if stacked:
         return head, prepare_stack(splits, layer, chunk=chunk, device=device)
     return head, [prepare(h, y, layer, chunk=chunk, device=device) for h, y in splits]
@@ -136,7 +140,7 @@ def main() -> None:
         )
         return
     head, tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk)
-    _, stacked_tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk, stacked=True)
+    _, stacked_tokens = users(args.vocab, args.hidden, args.users, args.tokens, device, args.chunk, "halves")
     settings = SolverSettings.defaults()
     rounds = []
     queue_round = uph.lm.engine.lockstep.queue_round

@@ -284,6 +284,24 @@ def prepare_stack(
     return split_tokens
 
 
+def prepare_halves(
+    splits: list[tuple[torch.Tensor, torch.Tensor]],
+    layer: OutputLayer,
+    chunk: int | None = None,
+    device: torch.device | str = "cpu",
+) -> list[Tokens]:
+    """prepare_stack of the splits in two Stacks, the first half's and the second's: a lockstep group whose
+    halves' rounds alternate (uph.lm.engine.lockstep), the host working on one while the device computes
+    the other."""
+    middle = (len(splits) + 1) // 2
+    return [
+        tokens
+        for half in (splits[:middle], splits[middle:])
+        if half
+        for tokens in prepare_stack(half, layer, chunk, device)
+    ]
+
+
 def pool(splits: list[Tokens]) -> Tokens:
     """All the splits' tokens as one (the pooled `global` theta), sharing their caches and their one output
     layer (the model's base)."""

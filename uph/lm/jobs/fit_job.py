@@ -45,7 +45,7 @@ from uph.lm.engine.fit import FitResult
 from uph.lm.engine.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.engine.neural_cache import NeuralCache
 from uph.lm.engine.solvers import SolverSettings
-from uph.lm.engine.tokens import Mixture, Tokens, on_device, prepare, prepare_stack
+from uph.lm.engine.tokens import Mixture, Tokens, on_device, prepare, prepare_halves
 from uph.lm.jobs.partition import users_of_job
 from uph.model_identity import read_identity as read_model_identity
 
@@ -201,7 +201,7 @@ def prepared(states: UserStates, layer: OutputLayer, device: torch.device) -> tu
 def group_trains(job: FitJob, group: list[str], stacked: bool | None = None) -> dict[str, Tokens]:
     """The train tokens of a lockstep group's users (uph.lm.engine.lockstep.user_groups), with their base
     distributions on the job's device: `stacked` (default: on a GPU) side by side in two Stacks, the
-    group's halves, each of whose rounds is one batched pass (uph.lm.engine.round) and whose rounds
+    group's halves (prepare_halves), each of whose rounds is one batched pass (uph.lm.engine.round) and whose rounds
     alternate (the host runs one half's solver steps while the device computes the other's pass); else
     each on its own."""
     if job.device.type == "cpu" if stacked is None else not stacked:
@@ -209,12 +209,8 @@ def group_trains(job: FitJob, group: list[str], stacked: bool | None = None) -> 
             user: prepare(job.users[user].train_hidden, job.users[user].train_targets, job.layer, device=job.device)
             for user in group
         }
-    trains, middle = {}, (len(group) + 1) // 2
-    for half in (group[:middle], group[middle:]):
-        if half:
-            splits = [(job.users[user].train_hidden, job.users[user].train_targets) for user in half]
-            trains.update(zip(half, prepare_stack(splits, job.layer, device=job.device)))
-    return trains
+    splits = [(job.users[user].train_hidden, job.users[user].train_targets) for user in group]
+    return dict(zip(group, prepare_halves(splits, job.layer, device=job.device)))
 
 
 def fit_columns(prefix: str, result: FitResult) -> dict:
