@@ -398,7 +398,8 @@ def test_a_gguf_file_is_read_once_and_as_gguf_reads_it_while_a_source_loads(tmp_
     """Transformers parses a GGUF file for the config, the tokenizer and the weights (uph.lm.data.models
     _gguf_read_once): within the block the same path gives the same reader, whose fields and tensors hold
     what gguf's own reader reads (a string array, numbers, block-quantized tensors); the tensor-name map is
-    built once; after the block, and after an error in it, gguf's and transformers' own are back."""
+    built once; the metadata comes as equal copies; Q4_1 and Q8_0 blocks de-quantize bit for bit as gguf
+    does; after the block, and after an error in it, gguf's and transformers' own are back."""
     import gguf
     import numpy as np
     from transformers import modeling_gguf_pytorch_utils as loader
@@ -421,8 +422,13 @@ def test_a_gguf_file_is_read_once_and_as_gguf_reads_it_while_a_source_loads(tmp_
     writer.write_tensors_to_file()
     writer.close()
     own = gguf.GGUFReader(path)
-    originals = (gguf.GGUFReader, gguf.get_tensor_name_map, loader.load_gguf_checkpoint, loader._gguf_parse_value)
-    words = own.fields["words"]
+    originals = (
+        gguf.GGUFReader,
+        gguf.get_tensor_name_map,
+        gguf.dequantize,
+        loader.load_gguf_checkpoint,
+        loader._gguf_parse_value,
+    )
     with _gguf_read_once():
         first = gguf.GGUFReader(path)
         assert gguf.GGUFReader(str(path)) is first and first.fields["x"].parts[-1][0] == 3
@@ -430,25 +436,23 @@ def test_a_gguf_file_is_read_once_and_as_gguf_reads_it_while_a_source_loads(tmp_
             read = first.fields[name]
             assert (read.data, read.types) == (field.data, field.types), name
             assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(read.parts, field.parts)), name
-        parsed = [loader._gguf_parse_value(words.parts[i], words.types) for i in words.data]
-        assert parsed == [originals[3](words.parts[i], words.types) for i in words.data] == ["thou", "art", "ẞ", ""]
+        assert [bytes(first.fields["words"].parts[i]).decode() for i in first.fields["words"].data] == [
+            "thou",
+            "art",
+            "ẞ",
+            "",
+        ]
         for read, tensor in zip(first.tensors, own.tensors, strict=True):
-            assert (read.name, read.tensor_type) == (tensor.name, tensor.tensor_type)
-            assert np.array_equal(read.data, tensor.data), tensor.name
+            assert read.name == tensor.name and np.array_equal(read.data, tensor.data)
+            expected = originals[2](tensor.data, tensor.tensor_type)
+            found = gguf.dequantize(read.data, read.tensor_type)
+            assert found.dtype == np.float32 and np.array_equal(found, expected), tensor.name
+        assert np.abs(gguf.dequantize(first.tensors[1].data, first.tensors[1].tensor_type) - weights).max() < 0.2
         arch = gguf.MODEL_ARCH.LLAMA
         assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
-    assert (
-        gguf.GGUFReader,
-        gguf.get_tensor_name_map,
-        loader.load_gguf_checkpoint,
-        loader._gguf_parse_value,
-    ) == originals
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize) == originals[:3]
+    assert (loader.load_gguf_checkpoint, loader._gguf_parse_value) == originals[3:]
     assert gguf.GGUFReader(path) is not first
     with pytest.raises(ValueError), _gguf_read_once():
         raise ValueError("a refused source")
-    assert (
-        gguf.GGUFReader,
-        gguf.get_tensor_name_map,
-        loader.load_gguf_checkpoint,
-        loader._gguf_parse_value,
-    ) == originals
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize) == originals[:3]

@@ -153,15 +153,22 @@ def _gguf_read_once():
     (397 times); both import them when called, so the block lends memoized ones: gguf's reader once per
     file (_plain_gguf_reader), the name map once per architecture, the metadata without the tensors
     (load_gguf_checkpoint(return_tensors=False)) once per file, handed out as copies, each string decoded
-    from its bytes at once (transformers' _gguf_parse_value rebuilds it one byte at a time)."""
+    from its bytes at once (transformers' _gguf_parse_value rebuilds it one byte at a time), and the
+    embedded model's block formats de-quantized by torch (dequantize_blocks)."""
     try:
         import gguf
         from transformers import modeling_gguf_pytorch_utils as loader
     except ImportError:  # no GGUF support installed: nothing to memoize
         yield
         return
-    originals = (gguf.GGUFReader, gguf.get_tensor_name_map, loader.load_gguf_checkpoint, loader._gguf_parse_value)
-    reader, name_map, load_checkpoint, parse_value = originals
+    originals = (
+        gguf.GGUFReader,
+        gguf.get_tensor_name_map,
+        gguf.dequantize,
+        loader.load_gguf_checkpoint,
+        loader._gguf_parse_value,
+    )
+    reader, name_map, dequantize, load_checkpoint, parse_value = originals
     plain_reader = _plain_gguf_reader(reader)
     readers, metadata = {}, {}
 
@@ -183,13 +190,41 @@ def _gguf_read_once():
             return bytes(value).decode()
         return parse_value(value, data_type)
 
+    def dequantize_in_torch(data, qtype):
+        found = dequantize_blocks(data, qtype.name)
+        return dequantize(data, qtype) if found is None else found
+
     gguf.GGUFReader, gguf.get_tensor_name_map = read_once, functools.lru_cache(maxsize=None)(name_map)
+    gguf.dequantize = dequantize_in_torch
     loader.load_gguf_checkpoint, loader._gguf_parse_value = load_metadata_once, parse_strings_at_once
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = originals[:2]
-        loader.load_gguf_checkpoint, loader._gguf_parse_value = originals[2:]
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf.dequantize = originals[:3]
+        loader.load_gguf_checkpoint, loader._gguf_parse_value = originals[3:]
+
+
+GGML_BLOCKS = {"Q4_1": (32, 20), "Q8_0": (32, 34)}  # weights and bytes a block
+
+
+def dequantize_blocks(data: np.ndarray, qtype: str) -> np.ndarray | None:
+    """GGML blocks of one tensor (uint8 [..., bytes a row]) as float32 weights [..., weights a row], in
+    torch (all cores; gguf's numpy takes 1.4 of the embedded model's 2 s), the same float32 operations
+    in the same order, so bit for bit gguf's: Q4_1, 32 weights from a float16 scale d and minimum m and
+    32 4-bit q (the low nibbles first), w = d q + m; Q8_0, from d and 32 int8 q, w = d q. None for
+    another format (gguf's own then)."""
+    if qtype not in GGML_BLOCKS:
+        return None
+    weights, size = GGML_BLOCKS[qtype]
+    blocks = torch.from_numpy(np.array(data)).reshape(-1, size)  # a copy: the file's map is read-only
+    d = blocks[:, :2].contiguous().view(torch.float16).float()
+    if qtype == "Q4_1":
+        m = blocks[:, 2:4].contiguous().view(torch.float16).float()
+        q = torch.cat([blocks[:, 4:] & 0x0F, blocks[:, 4:] >> 4], dim=1).float()
+        w = (d * q).add_(m)
+    else:
+        w = d * blocks[:, 2:].contiguous().view(torch.int8).float()
+    return w.reshape(*data.shape[:-1], data.shape[-1] // size * weights).numpy()
 
 
 def _plain_gguf_reader(reader: type) -> type:
