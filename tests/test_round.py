@@ -18,7 +18,7 @@ from uph.lm.engine.lockstep import run_lockstep
 from uph.lm.engine.objective import Objective
 from uph.lm.engine.round import evaluate_round
 from uph.lm.engine.solvers import SolverSettings
-from uph.lm.engine.tokens import on_device, prepare, prepare_stack
+from uph.lm.engine.tokens import on_device, prepare, prepare_halves, prepare_stack
 
 UNIT = torch.finfo(torch.float32).eps / 2  # float32's unit roundoff
 
@@ -146,14 +146,20 @@ def test_stacked_users_in_lockstep_reach_their_own_paths_with_one_head_a_round(l
         assert objectives == pytest.approx(own, rel=1e-6)
 
 
-def test_two_stacks_rounds_alternate_and_each_stack_gets_what_it_gets_alone(lm, monkeypatch):
-    """Six users in two stacks (as a GPU job's group in two halves) walking paths in lockstep: one stack's round
-    is queued while the other's Values are taken (two rounds in flight, the stacks alternating), and each fit
-    returns, bit for bit, what it returns in lockstep beside its own stack's fits alone."""
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU"))]
+)
+def test_two_stacks_rounds_alternate_and_each_stack_gets_what_it_gets_alone(lm, device, monkeypatch):
+    """Six users in two stacks (as a GPU job's group in two halves, prepare_halves) walking paths in lockstep:
+    one stack's round is queued while the other's Values are taken (two rounds in flight, the stacks
+    alternating; on a GPU their sums on their way through pinned memory), and each fit returns, bit for bit,
+    what it returns in lockstep beside its own stack's fits alone."""
     h, y, W, b, svd = lm
-    layer = on_device(OutputLayer(W.float(), b.float()), "cpu")
+    layer = on_device(OutputLayer(W.float(), b.float()), device)
     splits = [(h[50 * i : 50 * (i + 1)].float(), y[50 * i : 50 * (i + 1)]) for i in range(6)]
-    halves = [prepare_stack(splits[:3], layer), prepare_stack(splits[3:], layer)]
+    tokens = prepare_halves(splits, layer, device=device)
+    halves = [tokens[:3], tokens[3:]]
+    assert tokens[2].stack is tokens[0].stack is not tokens[3].stack
     head, settings = heads_of(W.float(), svd)[2], SolverSettings.defaults()
 
     def fits(stacks):
