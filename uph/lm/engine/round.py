@@ -14,9 +14,10 @@ over the tokens, taken at its ends. A round is queued (queue_round: the passes, 
 pinned memory without waiting) and then finished (finish_round: one wait for the copy), so the host may
 run another stack's solver steps between the two (uph.lm.engine.lockstep alternates a group's two
 halves). J and its gradient follow from the sums as for one objective alone (uph.lm.engine.objective:
-Objective.value_at, with the objective's Σ_t L_t at its base, Objective.base_sum). The blocks are as wide as STACK_SCRATCH holds, so the operations a
-round dispatches grow with the group's tokens over that width, not with its users: about thirty, and five
-a block (tests/test_round.py counts them; benchmarks/bench_lockstep.py --ops prints them).
+Objective.value_at, with the objective's Σ_t L_t at its base, Objective.base_sum). The blocks are as wide
+as STACK_SCRATCH holds, so the operations a round dispatches grow with the group's tokens over that width,
+not with its users: about fifty, and five a block (tests/test_round.py counts them;
+benchmarks/bench_lockstep.py --ops prints them).
 
 What a batch does not do, its requests do alone (uph.lm.engine.objective.evaluate_many, in the same round):
 a request with a token the fast path flags (a tilt that may pass EXP_SAFE, a sum that underflows: the
@@ -131,7 +132,7 @@ def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.T
     with torch.profiler.record_function(DEVICE_PART):
         owner, ends = _layout(stack, objectives)
         offsets = torch.stack([objective.offset for objective in objectives])
-        rows = _theta_rows(stack, offsets + torch.stack(thetas), first)
+        rows = _theta_rows(offsets + torch.stack(thetas), first)
         scratch = shared_scratch(first.device, first.dtype, V * width)
         pass_ = _conditional if first.a is not None else _unconditional
         per_token, grads = pass_(stack, first, owner, rows, blocks, scratch, need_grad)
@@ -210,13 +211,11 @@ def _layout(stack: Stack, objectives: list[Objective]) -> tuple[torch.Tensor, to
     return layout
 
 
-def _theta_rows(stack: Stack, thetas: torch.Tensor, objective: Objective) -> torch.Tensor:
-    """Θ [R + 1, d] on the device in the compute dtype (the last row zeros): one copy from a reused host
-    buffer, pinned and not waited for on a GPU (the round's read back waits for it, before the buffer is
-    written again)."""
-    shape, cuda = (len(thetas) + 1, objective.d), objective.device.type == "cuda"  # thetas [R, d] float64
-    host = stack.derived.get(("thetas", shape))
-    if host is None:
-        host = stack.derived[("thetas", shape)] = torch.zeros(shape, dtype=objective.dtype, pin_memory=cuda)
-    host[:-1] = thetas
-    return host.to(objective.device, non_blocking=True)
+def _theta_rows(thetas: torch.Tensor, objective: Objective) -> torch.Tensor:
+    """Θ [R + 1, d] (thetas [R, d] float64, then a row of zeros) on the device in the compute dtype: one copy,
+    from pinned memory and not waited for on a GPU. A fresh host buffer each time: torch's pinned-memory
+    cache hands one out again only once its copy has run, where a buffer kept and rewritten by the next
+    batch of the same round could change under a copy still queued."""
+    rows = torch.zeros(len(thetas) + 1, objective.d, dtype=objective.dtype, pin_memory=objective.device.type == "cuda")
+    rows[:-1] = thetas
+    return rows.to(objective.device, non_blocking=True)
