@@ -127,8 +127,8 @@ def _advance(steps: Generator, value, i: int, pending: dict, results: list, stag
         results[i] = stop.value
         return
     objective, stage = pending[i][0], stages[i]
-    key = batch_key(objective) or objective
-    if key != stage.key:
-        stage.moves, stage.key = stage.moves + 1, key
-    if stage.home is None and batch_key(objective) is not None:
-        stage.home = batch_key(objective)[0]
+    batch = batch_key(objective)
+    if (batch or objective) != stage.key:
+        stage.moves, stage.key = stage.moves + 1, batch or objective
+    if stage.home is None and batch is not None:
+        stage.home = batch[0]
