@@ -3,12 +3,13 @@
     .venv/bin/python benchmarks/bench_attention_study.py [--config config.yaml] [--runs 8] [--steps 20]
         [--repeats 3] [--threads 1] [--device cpu] [--profile]
 
-A step is uph.attention.training.train_step: each run's fresh loud_copy batch, forward, cross-entropy,
-backward, per-run gradient clipping, AdamW. For each kind of the config's attention.attentions (and its
-models), `runs` runs train `steps` steps one at a time (R one-run models, the way the study trained
-before issue 43) and as one model of R runs; repeats interleave the kinds and both ways, so machine
-load hits all alike. Printed: the median ms per step of the R runs each way, their ratio (at once /
-one at a time), and ms per run-step against standard attention's.
+A step is one of uph.attention.training.train_runs (uph.attention.steps.TrainSteps): each run's fresh
+loud_copy batch, forward, cross-entropy, backward, per-run gradient clipping, AdamW. For each kind of
+the config's attention.attentions (and its models), `runs` runs train `steps` steps one at a time (R
+one-run models, the way the study trained before issue 43) and as one model of R runs, and on a GPU as
+one model of R runs replayed from a CUDA graph (one launch a step, as train_runs steps there); repeats
+interleave the kinds and the ways, so machine load hits all alike. Printed: the median ms per step of
+the R runs each way, their ratios, and ms per run-step against standard attention's.
 
 --profile instead prints a step profile per kind, one run alone and R at once (torch.profiler over
 `steps` steps, per step and per run): aten ops launched, their self time by kind of op (products,
@@ -29,27 +30,27 @@ import yaml
 
 from uph.attention.model import build_model
 from uph.attention.runs import RunAdamW
+from uph.attention.steps import WARMUP, TrainSteps
 from uph.attention.study_config import AttentionStudyConfig
 from uph.attention.tasks import make_batch
-from uph.attention.training import stacked, train_step
 from uph.config import validate
 
 
 class Runs:
-    """`seeds` as one model of len(seeds) runs, each with its own batch stream, lr 1e-3."""
+    """`seeds` as one model of len(seeds) runs, each with its own batch stream, lr 1e-3; its steps those of
+    train_runs (uph.attention.steps.TrainSteps), on a GPU replayed from a CUDA graph if `graphs`."""
 
-    def __init__(self, cfg: AttentionStudyConfig, model_name: str, attention: str, seeds, device):
+    def __init__(self, cfg: AttentionStudyConfig, model_name: str, attention: str, seeds, device, graphs=False):
         self.cfg, self.device = cfg, device
-        self.model = build_model(model_name, attention, cfg, list(seeds)).to(device)
-        self.optimizer = RunAdamW(self.model, [1e-3] * len(seeds), cfg.weight_decay)
+        model = build_model(model_name, attention, cfg, list(seeds)).to(device)
+        self.steps = TrainSteps(
+            model, RunAdamW(model, [1e-3] * len(seeds), cfg.weight_decay), cfg.grad_clip, device, graphs
+        )
         self.streams = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def step(self) -> None:
         cfg = self.cfg
-        batch = stacked(
-            [make_batch("loud_copy", cfg, cfg.batch_size, cfg.train_len, g) for g in self.streams], self.device
-        )
-        train_step(self.model, self.optimizer, batch, 1.0, cfg.grad_clip)
+        self.steps([make_batch("loud_copy", cfg, cfg.batch_size, cfg.train_len, g) for g in self.streams], 1.0)
 
 
 def sync(device: torch.device) -> None:
@@ -58,9 +59,11 @@ def sync(device: torch.device) -> None:
 
 
 def step_time(groups: list[Runs], steps: int) -> float:
-    """Seconds for one step of every group, mean over `steps` after one warm-up step."""
-    for group in groups:
-        group.step()
+    """Seconds for one step of every group, mean over `steps` after the steps before a capture and the
+    capturing one (eager, whether or not the groups capture)."""
+    for _ in range(WARMUP + 1):
+        for group in groups:
+            group.step()
     sync(groups[0].device)
     start = time.perf_counter()
     for _ in range(steps):
@@ -149,7 +152,8 @@ def profile(group: Runs, steps: int) -> dict:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    group.step()
+    for _ in range(WARMUP + 1):
+        group.step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if group.device.type == "cuda" else [])
     with torch_profile(activities=activities, with_flops=True) as prof:
         start = time.perf_counter()
@@ -228,19 +232,27 @@ def main() -> None:
             alone = [Runs(cfg, *cell, [seed], device) for seed in seeds]
             times[cell, "alone"].append(step_time(alone, args.steps))
             times[cell, "together"].append(step_time([Runs(cfg, *cell, seeds, device)], args.steps))
+            if device.type == "cuda":
+                times[cell, "graphed"].append(step_time([Runs(cfg, *cell, seeds, device, graphs=True)], args.steps))
     print(f"median of {args.repeats} x {args.steps} steps of all {args.runs} runs")
+    graphed = device.type == "cuda"
     print(
         "| model | attention | one at a time ms | at once ms | at once / one at a time | ms a run-step at once | x standard |"
+        + (" at once, one graph launch ms | graphed / at once |" if graphed else "")
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if graphed else ""))
     for model, kind in cells:
         alone, together = (1e3 * statistics.median(times[(model, kind), way]) for way in ("alone", "together"))
         reference = times.get(((model, "standard"), "together"))
         ratio = f"{together / (1e3 * statistics.median(reference)):.2f}" if reference else "-"
-        print(
+        line = (
             f"| {model} | {kind} | {alone:.1f} | {together:.1f} | {together / alone:.2f} | "
             f"{together / args.runs:.2f} | {ratio} |"
         )
+        if graphed:
+            replayed = 1e3 * statistics.median(times[(model, kind), "graphed"])
+            line += f" {replayed:.2f} | {replayed / together:.2f} |"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The CUDA path against the CPU path, on the same inputs: the fit engine (objective, gradient and
 curvature of every head and the full bias, and an exact fit's certified optimum), the attention kernels
-(triple product and 2-simplicial: values and gradients) and extraction (the cached hidden states).
+(triple product and 2-simplicial: values and gradients) and extraction (the cached hidden states); the
+attention study's training steps replayed from a CUDA graph against the same steps run eagerly.
 Skipped where no CUDA device is present, as in `make test`; `make gpu-check` runs them, then the tiny
 study on CUDA against CPU (benchmarks/gpu_check.py, whose comparison is checked here on CPU).
 
@@ -17,10 +18,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from test_attention_runs import TINY
 from test_extract import _build_cache, _users
 from test_fit import BETA_LAM, HEAD_SETTINGS, D
 
+from uph.attention.model import build_model
+from uph.attention.runs import RunAdamW
 from uph.attention.self_attention import simplicial_attention, triple_product_attention
+from uph.attention.steps import WARMUP, TrainSteps
+from uph.attention.tasks import make_batch
 from uph.device import device_record, peak_device_memory, setup_device
 from uph.lm.data.cache import read_shard
 from uph.lm.data.models import OutputLayer
@@ -104,6 +110,55 @@ def test_the_attention_kernels_on_cuda_compute_what_they_compute_on_cpu(attentio
         results[device] = (out, *torch.autograd.grad((out * weights.to(device)).sum(), inputs))
     for cuda, cpu in zip(results[CUDA], results["cpu"]):
         close(cuda.detach(), cpu.detach(), dtype)
+
+
+def graph_steps(attention: str, graphs: bool, steps: int, keep_at: int | None = None, measure_at: int | None = None):
+    """`steps` steps of three runs (lrs 0.01, 0.003, 0.01; run 1 leaves at step `keep_at`) through
+    TrainSteps on CUDA: (each step's losses, the final weights, the TrainSteps)."""
+    model = build_model("residual", attention, TINY, [0, 1, 2]).to(CUDA)
+    trainer = TrainSteps(model, RunAdamW(model, [0.01, 0.003, 0.01], 0.1), 1.0, CUDA, graphs)
+    generators = [torch.Generator().manual_seed(seed) for seed in range(3)]
+    losses = []
+    for step in range(steps):
+        if step == keep_at:
+            trainer.keep_runs(torch.tensor([0, 2], device=CUDA))
+            generators = [generators[0], generators[2]]
+        batches = [make_batch("loud_copy", TINY, 4, TINY.train_len, generator) for generator in generators]
+        loss, _ = trainer(batches, 0.5, measure=step == measure_at)
+        losses.append(loss.clone())  # a replay's losses are its graph's output, rewritten by the next
+    torch.cuda.synchronize()
+    return torch.cat(losses).cpu(), trainer.optimizer.flat.cpu(), trainer
+
+
+@needs_cuda
+@pytest.mark.parametrize("attention", ["standard", "triple_capped", "diff"])
+def test_training_steps_replayed_on_cuda_from_a_graph_are_the_eager_steps(attention):
+    """Bit for bit (a replay runs the eager step's kernels, deterministic ones, on the same buffers): the
+    warm-up steps, a capture, replays, a logging step run eagerly between them, a run leaving the batch
+    and the second capture after it."""
+    eager_losses, eager_weights, _ = graph_steps(attention, False, 12, keep_at=8, measure_at=5)
+    losses, weights, trainer = graph_steps(attention, True, 12, keep_at=8, measure_at=5)
+    assert trainer.captured == 2 and trainer.replayed == 12 - 2 * WARMUP - 1
+    assert torch.equal(losses, eager_losses) and torch.equal(weights, eager_weights)
+
+
+@needs_cuda
+def test_a_training_step_replayed_on_cuda_is_one_launch():
+    """The profiler's CUDA runtime calls over 4 steps: a replayed step launches one graph and no kernel
+    of its own (its inputs arrive by copies); an eager step launches hundreds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    launches = {}
+    for graphs in (False, True):
+        *_, trainer = graph_steps("triple_capped", graphs, WARMUP + 1)
+        generator = torch.Generator().manual_seed(9)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(4):
+                trainer([make_batch("loud_copy", TINY, 4, TINY.train_len, generator) for _ in range(3)], 0.5)
+            torch.cuda.synchronize()
+        names = [event.name for event in prof.events()]
+        launches[graphs] = (names.count("cudaLaunchKernel") / 4, names.count("cudaGraphLaunch") / 4)
+    assert launches[True] == (0, 1) and launches[False][0] > 100, launches
 
 
 @needs_cuda

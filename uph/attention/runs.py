@@ -159,7 +159,12 @@ class RunAdamW:
     views of it), and so do their moments and, gathered by one cat after backward, their gradients: a step
     is a dozen ops on that buffer whatever the number of weights, not a dozen per weight, and a per-run
     scalar is a column [R, 1]. (Gradients written straight into views of one buffer cost more: autograd
-    adds each into its view instead of handing it over.)"""
+    adds each into its view instead of handing it over.)
+
+    A step is `advance` (the host's part: the step count, and the step's scalars, the schedule's factor
+    and the two bias corrections, copied into one device tensor) then `apply` (the device's part, reading
+    them there), so a GPU can capture `apply` once and replay it each step (uph.attention.graphed). The
+    scalars enter the same float32 and float64 operations as Python numbers would on a CPU."""
 
     def __init__(
         self,
@@ -173,6 +178,8 @@ class RunAdamW:
         device = next(model.parameters()).device
         # in double, as torch computes its scalars, and on the device: no copy to it, so no wait, each step
         self.lrs = torch.tensor(lrs, dtype=torch.float64, device=device)
+        # the step's factor, 1 - b1^t and sqrt(1 - b2^t), written by advance
+        self.scalars = torch.ones(3, dtype=torch.float64, device=device)
         weights = torch.cat([p.detach().reshape(len(lrs), -1) for p in model.parameters()], dim=1)
         self._hold(weights, torch.zeros_like(weights), torch.zeros_like(weights))
 
@@ -205,16 +212,29 @@ class RunAdamW:
         self.grad.mul_((max_norm / (norms + 1e-6)).clamp_(max=1.0)[:, None])
         return norms
 
-    @torch.no_grad()
     def step(self, factor: float = 1.0) -> None:
+        self.advance(factor)
+        self.apply()
+
+    def advance(self, factor: float) -> None:
+        """Count the step and write its scalars into `scalars` (from pinned memory on a GPU, not waiting)."""
         (b1, b2), self.t = self.betas, self.t + 1
+        scalars = torch.tensor([factor, 1 - b1**self.t, math.sqrt(1 - b2**self.t)], dtype=torch.float64)
+        if self.scalars.is_cuda:
+            scalars = scalars.pin_memory()  # torch's pinned cache hands this block out again only once copied
+        self.scalars.copy_(scalars, non_blocking=True)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        """The step on the device, from the gradients and `scalars`: no value read on the host."""
+        (b1, b2), (factor, correction1, correction2) = self.betas, self.scalars
         lrs = self.lrs * factor
-        decay, step = (1 - lrs * self.weight_decay).float()[:, None], (lrs / (1 - b1**self.t)).float()[:, None]
+        decay, step = (1 - lrs * self.weight_decay).float()[:, None], (lrs / correction1).float()[:, None]
         grad = self._gradients()
         self.flat.mul_(decay)
         self.m.lerp_(grad, 1 - b1)
         self.v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-        denominator = (self.v.sqrt() / math.sqrt(1 - b2**self.t)).add_(self.eps)
+        denominator = (self.v.sqrt() / correction2.float()).add_(self.eps)
         self.flat.addcdiv_(self.m * step, denominator, value=-1)
 
     def keep_runs(self, index: torch.Tensor) -> None:

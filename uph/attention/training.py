@@ -30,7 +30,8 @@ step before clipping (attention_grad_norm); the row of step s reads the model af
 The runs of a stage (the sweep's lrs x sweep seeds, an extension's sweep seeds, the remaining seeds)
 train at once as one model of R runs (train_runs, uph.attention.runs): each keeps its own initial
 weights, batches, lr, Adam moments, clipping, early stopping and best weights, so it is the run it
-would be alone up to float32 rounding; a run that stops leaves the batch.
+would be alone up to float32 rounding; a run that stops leaves the batch. On a GPU, a step other than
+a logging one is one launch of a CUDA graph (uph.attention.steps).
 """
 
 from __future__ import annotations
@@ -42,16 +43,17 @@ from dataclasses import dataclass
 
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
-from uph.attention.model import attention_grad_norm, attention_stats, build_model
+from uph.attention.model import attention_stats, build_model
 from uph.attention.runs import RunAdamW, load_runs, run_state
 from uph.attention.self_attention import KINDS
+from uph.attention.steps import TrainSteps, run_losses, stacked
 from uph.attention.study_config import SOLVED, AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
 from uph.errors import TrainingDivergedError
 
 STREAM = 1_000_003
+log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
@@ -75,43 +77,12 @@ def evaluate(model: torch.nn.Module, batch: Batch, chunk: int) -> list[dict[str,
     ]
 
 
-def run_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """[R] each run's mean cross-entropy over its scored targets (logits [R, ..., V], targets [R, ...])."""
-    nll = F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=IGNORE, reduction="none")
-    scored = (targets != IGNORE).flatten(1)
-    return nll.view(scored.shape).sum(1) / scored.sum(1)
-
-
-def stacked(batches: list[Batch], device: torch.device) -> Batch:
-    """One batch per run -> a Batch of [R, ...] tensors on `device` (to a GPU from pinned memory, without
-    waiting for the steps queued before it)."""
-    parts = [torch.stack(part) for part in zip(*batches)]
-    if device.type == "cuda":
-        return Batch(*(part.pin_memory().to(device, non_blocking=True) for part in parts))
-    return Batch(*(part.to(device) for part in parts))
-
-
 PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
 
 
 def first_step(rows: list[dict], accuracy: float) -> float:
     """The first logged step whose validation token accuracy reaches `accuracy`, NaN if none did."""
     return next((row["step"] for row in rows if row["val_token_acc"] >= accuracy), math.nan)
-
-
-def train_step(
-    model: torch.nn.Module, optimizer: RunAdamW, batch: Batch, lr_factor: float, grad_clip: float, measure: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One AdamW step of every run of `model` on its slice of `batch` [R, B, T]: each run's weights get the
-    gradient of its own mean loss, clipped to its own norm `grad_clip`. Returns the losses [R] and, if
-    `measure`, each run's attention gradient norm before clipping [R]."""
-    losses = run_losses(model(batch.inputs, batch.loud), batch.targets)
-    optimizer.zero_grad()
-    losses.sum().backward()  # run r's loss depends on run r's weights only
-    grad_norm = attention_grad_norm(model) if measure else None
-    optimizer.clip_grad_norms(grad_clip)
-    optimizer.step(lr_factor)
-    return losses.detach(), grad_norm
 
 
 @dataclass
@@ -140,6 +111,7 @@ def train_runs(
     seeds = [seed for _, seed in runs]
     model = build_model(model_name, attention, cfg, seeds).to(device)
     optimizer = RunAdamW(model, [lr for lr, _ in runs], cfg.weight_decay)  # holds the weights from here on
+    trainer = TrainSteps(model, optimizer, cfg.grad_clip, device)  # on a GPU, a step is one graph launch
     factor = schedule(cfg)
     streams = [torch.Generator().manual_seed(seed) for seed in seeds]
     L, limit = cfg.train_len, step_limit(cfg)
@@ -155,9 +127,9 @@ def train_runs(
     running = torch.zeros(len(runs), device=device)  # the training losses' sum since the last row
     since = 0
     for step in range(1, limit + 1):
-        batch = stacked([make_batch(task, cfg, cfg.batch_size, L, streams[i]) for i in active], device)
+        batches = [make_batch(task, cfg, cfg.batch_size, L, streams[i]) for i in active]
         logging_step = step % cfg.log_every == 0 or step in (cfg.max_steps, limit)
-        losses, grad_norm = train_step(model, optimizer, batch, factor(step - 1), cfg.grad_clip, logging_step)
+        losses, grad_norm = trainer(batches, factor(step - 1), logging_step)
         running += losses
         since += 1
         if not logging_step:
@@ -205,10 +177,12 @@ def train_runs(
             if not active:
                 break
             index = torch.tensor(keep, device=device)
-            optimizer.keep_runs(index)
+            trainer.keep_runs(index)
             val, running = Batch(*(t[index] for t in val)), running[index]
     for i in active:
         results[i] = _converged(rows[i], best[i], best_state[i], step, at_step_limit=waited[i] < cfg.patience)
+    if trainer.captured:
+        log.info("%d of %d steps replayed from %d CUDA graph(s)", trainer.replayed, step, trainer.captured)
     return results
 
 
