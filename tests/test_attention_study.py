@@ -267,6 +267,30 @@ def test_a_cell_whose_seeds_split_trains_more_seeds_at_its_lr():
     assert set(evaluation["lr"]) == {0.01} and evaluation["token_acc"].notna().all()
 
 
+def test_a_cell_trained_ahead_holds_the_runs_its_stages_hold_in_one_call():
+    """On a GPU run_cell trains the later seeds at every lr within the sweep (`ahead`): the same lr chosen
+    on the sweep seed, the same runs in the same rows, each within the float32 rounding that runs at once
+    differ by (tests/test_attention_runs.py), in one call of train_runs where the stages take two; and the
+    runs it never asks for (seeds 1 and 2 at the lr not chosen, seeds a split would add) in no table."""
+    cell = dataclasses.replace(CELL, lr_extensions=0, seeds_if_split=5)
+    calls, tables = {}, {}
+    original = uph.attention.training.train_runs
+    for ahead in (False, True):
+        calls[ahead] = []
+
+        def counted(*args, ahead=ahead):
+            calls[ahead].append(len(args[4]))
+            return original(*args)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(uph.attention.training, "train_runs", counted)
+            tables[ahead] = run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"), ahead=ahead)
+    assert calls == {False: [2, 2], True: [2 + 2 * (2 + 2)]}  # split seeds 3 and 4 trained ahead too
+    for staged, at_once in zip(tables[False], tables[True]):
+        pd.testing.assert_frame_equal(at_once, staged, check_exact=False, rtol=1e-4, atol=1e-6)
+    assert sorted(tables[True][1]["seed"]) == [0, 0, 1, 2]
+
+
 def test_the_lr_sweep_extends_past_the_end_its_best_lr_sits_at():
     """lr_edge and extension: a best lr at the low (high) end of the lrs tried gets one lr_step lower
     (higher), never above 1; inside, or the only lr tried (no direction), none."""

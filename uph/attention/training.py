@@ -215,9 +215,14 @@ def split_seeds(sweep: pd.DataFrame, lr: float, seeds: list[int], wanted: int | 
     count as not). [] where they agree, or `wanted` is None."""
     runs = sweep[sweep["lr"] == lr]
     solved = (runs["val_token_acc"] >= SOLVED) & ~runs["diverged"]
-    if wanted is None or solved.all() or not solved.any():
+    if solved.all() or not solved.any():
         return []
-    return list(range(max(seeds) + 1, max(seeds) + 1 + wanted - len(seeds)))
+    return seeds_to_add(seeds, wanted)
+
+
+def seeds_to_add(seeds, wanted: int | None) -> list[int]:
+    """The seeds after `seeds` (max(seeds) + 1, ...) up to `wanted` in all ([] for None): a split cell's."""
+    return [] if wanted is None else list(range(max(seeds) + 1, max(seeds) + 1 + wanted - len(seeds)))
 
 
 def lr_edge(lr: float, tried) -> str:
@@ -256,19 +261,40 @@ def run_cell(
     attention: str,
     device: torch.device,
     log: logging.Logger | None = None,
+    ahead: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation).
     Each stage trains its runs at once (train_runs): the sweep's lrs x sweep seeds, each extension's
-    sweep seeds, the remaining seeds."""
+    sweep seeds, the remaining seeds, a split's added seeds.
+
+    `ahead` (default: on a GPU, which pays little for more runs a step) trains the later seeds (the
+    remaining ones and those a split would add) at every lr of the first sweep within it, and keeps each
+    run until the protocol asks for it: the lr is still chosen on the sweep seeds alone and the tables
+    hold the same runs, but a cell whose lr is chosen among the config's lrs trains in one stage, not
+    three. Each run is the run it would be in its own stage, up to float32 rounding."""
     log = log or logging.getLogger(__name__)
+    ahead = device.type == "cuda" if ahead is None else ahead
     kind = KINDS[attention]
     cell = {"task": task, "model": model_name, "attention": attention}
     marks = {"family": kind.family, "loudness_invariant": kind.loudness_invariant}
     curves, sweep, states = [], [], {}
+    spare: dict[tuple[float, int], RunResult] = {}  # runs trained ahead, recorded once the protocol asks
 
-    def train(runs: list[tuple[float, int]]) -> None:
+    def train(runs: list[tuple[float, int]], later: list[tuple[float, int]] = ()) -> None:
         start = time.perf_counter()
-        for (lr, seed), result in zip(runs, train_runs(cfg, task, model_name, attention, runs, device)):
+        todo = [run for run in [*runs, *later] if run not in spare]
+        if todo:
+            spare.update(zip(todo, train_runs(cfg, task, model_name, attention, todo, device)))
+            log.info(
+                "%s %s %s: %d runs at once in %.1f s",
+                task,
+                model_name,
+                attention,
+                len(todo),
+                time.perf_counter() - start,
+            )
+        for lr, seed in runs:
+            result = spare.pop((lr, seed))
             curves.extend(result.rows)
             sweep.append({"lr": lr, "seed": seed, **result.final, "diverged": result.diverged, **result.progress})
             states[lr, seed] = result.state
@@ -284,13 +310,11 @@ def run_cell(
                 result.progress["steps_run"],
                 ", at the step limit" if result.progress["at_step_limit"] else "",
             )
-        log.info(
-            "%s %s %s: %d runs at once in %.1f s", task, model_name, attention, len(runs), time.perf_counter() - start
-        )
 
     sweep_seeds = cfg.seeds[: cfg.sweep_seeds]
     tried = list(cfg.lrs)
-    train([(lr, seed) for lr in tried for seed in sweep_seeds])
+    later = [*cfg.seeds[cfg.sweep_seeds :], *seeds_to_add(cfg.seeds, cfg.seeds_if_split)] if ahead else []
+    train([(lr, seed) for lr in tried for seed in sweep_seeds], [(lr, seed) for lr in tried for seed in later])
     for _ in range(cfg.lr_extensions):
         chosen = best_lr(pd.DataFrame(sweep))
         lr = None if chosen is None else extension(chosen, tried, cfg.lr_step)
