@@ -116,7 +116,11 @@ def test_provenance_records_the_run(tiny_study):
     assert wall["fit_global_unigram"]["jobs"] == 1 and wall["cross_user_headline"]["jobs"] == 1
     assert wall["extract"]["jobs"] == 2 and wall["copy_task_train"]["jobs"] == 2 and wall["feedback_train"]["jobs"] == 4
     assert "aggregate" in wall and "provenance" not in wall  # its own benchmark is written after it
-    assert all(entry["seconds"] > 0 and entry["peak_rss_mb"] > 50 for entry in wall.values())  # python alone: ~10 MB
+    # Snakemake samples a job's memory while it runs: a job of half a second may be sampled before its imports
+    # (corpus_roles: 6.6 MB on a fast machine), one that computes with torch for seconds is not (python alone
+    # is about 10 MB; torch imported, over 200 MB): the figures are MB, not bytes or kB
+    assert all(entry["seconds"] > 0 and entry["peak_rss_mb"] > 0 for entry in wall.values())
+    assert wall["extract"]["peak_rss_mb"] > 50
     # what each rule's jobs ran on, from the record every job wrote beside its log (uph.logs.record_device)
     devices = record["devices_per_rule"]
     assert all(devices[rule]["jobs"] == entry["jobs"] for rule, entry in wall.items())
