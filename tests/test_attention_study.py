@@ -18,10 +18,10 @@ import uph.attention.training
 from uph.attention.model import ResidualModel, attention_stats, build_model
 from uph.attention.runs import load_runs
 from uph.attention.self_attention import ATTENTIONS, AttentionKind
-from uph.attention.study_config import AttentionStudyConfig, eval_lengths, schedule
+from uph.attention.steps import stacked
+from uph.attention.study_config import PROGRESS, AttentionStudyConfig, eval_lengths, schedule
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
 from uph.attention.training import (
-    PROGRESS,
     best_lr,
     evaluate,
     extension,
@@ -29,7 +29,6 @@ from uph.attention.training import (
     lr_edge,
     run_cell,
     split_seeds,
-    stacked,
     train_runs,
 )
 from uph.config import schema_defaults, validate

@@ -16,7 +16,7 @@ from conftest import REPO
 from uph.config import validate
 from uph.errors import ConfigError
 from uph.feedback.char_lm import CharMLP, char_corpus, evenly_spaced_windows, output_error
-from uph.feedback.comparison import paired_difference
+from uph.feedback.comparison import paired_difference, summarize
 from uph.feedback.node_perturbation import node_perturbation
 from uph.feedback.subspace import (
     FeedbackLayer,
@@ -33,7 +33,6 @@ from uph.feedback.training import (
     evaluate,
     learn,
     make_method,
-    summarize,
     train,
 )
 from uph.lm.data.corpus import load_shakespeare_roles

@@ -11,7 +11,7 @@ gradient norm) per seed and logged step.
 """
 
 from uph.artifacts import ATTENTION_RUN
-from uph.attention.training import PROGRESS
+from uph.attention.study_config import PROGRESS
 from uph.io import write_table
 from uph.logs import rule_logging
 

@@ -1,7 +1,7 @@
 """Rule feedback_table: one row per (method, seed) from the training curves."""
 
 from uph.artifacts import FEEDBACK_RUN
-from uph.feedback.training import summarize
+from uph.feedback.comparison import summarize
 from uph.io import write_table
 from uph.logs import rule_logging
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from uph.config import dataclass_fields
 
 SOLVED = 0.99  # token accuracy from which a run counts as having solved its task (validation or test)
+PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from uph.attention.model import attention_stats, build_model
 from uph.attention.runs import RunAdamW, load_runs, run_state
 from uph.attention.self_attention import KINDS
 from uph.attention.steps import TrainSteps, run_losses, stacked
-from uph.attention.study_config import SOLVED, AttentionStudyConfig, eval_lengths, schedule, step_limit
+from uph.attention.study_config import PROGRESS, SOLVED, AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
 from uph.errors import TrainingDivergedError
 
@@ -75,9 +75,6 @@ def evaluate(model: torch.nn.Module, batch: Batch, chunk: int) -> list[dict[str,
         {"loss": loss, "token_acc": token, "seq_acc": seq}
         for loss, token, seq in zip(losses.tolist(), token_acc.tolist(), seq_acc.tolist())
     ]
-
-
-PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
 
 
 def first_step(rows: list[dict], accuracy: float) -> float:

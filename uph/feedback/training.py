@@ -44,11 +44,11 @@ import torch.nn.functional as F
 
 from uph.errors import ConfigError, TrainingDivergedError
 from uph.feedback.char_lm import CharCorpus, CharMLP, evenly_spaced_windows, output_error, sample_batch
+from uph.feedback.comparison import METHODS
 from uph.feedback.node_perturbation import node_perturbation
 from uph.feedback.subspace import FeedbackSystem, UpdateConfig
 from uph.optim import Adam
 
-METHODS = ("backprop", "dfa", "feedback_frozen", "feedback_learned", "feedback_learned_oracle")
 SIGNALS = ("node_perturbation",)  # the backprop-free g_hat of feedback_learned (config key feedback.signal)
 
 
@@ -259,36 +259,3 @@ def train(
             )
             sums, since = defaultdict(float), 0
     return pd.DataFrame(rows)
-
-
-def summarize(curves: pd.DataFrame) -> pd.DataFrame:
-    """One row per (method, seed): what the rule learns its feedback from (signal), whether it needs a
-    backward pass, its forward passes and measured seconds per step (forward pass and learning step,
-    `update_seconds` over steps), the final held-out loss and accuracy, and the mean over the run and
-    the final value of the alignment averaged over hidden layers."""
-    rows = []
-    for (method, seed), run in curves.groupby(["method", "seed"], sort=False):
-        run = run.sort_values("step")
-        alignment = run.filter(regex=r"^alignment_l\d+$").dropna(axis=1, how="all").mean(axis=1)
-        last = run.iloc[-1]
-        rows.append(
-            {
-                "method": method,
-                "seed": seed,
-                "signal": last["signal"],
-                "needs_backward": bool(last["needs_backward"]),
-                "forward_passes_per_step": int(last["forward_passes_per_step"]),
-                "seconds_per_step": last["update_seconds"] / last["step"],
-                "final_loss": last["test_loss"],
-                "final_acc": last["test_acc"],
-                "mean_alignment": alignment.mean(),
-                "final_alignment": alignment.iloc[-1],
-                "final_train_loss": last["train_loss"],
-                "steps": int(last["step"]),
-            }
-        )
-    order = {method: i for i, method in enumerate(METHODS)}
-    table = pd.DataFrame(rows)
-    return table.sort_values(
-        ["method", "seed"], key=lambda s: s.map(order) if s.name == "method" else s, kind="stable"
-    ).reset_index(drop=True)
