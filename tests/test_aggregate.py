@@ -138,7 +138,8 @@ def test_provenance_records_the_run(tiny_study):
 
 
 def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_path):
-    """`--forcerun aggregate` with the model weights and the hidden-state cache gone, then the report."""
+    """`--forcerun aggregate` (and the attention and feedback tables it reads) with the model weights and the
+    hidden-state cache gone, then the report."""
     workdir = tmp_path / "copy"
     shutil.copytree(tiny_study.workdir, workdir, symlinks=True)
     (workdir / "results/model/model.safetensors").unlink()
@@ -146,16 +147,16 @@ def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_
     shutil.rmtree(workdir / "results/figures")
     (workdir / "results/summary.md").unlink()
     (workdir / "results/answers.html").unlink()
-    # "tables alone": the aggregate job runs with torch and transformers unimportable
-    env = without_modules(tmp_path / "blocked", "torch", "transformers", where="the aggregate job")
-    run = snakemake(
-        workdir, "--forcerun", "aggregate", "--allowed-rules", "aggregate", "--", "results/summary.md", env=env
-    )
+    # "tables alone": the aggregate job and the training branches' table jobs run with torch and transformers
+    # unimportable (a job that imports torch without using it pays a second of start-up)
+    env = without_modules(tmp_path / "blocked", "torch", "transformers", where="a table or the aggregate job")
+    rules = ["aggregate", "attention_table", "feedback_table"]
+    run = snakemake(workdir, "--forcerun", *rules, "--allowed-rules", *rules, "--", "results/summary.md", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     # provenance is torch-free too: it reads the device each job recorded
     run = snakemake(workdir, "--allowed-rules", "provenance", "--", "results/provenance.json", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
-    redrawn = ["results/figures", "results/summary.md", "results/answers.html"]
+    redrawn = ["results/figures", "results/summary.md", "results/answers.html", "results/tables"]
     assert files_under(workdir, redrawn) == files_under(tiny_study.workdir, redrawn)
     report = snakemake(workdir, "--report", str(tmp_path / "report.html"))
     assert report.returncode == 0, report.stderr[-3000:]
