@@ -138,7 +138,7 @@ def test_provenance_records_the_run(tiny_study):
 
 
 def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_path):
-    """`--forcerun aggregate` (and the attention and feedback tables it reads) with the model weights and the
+    """`--forcerun aggregate` (and the LM, attention and feedback tables it reads) with the model weights and the
     hidden-state cache gone, then the report."""
     workdir = tmp_path / "copy"
     shutil.copytree(tiny_study.workdir, workdir, symlinks=True)
@@ -147,10 +147,10 @@ def test_figures_are_redrawn_from_the_tables_alone_and_reported(tiny_study, tmp_
     shutil.rmtree(workdir / "results/figures")
     (workdir / "results/summary.md").unlink()
     (workdir / "results/answers.html").unlink()
-    # "tables alone": the aggregate job and the training branches' table jobs run with torch and transformers
+    # "tables alone": the aggregate job and the table jobs run with torch and transformers
     # unimportable (a job that imports torch without using it pays a second of start-up)
     env = without_modules(tmp_path / "blocked", "torch", "transformers", where="a table or the aggregate job")
-    rules = ["aggregate", "attention_table", "feedback_table"]
+    rules = ["aggregate", "attention_table", "feedback_table", "personalization_table"]
     run = snakemake(workdir, "--forcerun", *rules, "--allowed-rules", *rules, "--", "results/summary.md", env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     # provenance is torch-free too: it reads the device each job recorded

@@ -42,7 +42,6 @@ from uph.feedback.training import train as train_feedback
 from uph.io import code_version, write_json, write_table
 from uph.lm.data.cache import (
     cache_identity,
-    check_unique_users,
     read_record,
     read_shard,
     read_users,
@@ -54,6 +53,7 @@ from uph.lm.engine.fit import fit_theta
 from uph.lm.engine.heads import HeadSettings, make_head
 from uph.lm.engine.solvers import SolverSettings
 from uph.lm.engine.tokens import prepare
+from uph.lm.jobs.tables import check_unique_users
 from uph.report.figures import STYLE, literal
 from uph.report.provenance import table_code
 

@@ -4,9 +4,9 @@ results/benchmarks)."""
 
 from uph.artifacts import FIT_FILE, job_record
 from uph.io import write_table
-from uph.lm.data.cache import check_unique_users
 from uph.lm.jobs.tables import (
     capacity_table,
+    check_unique_users,
     cross_user_table,
     dose_response_table,
     in_user_order,

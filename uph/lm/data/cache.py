@@ -279,20 +279,3 @@ def read_users(paths, model_dir: str | Path, users_path: str | Path, extract: di
         held = read_shard(path, {**identity, **manifest})
         states.update(held if wanted is None else {user: held[user] for user in held if user in wanted})
     return dict(sorted(states.items()))
-
-
-def check_unique_users(tables: dict, keys=("head", "alpha", "d", "solver"), user: str = "user") -> None:
-    """`tables`: file -> its rows (pandas). A user must appear in at most one file at each `keys`;
-    twice means a cache shard was copied over another, and its fits would count the user twice."""
-    seen: dict[tuple, str] = {}
-    for path, rows in tables.items():
-        if rows.empty:  # a shard the hash left without users
-            continue
-        for row in rows[[*keys, user]].drop_duplicates().itertuples(index=False):
-            first = seen.setdefault(row, path)
-            if first != path:
-                where = " ".join(f"{k}={v}" for k, v in zip(keys, row))
-                raise CacheError(
-                    f"user {row[-1]!r} is in both '{first}' and '{path}' ({where}): results of one shard "
-                    "were copied over another; delete both and run snakemake again"
-                )

@@ -29,6 +29,12 @@ TIE = 1e-9  # nats/token: validation means closer than this are one value (the s
 # every larger radius scores equal up to rounding), and the smaller capacity is chosen
 
 
+def on_ball(norm, radius: float):
+    """Whether theta's norm (a float or an array of them) lies on the ball's sphere, to rounding: there
+    the constraint binds, and the radius, not the data, decides the fit."""
+    return norm >= radius * (1 - 1e-6)
+
+
 def choose(validation: pd.DataFrame, keys: list[str], knobs) -> pd.DataFrame:
     """`validation`: one row per (keys..., knob values, user) with its `validation_nll` (a knob it lacks is
     NaN: one value). Returns one row per keys: the chosen value of each knob, `at_edge` (which ends of

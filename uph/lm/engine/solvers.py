@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from uph.config import dataclass_fields, schema_defaults
+from uph.lm.engine.capacity import on_ball
 from uph.optim import Adam, clip_grad_norm_
 
 SOLVERS = ("adam", "exact")  # adam: seed 002's schedule; exact: certified optimum
@@ -48,12 +49,6 @@ class SolverSettings:
     def defaults(cls, **changes) -> SolverSettings:
         """The schema's defaults, with `changes`."""
         return cls.from_config({**schema_defaults("fit"), **changes})
-
-
-def on_ball(norm, radius: float):
-    """Whether theta's norm (a float or an array of them) lies on the ball's sphere, to rounding: there
-    the constraint binds, and the radius, not the data, decides the fit."""
-    return norm >= radius * (1 - 1e-6)
 
 
 def projected_gradient_norm(theta: torch.Tensor, grad: torch.Tensor, radius: float) -> float:

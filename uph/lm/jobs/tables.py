@@ -33,8 +33,8 @@ import numpy as np
 import pandas as pd
 
 from uph.artifacts import FIT_FILE
-from uph.lm.engine.capacity import chosen_row
-from uph.lm.engine.solvers import on_ball
+from uph.errors import CacheError
+from uph.lm.engine.capacity import chosen_row, on_ball
 from uph.stats import COMPARISON_COLUMNS, compare
 
 KEYS = ["head", "alpha", "d", "solver"]
@@ -229,3 +229,20 @@ def cross_user_table(model: str, blocks: list[pd.DataFrame]) -> pd.DataFrame:
         return pd.DataFrame(columns=CROSS_USER_COLUMNS)
     matrix = pd.concat([block.assign(model=model) for block in blocks], ignore_index=True)
     return matrix.sort_values(["head", "alpha", "d", "solver", "text_user"], kind="stable")[CROSS_USER_COLUMNS]
+
+
+def check_unique_users(tables: dict, keys=("head", "alpha", "d", "solver"), user: str = "user") -> None:
+    """`tables`: file -> its rows (pandas). A user must appear in at most one file at each `keys`;
+    twice means a cache shard was copied over another, and its fits would count the user twice."""
+    seen: dict[tuple, str] = {}
+    for path, rows in tables.items():
+        if rows.empty:  # a shard the hash left without users
+            continue
+        for row in rows[[*keys, user]].drop_duplicates().itertuples(index=False):
+            first = seen.setdefault(row, path)
+            if first != path:
+                where = " ".join(f"{k}={v}" for k, v in zip(keys, row))
+                raise CacheError(
+                    f"user {row[-1]!r} is in both '{first}' and '{path}' ({where}): results of one shard "
+                    "were copied over another; delete both and run snakemake again"
+                )
