@@ -5,9 +5,11 @@
 # 1. the engine's CUDA tests (the stacked round and the halves' alternation, the engine against its CPU path);
 # 2. bench_lockstep.py on cuda: the operations a round dispatches for 1 and 12 users at the default's V and
 #    train tokens, then 12 default-sized users' paths one at a time, in lockstep, and stacked in two halves;
+#    and bench_attention_study.py on cuda: 8 runs of standard and triple_capped attention one at a time, at once
+#    and at once replayed from a CUDA graph (uph.attention.steps; its bit-for-bit test is in tests/test_gpu.py);
 # 3. the default with `device: cuda` in a fresh folder (the makespan against issue 48's 2 minutes, and each
 #    rule's job-seconds from its benchmarks), then uph.compare against reference/default (the CPU's).
-# OUT gets machine.txt, tests.txt, lockstep.txt, default.log, wall.txt, compare.txt and the default's
+# OUT gets machine.txt, tests.txt, lockstep.txt, attention.txt, default.log, wall.txt, compare.txt and the default's
 # benchmarks, tables, provenance and logs (default.tgz).
 set -u
 out=${1:?usage: $0 OUT [DEFAULT_SECONDS]}
@@ -18,6 +20,8 @@ timeout 150 python -m pytest -q -p no:cacheprovider tests/test_round.py tests/te
 { timeout 90 python benchmarks/bench_lockstep.py --device cuda --ops --tokens 1640
   timeout 150 python benchmarks/bench_lockstep.py --device cuda --users 12 --tokens 1640; } 2>&1 | grep -v USDT \
   > "$out/lockstep.txt"
+timeout 60 python benchmarks/bench_attention_study.py --device cuda --steps 20 \
+  --repeats 1 --attentions standard triple_capped 2>&1 | grep -v USDT > "$out/attention.txt"
 res=/tmp/res_cuda start=$(date +%s)
 timeout "${2:-300}" python -m snakemake --cores all --configfile config.yaml --config device=cuda results=$res \
   > "$out/default.log" 2>&1
