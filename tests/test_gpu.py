@@ -133,13 +133,23 @@ def graph_steps(attention: str, graphs: bool, steps: int, keep_at: int | None = 
 @needs_cuda
 @pytest.mark.parametrize("attention", ["standard", "triple_capped", "diff"])
 def test_training_steps_replayed_on_cuda_from_a_graph_are_the_eager_steps(attention):
-    """Bit for bit (a replay runs the eager step's kernels, deterministic ones, on the same buffers): the
-    warm-up steps, a capture, replays, a logging step run eagerly between them, a run leaving the batch
-    and the second capture after it."""
+    """A replay runs the eager step's kernels on the same buffers: through the warm-up steps, a capture,
+    replays, a logging step run eagerly between them, a run leaving the batch and the second capture after
+    it, the losses and weights are the eager steps'. Bit for bit where the eager steps repeat bit for bit;
+    the training rules run without deterministic kernels (uph.device.TRAINING_RULES: SDPA's and the
+    embedding's backward add with atomics), so where two eager runs differ, the replays may differ from them
+    by as much: float32 sums in another order, about 1e-7 of a value a step, grown over 12 AdamW steps of
+    at most lr = 0.01 each to well under the 1e-5 held here (a wrong replay, a stale input or scalar, moves
+    a loss by 1e-3 or more)."""
     eager_losses, eager_weights, _ = graph_steps(attention, False, 12, keep_at=8, measure_at=5)
+    again_losses, again_weights, _ = graph_steps(attention, False, 12, keep_at=8, measure_at=5)
     losses, weights, trainer = graph_steps(attention, True, 12, keep_at=8, measure_at=5)
     assert trainer.captured == 2 and trainer.replayed == 12 - 2 * WARMUP - 1
-    assert torch.equal(losses, eager_losses) and torch.equal(weights, eager_weights)
+    if torch.equal(again_losses, eager_losses) and torch.equal(again_weights, eager_weights):
+        assert torch.equal(losses, eager_losses) and torch.equal(weights, eager_weights)
+    else:
+        torch.testing.assert_close(losses, eager_losses, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(weights, eager_weights, rtol=0, atol=1e-5)
 
 
 @needs_cuda
