@@ -127,7 +127,8 @@ def test_extra_points_join_the_sweep_once_and_may_be_listed(config):
     """fit.extra_points: a head at a d beyond fit.ds joins the sweep (once, after the product), and a
     list of points (cross_user, dose_response, on_cache) may name it."""
     from uph.config import sweep_points
-    from uph.lm.jobs.fit_job import FitConfig, Point
+    from uph.lm.jobs.choices import Point
+    from uph.lm.jobs.fit_job import FitConfig
 
     config = copy.deepcopy(config)
     fit = config["fit"]

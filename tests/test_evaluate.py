@@ -32,8 +32,9 @@ from uph.lm.engine.heads import HeadSettings, full_bias_head, make_head
 from uph.lm.engine.lockstep import run
 from uph.lm.engine.solvers import SolverSettings
 from uph.lm.engine.tokens import pool, prepare
+from uph.lm.jobs.choices import Point, capacity_choices
 from uph.lm.jobs.controls import cross_user, others, residual_thetas
-from uph.lm.jobs.fit_job import CacheBaselines, FitConfig, FitJob, Point, capacity_choices, global_thetas, load_methods
+from uph.lm.jobs.fit_job import CacheBaselines, FitConfig, FitJob, global_thetas, load_methods
 from uph.lm.jobs.global_fit import fit_global, global_unigram
 from uph.lm.jobs.refit import fit_user_steps, fit_users
 from uph.lm.jobs.validate import validate_user_steps, validate_users, warm_starts

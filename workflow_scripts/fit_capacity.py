@@ -3,7 +3,7 @@ fit_global and every validate job (uph.lm.engine.capacity)."""
 
 from uph.artifacts import job_record, write_recorded
 from uph.lm.engine.capacity import EDGES
-from uph.lm.jobs.fit_job import capacity_choices
+from uph.lm.jobs.choices import capacity_choices
 from uph.lm.jobs.tables import read_in_user_order
 from uph.logs import rule_logging
 

@@ -6,8 +6,9 @@ blocks."""
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
 from uph.lm.engine.heads import HeadSettings
+from uph.lm.jobs.choices import Point
 from uph.lm.jobs.controls import cross_user, residual_thetas
-from uph.lm.jobs.fit_job import Point, global_thetas, job_users, load_fit_job
+from uph.lm.jobs.fit_job import global_thetas, job_users, load_fit_job
 from uph.logs import rule_logging
 
 import pandas as pd

@@ -3,7 +3,7 @@ and the others control as the report picks it (uph.report.study.best_beyond_glob
 fit.cross_user lists it already, so its cross_user_headline blocks write no rows."""
 
 from uph.artifacts import FIT_FILE, job_record, write_recorded
-from uph.lm.jobs.fit_job import Point
+from uph.lm.jobs.choices import Point
 from uph.lm.jobs.tables import personalization_table, read_in_user_order
 from uph.logs import rule_logging
 from uph.report.study import best_beyond_global

@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from uph.lm.engine.evaluate import HeldOut
 from uph.lm.engine.tokens import prepare
-from uph.lm.jobs.fit_job import CACHES, NEURAL_CACHE_METHOD, CacheBaselines, FitJob, Point
+from uph.lm.jobs.choices import Point
+from uph.lm.jobs.fit_job import CACHES, NEURAL_CACHE_METHOD, CacheBaselines, FitJob
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ fitted on a cache's residual-arm mixture as their base (a fourth arm, "cache" or
 
 Jobs (rules/fit.smk), each computing a user's base distribution p0 once for all its methods; the
 per-user ones hold the users of one fit job (fit.jobs of them, balanced by train tokens: uph.lm.jobs.partition),
-and a user's rows do not depend on which job holds it. `capacity_choices` chooses (rule capacity); the
+and a user's rows do not depend on which job holds it. uph.lm.jobs.choices chooses (rule capacity); the
 other jobs are uph.lm.jobs.global_fit (fit_global, fit_global_unigram, fit_global_neural_cache),
 uph.lm.jobs.validate (validate), uph.lm.jobs.refit (fit) and uph.lm.jobs.controls (fit_others, cross_user).
 """
@@ -39,39 +39,18 @@ from uph.lm.data.basis import load_basis
 from uph.lm.data.cache import UserStates, read_users
 from uph.lm.data.models import OutputLayer, read_output_layer
 from uph.lm.engine.baselines import NEURAL_CACHE, UNIGRAM, cache_mixture, count
-from uph.lm.engine.capacity import KNOBS, choose, chosen
 from uph.lm.engine.evaluate import HeldOut
 from uph.lm.engine.fit import FitResult
 from uph.lm.engine.heads import Head, HeadSettings, full_bias_head, make_head
 from uph.lm.engine.neural_cache import NeuralCache
 from uph.lm.engine.solvers import SolverSettings
 from uph.lm.engine.tokens import Mixture, Tokens, on_device, prepare, prepare_halves
+from uph.lm.jobs.choices import Point
 from uph.lm.jobs.partition import users_of_job
 from uph.model_identity import read_identity as read_model_identity
 
 FULL_BIAS = "full_bias"
-CHOICE_KEYS = ["head", "alpha", "d", "solver", "arm", "train_tokens"]  # one capacity choice each
 ARMS = ("global", "personal", "residual")
-ALL_TOKENS = float("nan")  # train_tokens of a choice for all of each user's train tokens
-
-
-@dataclass(frozen=True)
-class Point:
-    head: str
-    alpha: float
-    d: int
-
-    @classmethod
-    def of(cls, head: str, alpha, d) -> Point:
-        return cls(head, float(alpha), int(d))
-
-    @property
-    def columns(self) -> dict:
-        return {"head": self.head, "alpha": self.alpha, "d": self.d}
-
-    @property
-    def label(self) -> str:
-        return f"head={self.head} alpha={self.alpha:g} d={self.d}"
 
 
 @dataclass(frozen=True)
@@ -237,24 +216,9 @@ def scored_path(held_out: HeldOut, path, offset: torch.Tensor | None, columns: d
     ]
 
 
-def choice_columns(point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> dict:
-    """The columns that name one choice of the capacity table: the point's, the solver, the arm, the train tokens."""
-    return {**point.columns, "solver": solver, "arm": arm, "train_tokens": train_tokens}
-
-
 UNIGRAM_METHOD = {"head": UNIGRAM, "alpha": math.nan, "d": math.nan, "solver": "exact"}  # no point, no solver
 NEURAL_CACHE_METHOD = {**UNIGRAM_METHOD, "head": NEURAL_CACHE}
 CACHES = {UNIGRAM: "cache", NEURAL_CACHE: "neural_cache"}  # fit.on_cache's caches: their arm, column prefix
-
-
-def capacity_choices(validation: pd.DataFrame) -> pd.DataFrame:
-    """Every (method, arm, train_tokens)'s choice from the validation rows of every job (uph.lm.engine.capacity)."""
-    return choose(validation, CHOICE_KEYS, KNOBS)
-
-
-def chosen_radius(choices: pd.DataFrame, point: Point, solver: str, arm: str, train_tokens=ALL_TOKENS) -> float:
-    """The radius the capacity table chose for one point, solver, arm and train tokens."""
-    return chosen(choices, "capacity", **choice_columns(point, solver, arm, train_tokens))
 
 
 def global_thetas(table: pd.DataFrame, column: str = "theta") -> dict[tuple[Point, str], torch.Tensor]:

@@ -24,17 +24,14 @@ from uph.lm.engine.evaluate import HeldOut
 from uph.lm.engine.fit import fit_path, fit_theta
 from uph.lm.engine.neural_cache import Datastore, datastore_table, log_cache_probabilities, pooled_datastore
 from uph.lm.engine.tokens import Tokens, pool, prepare
+from uph.lm.jobs.choices import ALL_TOKENS, capacity_choices, choice_columns, chosen_radius
 from uph.lm.jobs.fit_job import (
-    ALL_TOKENS,
     ARMS,
     NEURAL_CACHE_METHOD,
     UNIGRAM_METHOD,
     Capacity,
     FitConfig,
     FitJob,
-    capacity_choices,
-    choice_columns,
-    chosen_radius,
     fit_columns,
     scored_path,
 )

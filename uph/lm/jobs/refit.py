@@ -20,6 +20,7 @@ from uph.lm.engine.lockstep import run_lockstep, user_groups
 from uph.lm.engine.neural_cache import NeuralCache
 from uph.lm.engine.objective import HeadOnTokens
 from uph.lm.engine.tokens import Tokens, prepare
+from uph.lm.jobs.choices import Point, chosen_radius
 from uph.lm.jobs.fit_job import (
     ARMS,
     CACHES,
@@ -28,8 +29,6 @@ from uph.lm.jobs.fit_job import (
     CacheBaselines,
     FitConfig,
     FitJob,
-    Point,
-    chosen_radius,
     fit_columns,
     group_trains,
 )

@@ -21,16 +21,8 @@ from uph.lm.engine.heads import Head
 from uph.lm.engine.lockstep import run_lockstep, user_groups
 from uph.lm.engine.objective import HeadOnTokens
 from uph.lm.engine.tokens import Tokens, validation_split
-from uph.lm.jobs.fit_job import (
-    CACHES,
-    CacheBaselines,
-    FitConfig,
-    FitJob,
-    Point,
-    choice_columns,
-    group_trains,
-    scored_path,
-)
+from uph.lm.jobs.choices import Point, choice_columns
+from uph.lm.jobs.fit_job import CACHES, CacheBaselines, FitConfig, FitJob, group_trains, scored_path
 
 log = logging.getLogger(__name__)
 
