@@ -1,6 +1,8 @@
 """The Snakemake DAG on the tiny config, through the snakemake command line."""
 
+import ast
 import subprocess
+import sys
 import time
 
 import pandas as pd
@@ -119,6 +121,38 @@ def test_the_dag_build_imports_neither_torch_nor_matplotlib(tiny_study, tmp_path
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Nothing to be done" in run.stdout + run.stderr
     assert seconds < 10  # about 1.5 s on an idle 2-core machine (BENCHMARKS.md); loaded CI machines vary
+
+
+# the jobs that read tables only, with capacity and headline_point on the language-model chain's path
+TORCH_FREE_SCRIPTS = (
+    "model",
+    "corpus_roles",
+    "fit_capacity",
+    "fit_headline",
+    "fit_tables",
+    "copy_task_table",
+    "attention_table",
+    "feedback_table",
+    "aggregate",
+    "provenance",
+)
+
+
+def test_the_jobs_that_read_tables_start_without_torch(tmp_path):
+    """A job pays its script's module-level imports before its work, torch 0.8 s of them (BENCHMARKS.md):
+    those of the scripts that only read tables run here with torch unimportable; a script that computes
+    with torch (fit) is refused, so the block holds."""
+    env = without_modules(tmp_path, "torch", where="a table job's imports")
+
+    def imports(name: str) -> subprocess.CompletedProcess:
+        tree = ast.parse((REPO / "workflow_scripts" / f"{name}.py").read_text())
+        lines = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        return subprocess.run([sys.executable, "-c", "\n".join(lines)], env=env, capture_output=True, text=True)
+
+    for name in TORCH_FREE_SCRIPTS:
+        run = imports(name)
+        assert run.returncode == 0, (name, run.stderr[-800:])
+    assert "a table job's imports imported torch" in imports("fit").stderr
 
 
 def test_dry_run_of_the_default_config_lists_the_stages(tmp_path):
