@@ -163,7 +163,7 @@ class RunAdamW:
 
     A step is `advance` (the host's part: the step count, and the step's scalars, the schedule's factor
     and the two bias corrections, copied into one device tensor) then `apply` (the device's part, reading
-    them there), so a GPU can capture `apply` once and replay it each step (uph.attention.graphed). The
+    them there), so a GPU can capture `apply` once and replay it each step (uph.attention.steps). The
     scalars enter the same float32 and float64 operations as Python numbers would on a CPU."""
 
     def __init__(
