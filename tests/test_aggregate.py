@@ -121,6 +121,8 @@ def test_provenance_records_the_run(tiny_study):
     # is about 10 MB; torch imported, over 200 MB): the figures are MB, not bytes or kB
     assert all(entry["seconds"] > 0 and entry["peak_rss_mb"] > 0 for entry in wall.values())
     assert wall["extract"]["peak_rss_mb"] > 50
+    # CPU seconds: what the jobs computed; extraction on 2 threads may compute more than its wall
+    assert all(entry["cpu_seconds"] >= 0 for entry in wall.values()) and wall["extract"]["cpu_seconds"] > 1
     # what each rule's jobs ran on, from the record every job wrote beside its log (uph.logs.record_device)
     devices = record["devices_per_rule"]
     assert all(devices[rule]["jobs"] == entry["jobs"] for rule, entry in wall.items())

@@ -94,8 +94,10 @@ def rule_devices(logs_dir: str | Path) -> dict:
 
 
 def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -> dict:
-    """rule -> {'jobs': n, 'seconds': wall seconds summed over its jobs, 'peak_rss_mb': the largest resident
-    memory of any of its jobs (Snakemake's max_rss, MB; None where none was measured)}. `benchmark_patterns`: rule ->
+    """rule -> {'jobs': n, 'seconds': wall seconds summed over its jobs, 'cpu_seconds': their CPU seconds
+    (Snakemake's cpu_time, user and system of each job's processes: what a job computed, whatever it waited
+    for, a run paused or cores shared), 'peak_rss_mb': the largest resident memory of any of its jobs
+    (Snakemake's max_rss, MB; None where none was measured)}. `benchmark_patterns`: rule ->
     its `benchmark:` file pattern, e.g. 'results/benchmarks/extract-{shard}.tsv'; every file present
     in those patterns' folders counts for the first rule whose pattern it matches."""
     regexes = {
@@ -108,13 +110,19 @@ def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -
     for path in (path for folder in folders for path in sorted(folder.glob("*.tsv"))):
         rule = next((rule for rule, regex in regexes.items() if regex.fullmatch(path.as_posix())), None)
         if rule is not None:
-            jobs, seconds, rss = times.get(rule, (0, 0.0, []))
+            jobs, seconds, cpu, rss = times.get(rule, (0, 0.0, 0.0, []))
             benchmark = pd.read_csv(path, sep="\t")
             rss = [*rss, *pd.to_numeric(benchmark["max_rss"], errors="coerce").dropna()]
-            times[rule] = (jobs + 1, seconds + float(benchmark["s"].sum()), rss)
+            cpu += float(pd.to_numeric(benchmark["cpu_time"], errors="coerce").fillna(0).sum())
+            times[rule] = (jobs + 1, seconds + float(benchmark["s"].sum()), cpu, rss)
     return {
-        rule: {"jobs": jobs, "seconds": round(seconds, 2), "peak_rss_mb": round(max(rss), 1) if rss else None}
-        for rule, (jobs, seconds, rss) in sorted(times.items())
+        rule: {
+            "jobs": jobs,
+            "seconds": round(seconds, 2),
+            "cpu_seconds": round(cpu, 2),
+            "peak_rss_mb": round(max(rss), 1) if rss else None,
+        }
+        for rule, (jobs, seconds, cpu, rss) in sorted(times.items())
     }
 
 
