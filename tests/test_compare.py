@@ -170,6 +170,7 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     info = json.loads((committed / "reference.json").read_text())
     assert info["job_seconds"] > 0 and info["cpu"] and info["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert 0 < info["rules"]["extract"]["cpu_seconds"] and info["cpu_seconds"] > info["rules"]["extract"]["cpu_seconds"]
+    assert {"validate", "fit_global", "fit", "fit_others"} <= set(info["rules"])  # the rules, each apart
     assert find_reference(results, references) == committed
     assert compare_folders(results, committed).exit_code == 0
     set_config(results, "fit", "jobs", 3)  # cuts the same computation: the same reference

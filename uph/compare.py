@@ -506,8 +506,9 @@ def cpu_description() -> str:
 
 def make_reference(results: Path, folder: Path) -> None:
     """Write `folder` as a committed reference of `results`: its tables (CSV), summary.md, provenance.json
-    (with the config that made it) and reference.json (commit, CPU, torch, job-seconds, CPU seconds and peak
-    RSS per rule from its benchmark files; CPU seconds are what the jobs computed, whatever they waited for):
+    (with the config that made it) and reference.json (commit, CPU, torch, and per rule the job-seconds, CPU
+    seconds and peak RSS that provenance.json gathered from its benchmark files; CPU seconds, what the jobs
+    computed whatever they waited for, are None from a provenance written before it recorded them):
     kilobytes, no caches or weights."""
     import shutil
 
@@ -520,23 +521,24 @@ def make_reference(results: Path, folder: Path) -> None:
     shutil.copy(results / "summary.md", folder)
     shutil.copy(results / "provenance.json", folder)
     provenance = json.loads((results / "provenance.json").read_text())
-    rules = {}
-    for path in sorted((results / "benchmarks").glob("*.tsv")):
-        rule, row = path.stem.split("-")[0], pd.read_csv(path, sep="\t").iloc[0]
-        seconds, cpu, rss = rules.get(rule, (0.0, 0.0, 0.0))
-        rules[rule] = (seconds + float(row["s"]), cpu + float(row["cpu_time"]), max(rss, float(row["max_rss"])))
+    rules = provenance["wall_seconds_per_rule"]
+    cpu = [entry.get("cpu_seconds") for entry in rules.values()]
     record = {
         "commit": provenance["git"]["commit"],
         "dirty": provenance["git"]["dirty"],
         "code_sha256": provenance["code_sha256"],
         "cpu": cpu_description(),
         "torch": provenance["packages"]["torch"],
-        "job_seconds": round(sum(seconds for seconds, _, _ in rules.values())),
-        "cpu_seconds": round(sum(cpu for _, cpu, _ in rules.values())),
-        "peak_rss_mb": round(max((rss for *_, rss in rules.values()), default=0.0)),
+        "job_seconds": round(sum(entry["seconds"] for entry in rules.values())),
+        "cpu_seconds": None if None in cpu else round(sum(cpu)),
+        "peak_rss_mb": round(max((entry["peak_rss_mb"] or 0.0 for entry in rules.values()), default=0.0)),
         "rules": {
-            rule: {"job_seconds": round(s, 1), "cpu_seconds": round(c, 1), "peak_rss_mb": round(r)}
-            for rule, (s, c, r) in sorted(rules.items())
+            rule: {
+                "job_seconds": round(entry["seconds"], 1),
+                "cpu_seconds": entry.get("cpu_seconds"),
+                "peak_rss_mb": round(entry["peak_rss_mb"] or 0.0),
+            }
+            for rule, entry in sorted(rules.items())
         },
     }
     (folder / "reference.json").write_text(json.dumps(record, indent=1) + "\n")
