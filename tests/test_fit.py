@@ -23,7 +23,7 @@ from uph.lm.engine.fit import WarmStart, fit_path, fit_path_steps, fit_theta, fi
 from uph.lm.engine.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.engine.lockstep import lockstep_groups, run_lockstep
 from uph.lm.engine.objective import VOCAB_BLOCK, HeadOnTokens, Objective, evaluate_many, vocab_block
-from uph.lm.engine.solvers import SolverSettings, projected_gradient_norm
+from uph.lm.engine.solvers import BallModel, SolverSettings, ball_model_minimizers, projected_gradient_norm
 from uph.lm.engine.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
 
 D = 8
@@ -544,6 +544,76 @@ def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device
             assert per_k[0] == per_k[1] == per_k[2] and per_k[0] in ([1], [2]), (head.name, scale, per_k)
             seen.add(per_k[0][0])
     assert seen == {1, 2}  # the mended rounds were counted too
+
+
+def _ball_models(generator: torch.Generator) -> list[BallModel]:
+    """Quadratic models over balls: dense of two sizes and diagonal, their minimizers inside the ball
+    (a large radius) and on it, curvatures over six decades."""
+    models = []
+    for d, dense, radius in [
+        (5, True, 0.3),
+        (5, True, 1e6),
+        (7, True, 2.0),
+        (5, False, 0.3),
+        (5, False, 1e6),
+        (5, True, 0.01),
+    ]:
+        A = torch.randn(d, d, dtype=torch.float64, generator=generator)
+        B = (
+            A @ A.T + 1e-3 * torch.eye(d, dtype=torch.float64)
+            if dense
+            else 10 ** (6 * torch.rand(d, dtype=torch.float64, generator=generator) - 3)
+        )
+        theta = torch.randn(d, dtype=torch.float64, generator=generator)
+        theta *= min(radius, 1.0) * 0.5 / theta.norm()
+        models.append(BallModel(theta, 10 * torch.randn(d, dtype=torch.float64, generator=generator), B, radius))
+    return models
+
+
+def test_ball_model_minimizers_meet_the_balls_optimality_conditions_and_batch_bit_for_bit():
+    """Each BallModel's minimizer x meets the KKT conditions of min g·(x - θ) + ½ (x - θ)^T B (x - θ) over
+    ‖x‖ <= r: inside the ball it is θ - B^-1 g (solved explicitly), on it B (x - θ) + g = -mu x with
+    mu >= 0 and ‖x‖ = r; to the float64 error of its sums (100 cond(B) d u) and Newton's stop (within
+    1e-12 of the sphere). Batched with models of other shapes, each is bit for bit its own."""
+    generator = torch.Generator().manual_seed(0)
+    models = _ball_models(generator)
+    batched = ball_model_minimizers(models)
+    on_sphere = 0
+    for model, x in zip(models, batched):
+        assert torch.equal(x, ball_model_minimizers([model])[0])
+        B = torch.diag(model.B) if model.B.dim() == 1 else model.B
+        eigenvalues = torch.linalg.eigvalsh(B)
+        tolerance = 100 * float(eigenvalues[-1] / eigenvalues[0]) * len(x) * torch.finfo(torch.float64).eps
+        scale = float(model.grad.norm() + (B @ model.theta).norm())
+        inside = model.theta - torch.linalg.solve(B, model.grad)
+        if inside.norm() <= model.radius:
+            assert float((x - inside).norm()) <= tolerance * float(inside.norm())
+            continue
+        on_sphere += 1
+        assert abs(float(x.norm()) / model.radius - 1) <= 1e-12
+        residual = B @ (x - model.theta) + model.grad
+        mu = -float(residual @ x) / float(x @ x)
+        # Newton stops within 1e-12 of the sphere and scales y onto it: x moves by up to 1e-12 r
+        stopped = (1e-12 + tolerance) * (float(eigenvalues[-1]) + mu) * model.radius
+        assert mu >= 0 and float((residual + mu * x).norm()) <= tolerance * scale + stopped
+    assert on_sphere == 4
+
+
+def test_run_lockstep_takes_the_ball_steps_of_a_round_together(lm, monkeypatch):
+    """The fits a round moves on hand their ball steps (BallModel) to one ball_model_minimizers call."""
+    h, y, W, b, svd = lm
+    layer = OutputLayer(W.float(), b.float())
+    head = make_head("svd_cvh", W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd)
+    users = [prepare(h[i::3].float(), y[i::3], layer) for i in range(3)]
+    batches = []
+
+    def recorded(models):
+        batches.append(len(models))
+        return ball_model_minimizers(models)
+
+    monkeypatch.setattr(uph.lm.engine.lockstep, "ball_model_minimizers", recorded)
+    run_lockstep([fit_path_steps(u, head, "exact", SolverSettings.defaults(), [0.5]) for u in users])
+    assert max(batches) == 3, batches
 
 
 def test_run_lockstep_hands_each_fit_its_own_values_and_stops_on_an_error(lm):

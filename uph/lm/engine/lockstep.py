@@ -1,7 +1,8 @@
 """Fits in lockstep: several users' fits advance together, one evaluation each a round.
 
 A fit's steps (uph.lm.engine.fit.fit_path_steps, the solvers of uph.lm.engine.solvers) are a generator: it yields the
-request (objective, theta) for J's Value with its gradient and is sent the Value back. `run` drives one
+request (objective, theta) for J's Value with its gradient and is sent the Value back, or a BallModel
+(the exact solver's step, minimized over the ball on the host) and is sent its minimizer. `run` drives one
 fit, evaluating each request as it comes; `run_lockstep` drives several (a job's users, each walking its
 paths of radii): each round it takes the fits' pending requests and evaluates them all at once
 (uph.lm.engine.round.queue_round and finish_round), so the device work of all of them is queued back to back
@@ -10,13 +11,14 @@ one head are one batched pass, whose operations do not grow with the users.
 
 Why. On a GPU one user's evaluation is a few large kernels (its p0 blocks, [V, 1024] floats each) and a
 read back of J and its gradient, after which the device idles while the host runs the solver's step
-(the BFGS model, the ball's projection: a quarter of a millisecond at d = 32) and dispatches the next
+(the BFGS model minimized over the ball: 0.14 ms at d = 32) and dispatches the next
 evaluation's fifty-odd operations. One fit at a time leaves the GPU waiting on the host and the host on
 the GPU at every step, and each evaluation reads back on its own; in lockstep a round queues every user's
 kernels while the host works through the others' steps, and reads back once (twice where a chunk needs
-mending). On a CPU the kernels are the whole cost and the order changes nothing: each fit's arithmetic is
-exactly its own, so its values are bit-identical however many fits share its rounds (tests/test_fit.py,
-tests/test_evaluate.py); stacked, they are its own to float32 rounding (uph.lm.engine.round).
+mending), and the fits a round moves on take their ball steps together (one batched eigendecomposition
+and Newton iteration, uph.lm.engine.solvers.ball_model_minimizers). On a CPU the kernels are the whole
+cost and the order changes nothing: each fit's arithmetic is exactly its own, so its values are
+bit-identical however many fits share its rounds (tests/test_fit.py, tests/test_evaluate.py); stacked, they are its own to float32 rounding (uph.lm.engine.round).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from uph.lm.engine.round import batch_key, finish_round, queue_round
+from uph.lm.engine.solvers import BallModel, ball_model_minimizers
 
 LOCKSTEP_BYTES = 4 * 2**30  # the cached p0 of a lockstep group's users together (V floats a train token); their
 # objectives' work blocks are one buffer for the whole job (uph.lm.engine.objective.shared_scratch)
@@ -71,22 +74,21 @@ def run_lockstep(fits: list[Generator]) -> list:
     Without stacked tokens (a CPU's jobs), every pending request is due, in one round. A fit whose
     requests are stacked (uph.lm.engine.tokens.prepare_stack) belongs to its stack's group; each group has
     at most one round in flight, and the groups' rounds alternate: while the device computes one group's
-    pass, the host takes the last group's Values and runs its fits' solver steps (on a GPU, host and device
-    overlap; on a CPU the order changes nothing). Within a group, a fit that moves on to another head or
-    objective waits for the fits behind it (the fewest such moves), so that the group's users, who walk the
-    same heads in the same order, keep asking for the same head in the same rounds. Each group's rounds
+    pass, the host takes the last group's Values and runs its fits' solver steps, their ball steps batched
+    (on a GPU, host and device overlap; on a CPU the order changes nothing). Within a group, a fit that
+    moves on to another head or objective waits for the fits behind it (the fewest such moves), so that
+    the group's users, who walk the same heads in the same order, keep asking for the same head in the
+    same rounds. Each group's rounds
     are the ones it would have alone, so each fit's values are too."""
     results, pending, stages = [None] * len(fits), {}, [_Stage() for _ in fits]
-    for i, steps in enumerate(fits):
-        _advance(steps, None, i, pending, results, stages)
+    _advance([(i, None) for i in range(len(fits))], fits, pending, results, stages)
     in_flight: deque[tuple[list[int], object]] = deque()
     while pending:
         busy = {i for due, _ in in_flight for i in due}
         for due in _due(pending, stages, busy):
             in_flight.append((due, queue_round([pending[i] for i in due])))
         due, queued = in_flight.popleft()
-        for i, value in zip(due, finish_round(queued)):
-            _advance(fits[i], value, i, pending, results, stages)
+        _advance(list(zip(due, finish_round(queued))), fits, pending, results, stages)
     return results
 
 
@@ -117,18 +119,29 @@ def _due(pending: dict, stages: list[_Stage], busy: set) -> list[list[int]]:
     return rounds
 
 
-def _advance(steps: Generator, value, i: int, pending: dict, results: list, stages: list[_Stage]) -> None:
-    """Send fit i its Value (None: start it) and file its next request, or its result when it returns; count
-    its moves to another batch."""
-    try:
-        pending[i] = steps.send(value)
-    except StopIteration as stop:
-        pending.pop(i, None)
-        results[i] = stop.value
-        return
-    objective, stage = pending[i][0], stages[i]
-    batch = batch_key(objective)
-    if (batch or objective) != stage.key:
-        stage.moves, stage.key = stage.moves + 1, batch or objective
-    if stage.home is None and batch is not None:
-        stage.home = batch[0]
+def _advance(
+    sends: list[tuple[int, object]], fits: list[Generator], pending: dict, results: list, stages: list[_Stage]
+):
+    """Send each fit i of `sends` its Value (None: start it) and file its next evaluation request, or its
+    result when it returns; count its moves to another batch. The fits' requests to the host on the way
+    (uph.lm.engine.solvers.BallModel) are answered together, as they come, until each fit asks for an
+    evaluation or returns."""
+    while sends:
+        models = []
+        for i, value in sends:
+            try:
+                request = fits[i].send(value)
+            except StopIteration as stop:
+                pending.pop(i, None)
+                results[i] = stop.value
+                continue
+            if isinstance(request, BallModel):
+                models.append((i, request))
+                continue
+            pending[i], stage = request, stages[i]
+            batch = batch_key(request[0])
+            if (batch or request[0]) != stage.key:
+                stage.moves, stage.key = stage.moves + 1, batch or request[0]
+            if stage.home is None and batch is not None:
+                stage.home = batch[0]
+        sends = list(zip([i for i, _ in models], ball_model_minimizers([model for _, model in models])))

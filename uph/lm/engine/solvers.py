@@ -11,9 +11,9 @@ it takes.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from uph.config import dataclass_fields, schema_defaults
@@ -87,7 +87,8 @@ def minimize(
 ) -> Solution:
     """Minimize J over the ball of `radius`, as a generator of J's evaluations (a fit's steps, which
     uph.lm.engine.lockstep drives alone or beside other fits'): `evaluate(theta, iteration)` is a generator that
-    yields the request for J's Value with its gradient at theta and returns it (`yield from`).
+    yields the request for J's Value with its gradient at theta and returns it (`yield from`); exact's
+    steps also yield each BallModel they minimize, and are sent its minimizer.
     adam runs seed 002's schedule from zero in `start`'s dtype; exact starts at `start` (float64; its
     Value `start_value` when known and `start` lies in the ball, as a smaller ball's minimizer does) with
     `hessian`: a smaller ball's model, or J's Hessian diagonal at the base [d] (a BFGS model's start up to
@@ -130,7 +131,7 @@ def _projected_bfgs(evaluate, theta, value, B: torch.Tensor, radius: float, tol:
     for iteration in range(max_iter):
         if projected_gradient_norm(theta, value.grad, radius) <= tol:
             return Solution(theta, iteration, value, B)
-        step = _ball_model_minimizer(theta, value.grad, B, radius) - theta
+        step = (yield BallModel(theta, value.grad, B, radius)) - theta
         slope, t = float(value.grad @ step), 1.0
         if slope >= 0:
             return Solution(theta, iteration, value, B)
@@ -151,47 +152,73 @@ def _projected_bfgs(evaluate, theta, value, B: torch.Tensor, radius: float, tol:
     return Solution(theta, max_iter, value, B)
 
 
-def _ball_model_minimizer(theta, grad, B, radius) -> torch.Tensor:
-    """argmin over ‖x‖ <= radius of grad·(x - theta) + ½ (x - theta)^T B (x - theta), B positive
-    definite (a [d, d] matrix, or its diagonal [d]): in B's eigenbasis Q, x = Q y with
-    y(mu) = c / (eigenvalues + mu), c = Q^T (B theta - grad) (_into_ball)."""
-    if B.dim() == 1:
-        return _into_ball(B * theta - grad, B, radius)
-    eigenvalues, Q = torch.linalg.eigh(B)
-    return Q @ _into_ball(Q.T @ (B @ theta - grad), eigenvalues, radius)
+@dataclass(frozen=True)
+class BallModel:
+    """A solver's request to the host (beside its requests for J's Value): the minimizer over ‖x‖ <= radius
+    of the quadratic model grad·(x - theta) + ½ (x - theta)^T B (x - theta), B positive definite (a [d, d]
+    matrix, or its diagonal [d]). A fit yields it and is sent the minimizer [d]; the driver
+    (uph.lm.engine.lockstep) answers the requests of all the fits a round moves on together
+    (ball_model_minimizers), each the same, bit for bit, as it would be alone."""
+
+    theta: torch.Tensor
+    grad: torch.Tensor
+    B: torch.Tensor
+    radius: float
 
 
-def _into_ball(c: torch.Tensor, eigenvalues: torch.Tensor, radius: float) -> torch.Tensor:
-    """y(mu) = c / (eigenvalues + mu) with mu >= 0 the least that lands in the ball (‖y(mu)‖ decreases
-    in mu; bisection, up to 100 halvings: it stops early once a halving leaves the bracket as it was, since
-    every later one would too, so the result is the 100 halvings' bit for bit in about half of them).
+def ball_model_minimizers(models: list[BallModel]) -> list[torch.Tensor]:
+    """The minimizer of each BallModel: in B's eigenbasis Q, x = Q y with y(mu) = c / (eigenvalues + mu),
+    c = Q^T (B theta - grad), mu >= 0 the least that lands in the ball (_into_balls). The models of one
+    shape share one batched eigendecomposition and one Newton iteration (each row its own mu), so a round
+    of several fits pays the interpreter's steps once (benchmarks/bench_ball_step.py); the products with
+    Q are each model's own. Every operation is row by row, so a model's minimizer is the same bit for
+    bit whichever models share its batch."""
+    answers = [None] * len(models)
+    shapes: dict[tuple, list[int]] = {}
+    for i, model in enumerate(models):
+        shapes.setdefault(tuple(model.B.shape), []).append(i)
+    for shape, members in shapes.items():
+        group = [models[i] for i in members]
+        radii = [m.radius for m in group]
+        if len(shape) == 1:
+            ys = _into_balls([m.B * m.theta - m.grad for m in group], torch.stack([m.B for m in group]), radii)
+        else:
+            eigenvalues, Q = torch.linalg.eigh(torch.stack([m.B for m in group]))
+            cs = [q.T @ (m.B @ m.theta - m.grad) for q, m in zip(Q, group)]
+            ys = [q @ y for q, y in zip(Q, _into_balls(cs, eigenvalues, radii))]
+        for i, y in zip(members, ys):
+            answers[i] = y
+    return answers
 
-    Each halving asks whether ‖y(mu)‖ > radius. numpy answers it at a fifth of torch's cost on d numbers
-    (the same correctly rounded divisions; a norm summed in another order, within d ulps of torch's), so
-    its answer stands wherever its norm is further than 1e-12 of the radius from it, and torch's norm
-    decides the rest: every answer is torch's."""
-    eigenvalues = eigenvalues.clamp_min(eigenvalues.max() * 1e-12)
 
-    def y(mu: float) -> torch.Tensor:
-        return c / (eigenvalues + mu)
+def _into_balls(cs: list[torch.Tensor], eigenvalues: torch.Tensor, radii: list[float]) -> list[torch.Tensor]:
+    """For each row k: y(mu) = c_k / (lambda_k + mu), mu >= 0 the least with ‖y(mu)‖ <= r_k (lambda_k:
+    eigenvalues[k], floored at 1e-12 of the largest). Where y(0) is outside, mu solves the secular
+    equation psi(mu) = 1/‖y(mu)‖ - 1/r = 0 by Newton's method from mu = 0 (Moré and Sorensen 1983;
+    Nocedal and Wright, Algorithm 4.3):
 
-    if y(0.0).norm() <= radius:
-        return y(0.0)
-    c_host, eigenvalues_host = c.numpy(), eigenvalues.numpy()
+        mu <- mu + (‖y‖ - r) ‖y‖² / (r S3),   S3 = sum_i c_i² / (lambda_i + mu)³ = -½ d‖y‖²/dmu.
 
-    def outside(mu: float) -> bool:
-        x = c_host / (eigenvalues_host + mu)
-        norm = math.sqrt(float(x @ x))
-        return norm > radius if abs(norm - radius) > 1e-12 * radius else bool(y(mu).norm() > radius)
-
-    low, high = 0.0, float(c.norm()) / radius
+    psi is increasing and concave, so each step stays left of the root and ‖y‖ falls to r from above,
+    quadratically once near (a few steps). A row stops at ‖y‖ <= r (1 + 1e-12), or when mu stops moving,
+    and its y is scaled onto the sphere: within 1e-12 of the model's minimizer, never outside the ball
+    by more than the scaling's rounding. numpy on every row at once; each row's arithmetic is its own."""
+    c = torch.stack(cs).numpy()
+    eigenvalues = eigenvalues.clamp_min(eigenvalues.amax(dim=1, keepdim=True) * 1e-12).numpy()
+    radius = np.asarray(radii, dtype=c.dtype)
+    mu = np.zeros(len(cs), dtype=c.dtype)
     for _ in range(100):
-        middle = (low + high) / 2
-        bracket = (middle, high) if outside(middle) else (low, middle)
-        if bracket == (low, high):
+        shifted = eigenvalues + mu[:, None]
+        y = c / shifted
+        squares = (y * y).sum(axis=1)
+        norm = np.sqrt(squares)
+        moving = norm > radius * (1 + 1e-12)
+        step = (norm - radius) * squares / (radius * (y * y / shifted).sum(axis=1))
+        new_mu = np.where(moving, mu + step, mu)
+        if not (new_mu != mu).any():
             break
-        low, high = bracket
-    return y(high)
+        mu = new_mu
+    return list(torch.from_numpy(y * np.minimum(1.0, radius / norm)[:, None]))
 
 
 def _projected_lbfgs(
@@ -202,7 +229,7 @@ def _projected_lbfgs(
     unscaled gradient steps crawl). Each iteration takes the two-loop direction d from the last
     `memory` pairs (s, y), started from H0 = gamma diagonal^-1 (gamma = s·y / y·diagonal^-1·y of the
     last pair, 1 before any), when x + d stays in the ball; else the minimizer over the ball of
-    g·s + ½ s^T (diagonal / gamma) s (_ball_model_minimizer). Then Armijo backtracking against the
+    g·s + ½ s^T (diagonal / gamma) s (BallModel). Then Armijo backtracking against the
     largest of the last 10 objectives (non-monotone; the step is feasible: the ball is convex).
     Memory O(memory d), no d×d matrix."""
     pairs, history = [], []
@@ -224,7 +251,7 @@ def _projected_lbfgs(
             q += (alpha - rho * float(y @ q)) * s
         step = -q
         if (theta + step).norm() > radius or float(grad @ step) >= 0:
-            step = _ball_model_minimizer(theta, grad, diagonal / gamma, radius) - theta
+            step = (yield BallModel(theta, grad, diagonal / gamma, radius)) - theta
         slope, t = float(grad @ step), 1.0
         if slope >= 0:
             return theta, iteration, value
