@@ -1,7 +1,7 @@
 """Training steps of the attention study's model per kind: R runs one at a time against R runs at once.
 
     .venv/bin/python benchmarks/bench_attention_study.py [--config config.yaml] [--runs 8] [--steps 20]
-        [--repeats 3] [--threads 1] [--device cpu] [--profile]
+        [--repeats 3] [--threads 1] [--device cpu] [--profile | --batches]
 
 A step is one of uph.attention.training.train_runs (uph.attention.steps.TrainSteps): each run's fresh
 loud_copy batch, forward, cross-entropy, backward, per-run gradient clipping, AdamW. For each kind of
@@ -10,6 +10,11 @@ one-run models, the way the study trained before issue 43) and as one model of R
 one model of R runs replayed from a CUDA graph (one launch a step, as train_runs steps there); repeats
 interleave the kinds and the ways, so machine load hits all alike. Printed: the median ms per step of
 the R runs each way, their ratios, and ms per run-step against standard attention's.
+
+--batches instead prints what the host pays a step to draw each run's batch (make_batch from the run's own
+generator, as train_runs does before every step, then host_batch's stacking into one [R, ...] batch, not
+pinned), for each of the config's tasks: microseconds a run, the median of `repeats` x `steps` steps of
+`runs` runs. On a GPU this is the host's part of a replayed step, beside the device's.
 
 --profile instead prints a step profile per kind, one run alone and R at once (torch.profiler over
 `steps` steps, per step and per run): aten ops launched, their self time by kind of op (products,
@@ -30,7 +35,7 @@ import yaml
 
 from uph.attention.model import build_model
 from uph.attention.runs import RunAdamW
-from uph.attention.steps import WARMUP, TrainSteps
+from uph.attention.steps import WARMUP, TrainSteps, host_batch
 from uph.attention.study_config import AttentionStudyConfig
 from uph.attention.tasks import make_batch
 from uph.config import validate
@@ -186,6 +191,25 @@ def config_section(paths: list[str]) -> dict:
     return config["attention"]
 
 
+def batch_draws(cfg: AttentionStudyConfig, task: str, runs: int, steps: int, repeats: int) -> float:
+    """Microseconds a run of one step's batches: each run's make_batch from its own generator, then
+    host_batch (the median over `repeats` of `steps` steps, after 5 unmeasured)."""
+    streams = [torch.Generator().manual_seed(seed) for seed in range(runs)]
+
+    def draw():
+        host_batch([make_batch(task, cfg, cfg.batch_size, cfg.train_len, stream) for stream in streams], pinned=False)
+
+    for _ in range(5):
+        draw()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            draw()
+        times.append((time.perf_counter() - start) / steps / runs * 1e6)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", default=["config.yaml"], help="config files, merged in order")
@@ -196,6 +220,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--attentions", nargs="*", help="only these kinds (default: the config's)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--batches", action="store_true", help="the host's batch draws a step, per task")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -208,6 +233,11 @@ def main() -> None:
         f"batch {cfg.batch_size} x T {cfg.train_len}, d {cfg.d_model}, {cfg.n_head} heads, {cfg.n_layer} layers, "
         f"{args.runs} runs, {args.threads} thread(s), {name}, torch {torch.__version__}"
     )
+    if args.batches:
+        print(f"host's batch draws a step, {args.runs} runs, median of {args.repeats} x {args.steps} steps")
+        for task in section["tasks"]:
+            print(f"{task}: {batch_draws(cfg, task, args.runs, args.steps, args.repeats):.0f} us a run")
+        return
     if args.profile:
         kinds = ("products", "elementwise", "reductions", "copies and views", "other")
         print(f"per step of one run, {args.steps} steps profiled (torch.profiler; self CPU time of aten ops)")
