@@ -16,7 +16,8 @@ next to nothing, and what is left (with `--chunk 1024`, a GPU's chunks) is the h
 a time, where the host and the device wait for each other, and the part a round overlaps with the device's
 work in lockstep, and stacking shares among its users. It also counts the host reads of each order's
 device part (`device_reads`, in a second, untimed pass: every read of a tensor's values to the host)
-beside the evaluations and lockstep rounds. Stacked values are each user's to float32 rounding (the
+beside the evaluations and lockstep rounds, and the host's time in the stacked fits' solver steps (ball
+steps and the rest, a third pass). Stacked values are each user's to float32 rounding (the
 largest relative difference of an objective is printed); the first two orders', bit for bit.
 
 `--ops` prints instead how many operations one round dispatches in its device part
@@ -107,6 +108,31 @@ def ops_per_round(head, tokens, settings: SolverSettings) -> int:
     return count_dispatched_ops(evaluate_round, requests)[1]
 
 
+def solver_seconds(order) -> tuple[float, float]:
+    """The host's seconds in `order`'s fits' steps, apart from their evaluations (a second, untimed pass):
+    the ball steps (uph.lm.engine.solvers.ball_model_minimizers, a round's at once) and the rest (the
+    driver's time in the fits' generators less the ball steps: the projected-gradient norm, the line
+    search's tests, the BFGS update, the finite checks). On a GPU both overlap the other half's pass."""
+    advance, minimizers, spent = uph.lm.engine.lockstep._advance, uph.lm.engine.lockstep.ball_model_minimizers, {}
+
+    def clocked(name, function):
+        def call(*args):
+            start = time.perf_counter()
+            result = function(*args)
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+            return result
+
+        return call
+
+    uph.lm.engine.lockstep._advance = clocked("advance", advance)
+    uph.lm.engine.lockstep.ball_model_minimizers = clocked("ball", minimizers)
+    try:
+        order()
+    finally:
+        uph.lm.engine.lockstep._advance, uph.lm.engine.lockstep.ball_model_minimizers = advance, minimizers
+    return spent.get("ball", 0.0), spent.get("advance", 0.0) - spent.get("ball", 0.0)
+
+
 def timed(function, device) -> tuple[float, object]:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -181,6 +207,11 @@ def main() -> None:
     alone_s = measured["one at a time"][0]
     print(f"lockstep / one at a time: {measured['lockstep'][0] / alone_s:.2f}; the same thetas: {same}")
     print(f"stacked / one at a time: {measured['stacked'][0] / alone_s:.2f}; objectives within {gap:.1e} (relative)")
+    ball, rest = solver_seconds(stacked)
+    print(
+        f"stacked, the host's solver steps a fit-evaluation: ball steps {1e6 * ball / evaluations:.0f} us "
+        f"(a round's at once), the rest {1e6 * rest / evaluations:.0f} us"
+    )
 
 
 if __name__ == "__main__":
