@@ -548,7 +548,8 @@ def test_a_lockstep_round_reads_back_once_whatever_the_number_of_fits(lm, device
 
 def _ball_models(generator: torch.Generator) -> list[BallModel]:
     """Quadratic models over balls: dense of two sizes and diagonal, their minimizers inside the ball
-    (a large radius) and on it, curvatures over six decades."""
+    (a large radius; one at 0, where Newton's quotients would be 0 / 0) and on it, curvatures over six
+    decades."""
     models = []
     for d, dense, radius in [
         (5, True, 0.3),
@@ -567,6 +568,8 @@ def _ball_models(generator: torch.Generator) -> list[BallModel]:
         theta = torch.randn(d, dtype=torch.float64, generator=generator)
         theta *= min(radius, 1.0) * 0.5 / theta.norm()
         models.append(BallModel(theta, 10 * torch.randn(d, dtype=torch.float64, generator=generator), B, radius))
+    B = models[0].B
+    models.append(BallModel(models[0].theta, B @ models[0].theta, B, 0.3))  # c = 0: the minimizer is 0
     return models
 
 
@@ -587,7 +590,7 @@ def test_ball_model_minimizers_meet_the_balls_optimality_conditions_and_batch_bi
         scale = float(model.grad.norm() + (B @ model.theta).norm())
         inside = model.theta - torch.linalg.solve(B, model.grad)
         if inside.norm() <= model.radius:
-            assert float((x - inside).norm()) <= tolerance * float(inside.norm())
+            assert float((x - inside).norm()) <= tolerance * float(model.theta.norm() + (inside - model.theta).norm())
             continue
         on_sphere += 1
         assert abs(float(x.norm()) / model.radius - 1) <= 1e-12

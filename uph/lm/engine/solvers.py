@@ -212,13 +212,14 @@ def _into_balls(cs: list[torch.Tensor], eigenvalues: torch.Tensor, radii: list[f
         y = c / shifted
         squares = (y * y).sum(axis=1)
         norm = np.sqrt(squares)
-        moving = norm > radius * (1 + 1e-12)
-        step = (norm - radius) * squares / (radius * (y * y / shifted).sum(axis=1))
-        new_mu = np.where(moving, mu + step, mu)
+        moving = norm > radius * (1 + 1e-12)  # y = 0 is never moving, so no quotient below is 0 / 0
+        cubes = np.where(moving, (y * y / shifted).sum(axis=1), 1.0)
+        new_mu = np.where(moving, mu + (norm - radius) * squares / (radius * cubes), mu)
         if not (new_mu != mu).any():
             break
         mu = new_mu
-    return list(torch.from_numpy(y * np.minimum(1.0, radius / norm)[:, None]))
+    outside = norm > radius
+    return list(torch.from_numpy(y * np.where(outside, radius / np.where(outside, norm, 1.0), 1.0)[:, None]))
 
 
 def _projected_lbfgs(
