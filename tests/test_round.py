@@ -59,8 +59,10 @@ def rounding_bounds(objective: Objective, theta: torch.Tensor) -> tuple[float, t
 def test_a_stacked_round_gives_each_user_its_own_value_to_float32_rounding(lm, device, monkeypatch):
     """Four users' tokens stacked; requests on a whole split, a residual on an offset, a fit part (prefix)
     and a validation part (slice): each batched Value is the objective's own alone within the rounding
-    bounds, for every kind of head; requests whose tilt the fast path flags are evaluated alone (bit for
-    bit their own), the others not at all; on a GPU too (its thetas copied from pinned memory)."""
+    bounds, for every kind of head; at thetas that tilt a conditional head's tokens past EXP_SAFE the batched
+    pass subtracts each token's largest tilt and still holds every request (an objective alone mends such
+    chunks the same way), and a request evaluated alone would be bit for bit its own; on a GPU too (its
+    thetas copied from pinned memory)."""
     h, y, W, b, svd = lm
     layer = on_device(OutputLayer(W.float(), b.float()), device)
     cuts = [0, 60, 150, 210, 300]
@@ -68,16 +70,19 @@ def test_a_stacked_round_gives_each_user_its_own_value_to_float32_rounding(lm, d
     stacked = prepare_stack(splits, layer, chunk=32, device=device)
     assert [t.start for t in stacked] == cuts[:-1] and stacked[0].stack.p0.shape == (W.shape[0], 300)
     parts = [stacked[0], stacked[1], stacked[2].prefix(45), stacked[3].slice(20, 90)]
-    alone = []
-    monkeypatch.setattr(uph.lm.engine.round, "evaluate_many", lambda r, g: alone.append(len(r)) or evaluate(r, g))
-    evaluate = uph.lm.engine.objective.evaluate_many
+    alone, shifted = [], []  # the objectives evaluated alone; each conditional pass's `shifted`
+    monkeypatch.setattr(
+        uph.lm.engine.round, "evaluate_many", lambda r, g: alone.extend(o for o, _ in r) or evaluate(r, g)
+    )
+    evaluate, conditional = uph.lm.engine.objective.evaluate_many, uph.lm.engine.round._conditional
+    monkeypatch.setattr(uph.lm.engine.round, "_conditional", lambda *a: shifted.append(a[-1]) or conditional(*a))
     generator = torch.Generator().manual_seed(4)
     for head in heads_of(W.float(), svd):
         offsets = [None, 0.2 * torch.randn(head.d, generator=generator, dtype=torch.float64), None, None]
         objectives = [Objective(part, head, *BETA_LAM, offset) for part, offset in zip(parts, offsets)]
         for scale in (0.3, 3.0, 100.0):
             thetas = [scale * torch.randn(head.d, generator=generator, dtype=torch.float64) for _ in parts]
-            alone.clear()
+            alone.clear(), shifted.clear()
             values = evaluate_round(list(zip(objectives, thetas)))
             for objective, theta, value in zip(objectives, thetas, values):
                 own = objective(theta)
@@ -85,24 +90,25 @@ def test_a_stacked_round_gives_each_user_its_own_value_to_float32_rounding(lm, d
                 assert abs(value.objective - own.objective) <= bound, (head.name, scale)
                 assert abs(value.kl - own.kl) <= bound
                 assert ((value.grad - own.grad).abs() <= grad_bounds).all(), (head.name, scale)
-                if alone and scale == 100.0 and objective.a is not None:
+                if objective in alone:
                     assert value.objective == own.objective and torch.equal(value.grad, own.grad)
             if scale == 0.3:
-                assert alone == [0], head.name  # every request batched
+                assert alone == [] and shifted in ([], [False]), head.name  # every request batched, as is
             if scale == 100.0 and head.conditional:
-                assert alone == [4], head.name  # a tilt that may overflow: each mended alone
+                assert alone == [] and shifted == [True], head.name  # tilts past EXP_SAFE: batched, shifted
 
 
 def test_a_round_dispatches_as_many_operations_for_twelve_stacked_users_as_for_one(lm):
     """The operations one round dispatches (uph.device.count_dispatched_ops) for 1 and 12 users of 25 tokens:
-    within 10 % of each other stacked, for a conditional and an unconditional head; twelve users not
+    within 10 % of each other stacked, for a conditional and an unconditional head, at thetas whose tilts
+    stay below EXP_SAFE and at thetas 300 times larger (the conditional pass shifted); twelve users not
     stacked dispatch each user's evaluation on its own (over 5 times one's)."""
     h, y, W, b, svd = lm
     layer = on_device(OutputLayer(W.float(), b.float()), "cpu")
     splits = [(h[25 * i : 25 * (i + 1)].float(), y[25 * i : 25 * (i + 1)]) for i in range(12)]
     generator = torch.Generator().manual_seed(6)
-    for head in heads_of(W.float(), svd)[:2]:
-        thetas = [0.3 * torch.randn(D, generator=generator, dtype=torch.float64) for _ in splits]
+    for head, scale in [(head, scale) for head in heads_of(W.float(), svd)[:2] for scale in (0.3, 100.0)]:
+        thetas = [scale * torch.randn(D, generator=generator, dtype=torch.float64) for _ in splits]
         counts = {}
         for label, users in [
             ("stacked 1", prepare_stack(splits[:1], layer)),
@@ -113,8 +119,8 @@ def test_a_round_dispatches_as_many_operations_for_twelve_stacked_users_as_for_o
             requests = [(Objective(tokens, head, *BETA_LAM), theta) for tokens, theta in zip(users, thetas)]
             evaluate_round(requests)  # warm-up: the layout and buffers a round makes once
             counts[label] = count_dispatched_ops(evaluate_round, requests)[1]
-        assert abs(counts["stacked 12"] - counts["stacked 1"]) <= 0.1 * counts["stacked 1"], (head.name, counts)
-        assert counts["alone 12"] > 5 * counts["alone 1"], (head.name, counts)
+        assert abs(counts["stacked 12"] - counts["stacked 1"]) <= 0.1 * counts["stacked 1"], (head.name, scale, counts)
+        assert counts["alone 12"] > 5 * counts["alone 1"], (head.name, scale, counts)
 
 
 def test_stacked_users_in_lockstep_reach_their_own_paths_with_one_head_a_round(lm, monkeypatch):

@@ -19,10 +19,17 @@ as STACK_SCRATCH holds, so the operations a round dispatches grow with the group
 not with its users: about fifty, and five a block (tests/test_round.py counts them;
 benchmarks/bench_lockstep.py --ops prints them).
 
+A conditional head's tilts grow with the radius: where the round's thetas may tilt a token past EXP_SAFE
+(the host's bound, reach ‖amax_r ⊙ Θ_r‖ with amax_r each dimension's largest |a_ti| over request r's
+tokens, known before the pass), each block subtracts every token's largest tilt before the exp, as an
+objective's mended chunks do (Z_t = exp(m_t) Σ_v p0_tv exp(P_v · u_t - m_t)), so the batch still holds
+every request; below it the pass is the plain one.
+
 What a batch does not do, its requests do alone (uph.lm.engine.objective.evaluate_many, in the same round):
-a request with a token the fast path flags (a tilt that may pass EXP_SAFE, a sum that underflows: the
-objective's Numerics mend those), one on a mixture base or outside a stack, and every request of a batch
-that covers under half of its stack's tokens (a pass over all of them would cost more than theirs alone).
+a request with a token whose sum underflows (the objective recomputes those exactly in log space), or,
+in a round not shifted, a token whose tilt may pass EXP_SAFE after all, one on a mixture base or outside a
+stack, and every request of a batch that covers under half of its stack's tokens (a pass over all of them
+would cost more than theirs alone).
 
 The batched values are J's to float32 rounding, not bit for bit those of the objective alone: the sums over
 the vocabulary run in other blocks and the base is the objective's own. A token's log-partition differs by a
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from uph.device import DEVICE_PART
-from uph.lm.engine.objective import EXP_SAFE, UNDERFLOW, Objective, Value, evaluate_many, shared_scratch
+from uph.lm.engine.objective import EXP_SAFE, LOG2E, UNDERFLOW, Objective, Value, evaluate_many, shared_scratch
 from uph.lm.engine.tokens import Stack
 
 STACK_SCRATCH = 512 * 2**20  # bytes of a batched pass's work block [V, c]: c = 2,730 tokens at V = 49,152
@@ -132,10 +139,14 @@ def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.T
     with torch.profiler.record_function(DEVICE_PART):
         owner, ends = _layout(stack, objectives)
         offsets = torch.stack([objective.offset for objective in objectives])
-        rows = _theta_rows(offsets + torch.stack(thetas), first)
+        totals = offsets + torch.stack(thetas)
+        rows = _theta_rows(totals, first)
         scratch = shared_scratch(first.device, first.dtype, V * width)
-        pass_ = _conditional if first.a is not None else _unconditional
-        per_token, grads = pass_(stack, first, owner, rows, blocks, scratch, need_grad)
+        if first.a is not None:
+            shifted = bool((_a_maxima(stack, first, objectives) * totals).norm(dim=1).max() * first.reach > EXP_SAFE)
+            per_token, grads = _conditional(stack, first, owner, rows, blocks, scratch, need_grad, shifted)
+        else:
+            per_token, grads = _unconditional(stack, first, owner, rows, blocks, scratch, need_grad)
         cumulative = torch.cat([per_token.new_zeros(1, per_token.shape[1]), per_token.cumsum(0)])
         sums = cumulative.index_select(0, ends[R:]) - cumulative.index_select(0, ends[:R])  # [R, 2 (+ d)]
         flat = torch.cat([part.reshape(-1) for part in ([sums] if grads is None else [sums, grads])])
@@ -148,24 +159,52 @@ def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.T
         return _InFlight(host, R, sums.numel(), grads is not None, event)
 
 
-def _conditional(stack, objective, owner, rows, blocks, scratch, need_grad):
-    """Per token [N, 2 + d] float64: log Z_t, a flag (a tilt that may pass EXP_SAFE, or Z_t underflows), and
-    where need_grad a_t ⊙ P^T p_t; no per-request part."""
-    head, P_log2e, N = objective.shared.head, objective.P_log2e, stack.n
+def _a(stack: Stack, objective: Objective) -> torch.Tensor:
+    """a = A h [N, d] of the stack's tokens for the objective's conditional head, on its device (once)."""
+    head = objective.shared.head
     a = stack.derived.get(head)
     if a is None:
         a = stack.derived[head] = stack.hidden.to(objective.dtype) @ head.A.to(objective.device, objective.dtype).T
+    return a
+
+
+def _a_maxima(stack: Stack, objective: Objective, objectives: list[Objective]) -> torch.Tensor:
+    """amax [R, d] float64 on the host: each dimension's largest |a_ti| over each request's tokens, so that
+    ‖a_t ⊙ theta_r‖ <= ‖amax_r ⊙ theta_r‖ for every token t of request r (read back once per set of
+    requests)."""
+    spans = tuple((o.tokens.start, o.tokens.start + o.tokens.n) for o in objectives)
+    key = (objective.shared.head, spans, "a maxima")
+    maxima = stack.derived.get(key)
+    if maxima is None:
+        a = _a(stack, objective).abs()
+        maxima = stack.derived[key] = torch.stack([a[lo:hi].amax(dim=0) for lo, hi in spans]).double().cpu()
+    return maxima
+
+
+def _conditional(stack, objective, owner, rows, blocks, scratch, need_grad, shifted):
+    """Per token [N, 2 + d] float64: log Z_t, a flag (Z_t underflows; not `shifted`: also a tilt that may
+    pass EXP_SAFE), and where need_grad a_t ⊙ P^T p_t; no per-request part. `shifted`: each token's largest
+    tilt m_t subtracted before the exp and added back to log Z_t (module docstring)."""
+    P_log2e, N = objective.P_log2e, stack.n
+    a = _a(stack, objective)
     u = a * rows.index_select(0, owner)  # [N, d]
     z = torch.empty(N, dtype=objective.dtype, device=objective.device)
+    shift = torch.empty(N, dtype=objective.dtype, device=objective.device) if shifted else None
     p_sum = torch.empty(N, objective.d, dtype=objective.dtype, device=objective.device) if need_grad else None
     for lo, hi in blocks:
         s = torch.mm(P_log2e, u[lo:hi].T, out=scratch[: len(P_log2e) * (hi - lo)].view(-1, hi - lo))
+        if shifted:  # in units of ln 2, as s
+            torch.amax(s, dim=0, out=shift[lo:hi])
+            s.sub_(shift[lo:hi])
         e = s.exp2_().mul_(stack.p0[:, lo:hi])  # p_t up to 1 / Z_t
         torch.sum(e, dim=0, out=z[lo:hi])
         if need_grad:
             torch.mm(e.T, objective.P, out=p_sum[lo:hi])
-    flag = (u.norm(dim=1) * objective.reach > EXP_SAFE) | (z < UNDERFLOW)
-    columns = [z.log()[:, None], flag[:, None]]
+    flag = z < UNDERFLOW
+    if not shifted:
+        flag |= u.norm(dim=1) * objective.reach > EXP_SAFE
+    log_z = z.log() if shift is None else z.log() + shift / LOG2E
+    columns = [log_z[:, None], flag[:, None]]
     if need_grad:
         columns.append(a * (p_sum / z[:, None]))
     return torch.cat([column.double() for column in columns], dim=1), None
