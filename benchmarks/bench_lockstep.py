@@ -7,7 +7,7 @@ stacked (the users' tokens side by side in two halves, as a GPU's fit jobs have 
 batched pass, and the halves' rounds alternate.
 
     .venv/bin/python benchmarks/bench_lockstep.py [--device cpu|cuda] [--vocab 49152] [--users 4] [--tokens 1600]
-        [--chunk 1024] [--ops]
+        [--chunk 1024] [--ops [--scale 0.3]]
 
 Two ways to read it. At the model's vocabulary on a CPU the kernels are the whole cost and the first two
 orders run at one speed (the same arithmetic). At a small vocabulary (`--vocab 512`) the kernels cost
@@ -21,7 +21,8 @@ steps and the rest, a third pass). Stacked values are each user's to float32 rou
 largest relative difference of an objective is printed); the first two orders', bit for bit.
 
 `--ops` prints instead how many operations one round dispatches in its device part
-(uph.device.count_dispatched_ops) for 1 and for 12 users stacked, one line: `ops per round: U=1 <n>,
+(uph.device.count_dispatched_ops) for 1 and for 12 users stacked, each at a theta of `--scale` times a
+standard normal (a large scale tilts a conditional head's tokens past EXP_SAFE), one line: `ops per round: U=1 <n>,
 U=12 <n>`, and below it the same not stacked. A stacked round dispatches as many for 12 as for 1 while
 their tokens fit one block (uph.lm.engine.round.STACK_SCRATCH: 262,144 tokens at V = 512, 2,730 at 49,152),
 dispatched each on its own, 12 times as many (each a kernel launch on a GPU).
@@ -96,13 +97,14 @@ def device_reads(order) -> int:
     return sum(reads)
 
 
-def ops_per_round(head, tokens, settings: SolverSettings) -> int:
+def ops_per_round(head, tokens, settings: SolverSettings, scale: float = 0.3) -> int:
     """The operations one round (evaluate_round) dispatches in its device part for every user of `tokens` at a
-    theta of its own (uph.device.count_dispatched_ops), after an uncounted round (warm-up)."""
+    theta of its own (`scale` times a standard normal; uph.device.count_dispatched_ops), after an uncounted
+    round (warm-up)."""
     objectives = [Objective(t, head, settings.beta, settings.lam) for t in tokens]
     generator = torch.Generator().manual_seed(1)
     requests = [
-        (objective, 0.3 * torch.randn(head.d, generator=generator, dtype=torch.float64)) for objective in objectives
+        (objective, scale * torch.randn(head.d, generator=generator, dtype=torch.float64)) for objective in objectives
     ]
     evaluate_round(requests)
     return count_dispatched_ops(evaluate_round, requests)[1]
@@ -152,6 +154,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=1600)
     parser.add_argument("--chunk", type=int, help="tokens per chunk (default: the device's; 1024 as on a GPU)")
     parser.add_argument("--ops", action="store_true", help="count the operations a round dispatches for 1 and 12 users")
+    parser.add_argument(
+        "--scale", type=float, default=0.3, help="--ops: the thetas' scale (large: tilts past EXP_SAFE)"
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     if args.ops:
@@ -159,7 +164,7 @@ def main() -> None:
         for stacked in (True, False):
             for k in (1, 12):
                 head, tokens = users(args.vocab, args.hidden, k, args.tokens, device, args.chunk, stacked)
-                counts[stacked, k] = ops_per_round(head, tokens, SolverSettings.defaults())
+                counts[stacked, k] = ops_per_round(head, tokens, SolverSettings.defaults(), args.scale)
         print(f"ops per round: U=1 {counts[True, 1]}, U=12 {counts[True, 12]}")
         print(
             f"(not stacked, each user's evaluation dispatched on its own: U=1 {counts[False, 1]}, U=12 {counts[False, 12]})"

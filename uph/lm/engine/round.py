@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from uph.device import DEVICE_PART
@@ -136,15 +137,15 @@ def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.T
     V, N = stack.p0.shape
     width = max(1, min(N, STACK_SCRATCH // (V * stack.p0.element_size())))
     blocks = [(lo, min(lo + width, N)) for lo in range(0, N, width)]
+    totals = torch.stack([objective.offset for objective in objectives]) + torch.stack(thetas)  # [R, d] host
+    if first.a is not None:  # the host's bound on the round's tilts (module docstring), in numpy: no dispatch
+        bound = np.linalg.norm(_a_maxima(stack, first, objectives) * totals.numpy(), axis=1).max() * first.reach
     with torch.profiler.record_function(DEVICE_PART):
         owner, ends = _layout(stack, objectives)
-        offsets = torch.stack([objective.offset for objective in objectives])
-        totals = offsets + torch.stack(thetas)
         rows = _theta_rows(totals, first)
         scratch = shared_scratch(first.device, first.dtype, V * width)
         if first.a is not None:
-            shifted = bool((_a_maxima(stack, first, objectives) * totals).norm(dim=1).max() * first.reach > EXP_SAFE)
-            per_token, grads = _conditional(stack, first, owner, rows, blocks, scratch, need_grad, shifted)
+            per_token, grads = _conditional(stack, first, owner, rows, blocks, scratch, need_grad, bound > EXP_SAFE)
         else:
             per_token, grads = _unconditional(stack, first, owner, rows, blocks, scratch, need_grad)
         cumulative = torch.cat([per_token.new_zeros(1, per_token.shape[1]), per_token.cumsum(0)])
@@ -168,8 +169,8 @@ def _a(stack: Stack, objective: Objective) -> torch.Tensor:
     return a
 
 
-def _a_maxima(stack: Stack, objective: Objective, objectives: list[Objective]) -> torch.Tensor:
-    """amax [R, d] float64 on the host: each dimension's largest |a_ti| over each request's tokens, so that
+def _a_maxima(stack: Stack, objective: Objective, objectives: list[Objective]) -> np.ndarray:
+    """amax [R, d] (numpy, float64): each dimension's largest |a_ti| over each request's tokens, so that
     ‖a_t ⊙ theta_r‖ <= ‖amax_r ⊙ theta_r‖ for every token t of request r (read back once per set of
     requests)."""
     spans = tuple((o.tokens.start, o.tokens.start + o.tokens.n) for o in objectives)
@@ -177,7 +178,7 @@ def _a_maxima(stack: Stack, objective: Objective, objectives: list[Objective]) -
     maxima = stack.derived.get(key)
     if maxima is None:
         a = _a(stack, objective).abs()
-        maxima = stack.derived[key] = torch.stack([a[lo:hi].amax(dim=0) for lo, hi in spans]).double().cpu()
+        maxima = stack.derived[key] = torch.stack([a[lo:hi].amax(dim=0) for lo, hi in spans]).double().cpu().numpy()
     return maxima
 
 
