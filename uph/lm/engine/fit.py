@@ -10,6 +10,7 @@ tol is no error: its certificate is in every row.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field, fields
@@ -119,11 +120,7 @@ def fit_path_steps(
         nonlocal evaluations
         evaluations += 1
         value = yield objective, theta
-        if not (
-            torch.isfinite(theta).all()
-            and torch.isfinite(value.grad).all()
-            and torch.isfinite(torch.tensor(value.objective))
-        ):
+        if not (math.isfinite(value.objective) and torch.isfinite(value.grad).all() and torch.isfinite(theta).all()):
             raise FitDivergedError(
                 f"fit of user {user!r} ({label}, solver {solver}) diverged at iteration "
                 f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "

@@ -336,8 +336,10 @@ class Objective:
         return total / self.tokens.n
 
     def ce_kl(self, theta: torch.Tensor, mean_l) -> tuple:
-        """CE and KL terms of J at `theta` from mean_t L_t, its mean log-partition change (module docstring)."""
-        return self.base_nll + mean_l - theta @ self.ybar, mean_l - theta @ self.mbar
+        """CE and KL terms of J at `theta` from mean_t L_t, its mean log-partition change (module docstring);
+        floats where mean_l is one (the dot products read as floats: the same float64 arithmetic, without a
+        tensor operation per term)."""
+        return self.base_nll + mean_l - float(theta @ self.ybar), mean_l - float(theta @ self.mbar)
 
     def __call__(self, theta: torch.Tensor, need_grad: bool = True) -> Value:
         """J at the residual `theta` (the whole theta without an offset): evaluate_many of one."""
@@ -352,10 +354,11 @@ class Objective:
     def value_at(self, theta: torch.Tensor, need_grad: bool, change: float, grad) -> Value:
         """J's Value at the residual `theta` (float64, host) from Σ_t (L_t - L_t at the base) `change` and
         Σ_t a_t ⊙ P^T p_t `grad` [d] (host)."""
-        ce, kl = self.ce_kl(theta, change / self.tokens.n)
-        objective = ce + self.beta * kl + self.lam * theta @ theta
+        n = self.tokens.n
+        ce, kl = self.ce_kl(theta, change / n)
+        objective = ce + self.beta * kl + float(self.lam * theta @ theta)
         if need_grad:
-            grad = (1 + self.beta) * grad / self.tokens.n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta
+            grad = (1 + self.beta) * grad / n - self.ybar - self.beta * self.mbar + 2 * self.lam * theta
         return Value(float(objective), float(ce), float(kl), grad)
 
 
