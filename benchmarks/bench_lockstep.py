@@ -114,7 +114,8 @@ def solver_seconds(order) -> tuple[float, float]:
     """The host's seconds in `order`'s fits' steps, apart from their evaluations (a second, untimed pass):
     the ball steps (uph.lm.engine.solvers.ball_model_minimizers, a round's at once) and the rest (the
     driver's time in the fits' generators less the ball steps: the projected-gradient norm, the line
-    search's tests, the BFGS update, the finite checks). On a GPU both overlap the other half's pass."""
+    search's tests, the BFGS update, the finite checks, and each path's set-up, its Objective and
+    curvature, which is device work). On a GPU both overlap the other half's pass."""
     advance, minimizers, spent = uph.lm.engine.lockstep._advance, uph.lm.engine.lockstep.ball_model_minimizers, {}
 
     def clocked(name, function):
