@@ -18,7 +18,8 @@ kernels while the host works through the others' steps, and reads back once (twi
 mending), and the fits a round moves on take their ball steps together (one batched eigendecomposition
 and Newton iteration, uph.lm.engine.solvers.ball_model_minimizers). On a CPU the kernels are the whole
 cost and the order changes nothing: each fit's arithmetic is exactly its own, so its values are
-bit-identical however many fits share its rounds (tests/test_fit.py, tests/test_evaluate.py); stacked, they are its own to float32 rounding (uph.lm.engine.round).
+bit-identical however many fits share its rounds (tests/test_fit.py, tests/test_evaluate.py); stacked,
+they are its own to float32 rounding (uph.lm.engine.round).
 """
 
 from __future__ import annotations
@@ -78,8 +79,7 @@ def run_lockstep(fits: list[Generator]) -> list:
     (on a GPU, host and device overlap; on a CPU the order changes nothing). Within a group, a fit that
     moves on to another head or objective waits for the fits behind it (the fewest such moves), so that
     the group's users, who walk the same heads in the same order, keep asking for the same head in the
-    same rounds. Each group's rounds
-    are the ones it would have alone, so each fit's values are too."""
+    same rounds. Each group's rounds are the ones it would have alone, so each fit's values are too."""
     results, pending, stages = [None] * len(fits), {}, [_Stage() for _ in fits]
     _advance([(i, None) for i in range(len(fits))], fits, pending, results, stages)
     in_flight: deque[tuple[list[int], object]] = deque()
@@ -138,10 +138,10 @@ def _advance(
             if isinstance(request, BallModel):
                 models.append((i, request))
                 continue
-            pending[i], stage = request, stages[i]
-            batch = batch_key(request[0])
-            if (batch or request[0]) != stage.key:
-                stage.moves, stage.key = stage.moves + 1, batch or request[0]
+            pending[i], stage, objective = request, stages[i], request[0]
+            batch = batch_key(objective)
+            if (batch or objective) != stage.key:
+                stage.moves, stage.key = stage.moves + 1, batch or objective
             if stage.home is None and batch is not None:
                 stage.home = batch[0]
         sends = list(zip([i for i, _ in models], ball_model_minimizers([model for _, model in models])))

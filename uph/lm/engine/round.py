@@ -138,14 +138,16 @@ def _device_part(stack: Stack, objectives: list[Objective], thetas: list[torch.T
     width = max(1, min(N, STACK_SCRATCH // (V * stack.p0.element_size())))
     blocks = [(lo, min(lo + width, N)) for lo in range(0, N, width)]
     totals = torch.stack([objective.offset for objective in objectives]) + torch.stack(thetas)  # [R, d] host
-    if first.a is not None:  # the host's bound on the round's tilts (module docstring), in numpy: no dispatch
-        bound = np.linalg.norm(_a_maxima(stack, first, objectives) * totals.numpy(), axis=1).max() * first.reach
+    # a conditional head's tilts may pass EXP_SAFE: the host's bound (module docstring), in numpy (no dispatch)
+    shifted = first.a is not None and bool(
+        np.linalg.norm(_a_maxima(stack, first, objectives) * totals.numpy(), axis=1).max() * first.reach > EXP_SAFE
+    )
     with torch.profiler.record_function(DEVICE_PART):
         owner, ends = _layout(stack, objectives)
         rows = _theta_rows(totals, first)
         scratch = shared_scratch(first.device, first.dtype, V * width)
         if first.a is not None:
-            per_token, grads = _conditional(stack, first, owner, rows, blocks, scratch, need_grad, bound > EXP_SAFE)
+            per_token, grads = _conditional(stack, first, owner, rows, blocks, scratch, need_grad, shifted)
         else:
             per_token, grads = _unconditional(stack, first, owner, rows, blocks, scratch, need_grad)
         cumulative = torch.cat([per_token.new_zeros(1, per_token.shape[1]), per_token.cumsum(0)])
@@ -173,7 +175,7 @@ def _a_maxima(stack: Stack, objective: Objective, objectives: list[Objective]) -
     """amax [R, d] (numpy, float64): each dimension's largest |a_ti| over each request's tokens, so that
     ‖a_t ⊙ theta_r‖ <= ‖amax_r ⊙ theta_r‖ for every token t of request r (read back once per set of
     requests)."""
-    spans = tuple((o.tokens.start, o.tokens.start + o.tokens.n) for o in objectives)
+    spans = _spans(objectives)
     key = (objective.shared.head, spans, "a maxima")
     maxima = stack.derived.get(key)
     if maxima is None:
@@ -235,10 +237,15 @@ def _unconditional(stack, objective, owner, rows, blocks, scratch, need_grad):
     return per_token, (fast.T if P is None else fast.T @ P.double())[:-1]
 
 
+def _spans(objectives: list[Objective]) -> tuple[tuple[int, int], ...]:
+    """Each request's columns of its stack: (first, end)."""
+    return tuple((objective.tokens.start, objective.tokens.start + objective.tokens.n) for objective in objectives)
+
+
 def _layout(stack: Stack, objectives: list[Objective]) -> tuple[torch.Tensor, torch.Tensor]:
     """(the request of each of the stack's tokens [N] (R: none), the requests' first tokens then their ends
     [2R]) on the stack's device, made once per set of requests."""
-    spans = tuple((objective.tokens.start, objective.tokens.start + objective.tokens.n) for objective in objectives)
+    spans = _spans(objectives)
     layout = stack.derived.get(spans)
     if layout is None:
         owner = torch.full((stack.n,), len(spans), dtype=torch.long)
