@@ -41,11 +41,11 @@ class TrainingDivergedError(UphError):
     the step and the config key to lower."""
 
 
-def _in_a_workflow_job() -> bool:
-    """Whether this process runs a workflow script: Snakemake's preamble has put its `snakemake` object
-    in `__main__` before the script's first import."""
+def workflow_job():
+    """The `snakemake` object of the workflow script this process runs (Snakemake's preamble puts it in
+    `__main__` before the script's first import), else None."""
     job = getattr(sys.modules.get("__main__"), "snakemake", None)
-    return type(job).__module__.startswith("snakemake.")
+    return job if type(job).__module__.startswith("snakemake.") else None
 
 
 def quiet_interrupts() -> None:
@@ -54,7 +54,7 @@ def quiet_interrupts() -> None:
     where it stopped. The stop unwinds the job as KeyboardInterrupt would (a half-written output's
     temporary file is removed). Elsewhere (tests, a notebook), and where SIGINT is not Python's own
     handler, nothing changes."""
-    if not _in_a_workflow_job() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if workflow_job() is None or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return
     if threading.current_thread() is not threading.main_thread():
         return

@@ -1,0 +1,168 @@
+"""Warm workers (uph.warm): jobs run one after another in a process that paid its start-up once, each with
+its own status, folder, environment and output; a stopped job ends its worker; the language-model chain
+run through them gives the bytes it gives job by job."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO, snakemake
+
+from uph import warm
+
+JOB_SCRIPT = """
+import os, sys
+from pathlib import Path
+Path(snakemake.output).write_text(f"{os.getpid()} {os.getcwd()} {os.environ.get('UPH_TEST_WORD')}")
+print("said by", snakemake.name)
+if snakemake.name == "exits":
+    sys.exit(3)
+if snakemake.name == "raises":
+    raise RuntimeError("raised on purpose")
+if snakemake.name == "sleeps":
+    import time
+    time.sleep(60)
+"""
+
+
+def stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def test_a_worker_runs_jobs_one_after_another_each_with_its_status_folder_environment_and_output(
+    tmp_path, monkeypatch, capfd
+):
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    folder = tmp_path / "slots"
+    monkeypatch.chdir(tmp_path)
+    statuses, seen = {}, {}
+    for name in ("first", "exits", "raises", "last"):
+        monkeypatch.setenv("UPH_TEST_WORD", f"word-{name}")
+        job = SimpleNamespace(name=name, output=str(tmp_path / f"{name}.txt"))
+        statuses[name] = warm.run_in_worker(str(script), job, folder)
+        seen[name] = (tmp_path / f"{name}.txt").read_text().split()
+    pids = {int(pid) for pid, _, _ in seen.values()}
+    try:
+        assert statuses == {"first": 0, "exits": 3, "raises": 1, "last": 0}
+        assert len(pids) == 1 and os.getpid() not in pids  # one worker took the four jobs
+        assert all(cwd == str(tmp_path) and word == f"word-{name}" for name, (_, cwd, word) in seen.items())
+        out, err = capfd.readouterr()  # the jobs wrote to this process's stdout and stderr
+        assert [line for line in out.splitlines() if line.startswith("said by")] == [
+            f"said by {name}" for name in statuses
+        ]
+        assert "RuntimeError: raised on purpose" in err
+        assert os.environ.get("UPH_TEST_WORD") == "word-last"  # the test's own, as monkeypatch set it
+    finally:
+        for pid in pids:
+            stop(pid)
+
+
+def test_two_jobs_at_once_take_two_slots_and_a_stopped_job_ends_its_worker(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    folder = tmp_path / "slots"
+    client = (
+        "import sys; from pathlib import Path; from types import SimpleNamespace; from uph import warm; "
+        "sys.exit(warm.run_in_worker(sys.argv[1], SimpleNamespace(name='sleeps', output=sys.argv[2]), Path(sys.argv[3])))"
+    )
+    outputs = [tmp_path / f"sleeps-{k}.txt" for k in range(2)]
+    jobs = [subprocess.Popen([sys.executable, "-c", client, str(script), str(out), str(folder)]) for out in outputs]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(out.exists() and out.read_text() for out in outputs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = [int(out.read_text().split()[0]) for out in outputs]
+        assert len(set(pids)) == 2 and sorted(p.name for p in folder.glob("*.sock")) == ["slot-0.sock", "slot-1.sock"]
+        jobs[0].kill()  # as a cancelled run stops a job's process
+        jobs[0].wait()
+        deadline = time.monotonic() + 10
+        while alive(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pids[0]) and alive(pids[1])
+    finally:
+        for job in jobs:
+            job.kill()
+            job.wait()
+        for out in outputs:
+            if out.exists() and out.read_text():
+                stop(int(out.read_text().split()[0]))
+
+
+@pytest.mark.parametrize(
+    ("setting", "gpu", "slurm", "rule", "expected"),
+    [
+        ("auto", 1, False, "fit", True),
+        ("auto", 0, False, "fit", False),  # a CPU job: its start-up is a second, and its cores are its own
+        ("auto", 1, True, "fit", False),  # a SLURM job's node is its own: a worker would outlive nothing
+        (True, 0, False, "extract", True),
+        (True, 1, False, "attention_train", False),  # the training branches' numerics differ
+        (False, 1, False, "fit", False),
+    ],
+)
+def test_which_jobs_want_a_worker(monkeypatch, setting, gpu, slurm, rule, expected):
+    if slurm:
+        monkeypatch.setenv("SLURM_JOB_ID", "1")
+    else:
+        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    job = SimpleNamespace(
+        config={"warm_workers": setting},
+        rule=rule,
+        params=SimpleNamespace(device="auto"),
+        resources=SimpleNamespace(gpu=gpu),
+    )
+    assert warm.wants_worker(job) is expected
+
+
+LM_TABLES = [f"results/tables/{name}.csv" for name in ("personalization", "capacity", "dose_response", "cross_user")]
+
+
+def test_the_language_model_chain_in_warm_workers_gives_the_same_bytes(tiny_study, tmp_path):
+    """The tiny study's fit stage again, every job in a warm worker (warm_workers: true on this CPU): the
+    tables are the job-by-job run's bytes, the jobs say which worker ran them, and the workers took several
+    jobs each."""
+    workdir = tmp_path / "study"
+    shutil.copytree(tiny_study.workdir, workdir, symlinks=True)
+    for folder in ("fit", "tables", "logs/fit"):
+        shutil.rmtree(workdir / "results" / folder)
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({**config, "warm_workers": True}, sort_keys=False))
+    run = snakemake(workdir, *LM_TABLES, config=tmp_path / "config.yaml")
+    assert run.returncode == 0, run.stderr[-3000:]
+    for table in LM_TABLES:
+        assert (workdir / table).read_bytes() == (tiny_study.workdir / table).read_bytes(), table
+    logs = sorted((workdir / "results/logs/fit").glob("*.log"))
+    workers = {}
+    for log in logs:
+        lines = [line for line in log.read_text().splitlines() if "in warm worker" in line]
+        if lines:
+            workers.setdefault(int(lines[0].split("in warm worker ")[1].split(",")[0]), []).append(log.name)
+    try:
+        torch_jobs = [log for log in logs if "device set up" in log.read_text()]
+        assert sum(map(len, workers.values())) == len(torch_jobs) > 2 * len(workers) > 0
+        assert "the job's CPU time in the warm worker" in torch_jobs[0].read_text()
+    finally:
+        for pid in workers:
+            stop(pid)
+    assert pd.read_csv(workdir / LM_TABLES[0]).shape[0] > 0
