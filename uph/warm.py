@@ -46,7 +46,7 @@ from uph.errors import workflow_job
 
 IDLE_SECONDS = 60.0  # a worker with no job this long exits (it holds a CUDA context: ~0.5 GB of GPU memory)
 START_SECONDS = 120.0  # a worker not listening this long after its start is given up: the job runs itself
-SETTINGS = ("auto", True, False)
+SETTINGS = ("auto", True, False)  # config warm_workers (wants_worker)
 _LENGTH = struct.Struct("!Q")
 _STATUS = struct.Struct("!i")
 _TAKEN = b"T"  # the worker has taken the job (before it, a closed connection means: start another)
@@ -61,7 +61,7 @@ def wants_worker(job) -> bool:
     differ (uph.device.setup_device's deterministic kernels)."""
     from uph.device import TRAINING_RULES
 
-    setting = job.config.get("warm_workers", "auto")
+    setting = job.config.get("warm_workers", SETTINGS[0])
     if setting is False or job.rule in TRAINING_RULES or getattr(job.params, "device", None) is None:
         return False
     if setting is True:
