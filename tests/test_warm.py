@@ -32,6 +32,8 @@ if snakemake.name == "raises":
 if snakemake.name == "sleeps":
     import time
     time.sleep(60)
+if snakemake.name == "dies":
+    os._exit(9)  # as a worker killed by the kernel's OOM killer, say
 """
 
 
@@ -77,6 +79,19 @@ def test_a_worker_runs_jobs_one_after_another_each_with_its_status_folder_enviro
     finally:
         for pid in pids:
             stop(pid)
+
+
+def test_a_worker_that_dies_fails_its_job_and_the_next_job_starts_a_fresh_one(tmp_path, capfd):
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    folder = tmp_path / "slots"
+    jobs = {name: SimpleNamespace(name=name, output=str(tmp_path / f"{name}.txt")) for name in ("dies", "after")}
+    assert warm.run_in_worker(str(script), jobs["dies"], folder) == 1
+    assert "died during the job" in capfd.readouterr().err
+    assert warm.run_in_worker(str(script), jobs["after"], folder) == 0
+    died, after = (int((tmp_path / f"{name}.txt").read_text().split()[0]) for name in jobs)
+    stop(after)
+    assert died != after and not alive(died)
 
 
 def test_two_jobs_at_once_take_two_slots_and_a_stopped_job_ends_its_worker(tmp_path):
