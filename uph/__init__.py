@@ -4,4 +4,4 @@ from uph.errors import quiet_interrupts
 from uph.warm import hand_over
 
 quiet_interrupts()  # a workflow job stopped by Ctrl-C ends without a traceback (uph.errors)
-hand_over()  # a language-model job runs in its slot's warm worker where the run has them, and exits (uph.warm)
+hand_over()  # a GPU job runs in its slot's warm worker where the run has them, and exits (uph.warm)

@@ -1,9 +1,10 @@
-"""Warm workers: the language-model chain's jobs run in processes that have already paid their start-up.
+"""Warm workers: a GPU job runs in a process that has already paid its start-up.
 
 A GPU job pays seconds before its own work: the interpreter, torch's imports, the CUDA context and the
-first cuBLAS handle (about 11 s a job on the H100 machine, BENCHMARKS.md), and the chain's GPU stages run
-one after another. Where the run has warm workers (config `warm_workers`), such a job hands itself over
-on `import uph`, before any of that, and exits with the status its worker reports:
+first cuBLAS handle (about 11 s a job on the H100 machine, BENCHMARKS.md). The language-model chain's GPU
+stages run one after another, and the training branches on a GPU are some 80 short jobs. Where the run
+has warm workers (config `warm_workers`), such a job hands itself over on `import uph`, before any of
+that, and exits with the status its worker reports:
 
 - **Slots.** A slot is a lock file: the job takes the first slot no other job holds (flock), so at most
   as many workers are busy as jobs run at once (on one machine, the run's `gpu` slots). A slot without a
@@ -54,15 +55,12 @@ _serving: dict = {}  # in a worker: its pid, how many jobs it has run, its CPU s
 
 
 def wants_worker(job) -> bool:
-    """Whether workflow job `job` (Snakemake's `snakemake` object) runs in a warm worker. Config
-    `warm_workers`: auto (default) for the language-model chain's jobs that hold a GPU slot (resource gpu),
-    outside a SLURM job, whose node is the job's alone; true for the chain's jobs on any device; false for
-    none. The chain's jobs are those with a `device` param outside the training branches, whose numerics
-    differ (uph.device.setup_device's deterministic kernels)."""
-    from uph.device import TRAINING_RULES
-
+    """Whether workflow job `job` (Snakemake's `snakemake` object) runs in a warm worker: a job that sets up
+    a device (a `device` param: extraction, the fit stage, the training runs), where config `warm_workers`
+    is auto (default) and the job holds a GPU slot (resource gpu) outside a SLURM job, whose node is the
+    job's alone; or is true (any device); false: none."""
     setting = job.config.get("warm_workers", SETTINGS[0])
-    if setting is False or job.rule in TRAINING_RULES or getattr(job.params, "device", None) is None:
+    if setting is False or getattr(job.params, "device", None) is None:
         return False
     if setting is True:
         return True
