@@ -44,11 +44,11 @@ test: setup
 compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
 
-# A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance; README:
-# "Checking a regeneration" says how the committed ones were made).
+# A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, and with
+# FIGURES=1 its figures; README: "Checking a regeneration" says how the committed ones were made).
 NAME ?= default
 reference: setup
-	$(BIN)/python -m uph.compare $(RESULTS) --make-reference reference/$(NAME)
+	$(BIN)/python -m uph.compare $(RESULTS) --make-reference reference/$(NAME) $(if $(FIGURES),--with-figures)
 
 # The CUDA path against the CPU path on this machine (README: "On a GPU"): the kernels' tests, then the
 # tiny study on CPU and on CUDA with their tables compared and timed (gpu-check/). Without a GPU: the

@@ -167,6 +167,11 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
         "tables",
     ]
     assert sum(path.stat().st_size for path in committed.rglob("*")) < 2e6
+    with_figures = references / "with-figures"
+    make_reference(tiny_study.workdir / "results", with_figures, figures=True)
+    figures = sorted(path.name for path in (with_figures / "figures").iterdir())
+    assert figures == sorted(path.name for path in (tiny_study.workdir / "results/figures").glob("*.png")) != []
+    shutil.rmtree(with_figures)  # find_reference below must find the one reference of these settings
     info = json.loads((committed / "reference.json").read_text())
     assert info["job_seconds"] > 0 and info["cpu"] and info["torch"].split("+")[0] == torch.__version__.split("+")[0]
     assert 0 < info["rules"]["extract"]["cpu_seconds"] and info["cpu_seconds"] > info["rules"]["extract"]["cpu_seconds"]
@@ -175,6 +180,7 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     assert compare_folders(results, committed).exit_code == 0
     set_config(results, "fit", "jobs", 3)  # cuts the same computation: the same reference
     set_config(results, "device", None, "cuda")
+    set_config(results, "warm_workers", None, True)  # where the jobs run, not what they compute
     assert find_reference(results, references) == committed
     set_config(results, "fit", "alphas", [0.25])
     assert find_reference(results, references) is None

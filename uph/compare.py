@@ -55,9 +55,10 @@ from uph.stats import SIGNIFICANCE, t_interval
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO / "reference"
-# Settings that cut or batch the same computation: tables agree across them (tests/test_reliability.py holds
-# fit.jobs to byte-identical tables; extraction batches and shards move hidden states by rounding only)
-CUTS = {"extract.batch_size", "extract.shards", "fit.jobs"}
+# Settings that cut or batch the same computation, or say where it runs: tables agree across them
+# (tests/test_reliability.py holds fit.jobs to byte-identical tables, tests/test_warm.py warm_workers;
+# extraction batches and shards, and fit.gpu_jobs' stacked rounds, move values by rounding only)
+CUTS = {"extract.batch_size", "extract.shards", "fit.jobs", "fit.gpu_jobs", "warm_workers"}
 NLL_RTOL = 1e-5  # of the table's NLL scale (module docstring)
 NORM_RTOL = 1e-3
 FLOAT32_RTOL = 2.0**-23
@@ -504,12 +505,12 @@ def cpu_description() -> str:
     return f"{cpu_model()} ({', '.join(vector) or 'no AVX2'})"
 
 
-def make_reference(results: Path, folder: Path) -> None:
+def make_reference(results: Path, folder: Path, figures: bool = False) -> None:
     """Write `folder` as a committed reference of `results`: its tables (CSV), summary.md, provenance.json
     (with the config that made it) and reference.json (commit, CPU, torch, and per rule the job-seconds, CPU
     seconds and peak RSS that provenance.json gathered from its benchmark files; CPU seconds, what the jobs
-    computed whatever they waited for, are None from a provenance written before it recorded them):
-    kilobytes, no caches or weights."""
+    computed whatever they waited for, are None from a provenance written before it recorded them), and
+    with `figures` its figures (PNG): kilobytes to megabytes, no caches or weights."""
     import shutil
 
     if settings(results) is None:
@@ -520,6 +521,10 @@ def make_reference(results: Path, folder: Path) -> None:
         shutil.copy(results / "tables" / f"{name}.csv", folder / "tables")
     shutil.copy(results / "summary.md", folder)
     shutil.copy(results / "provenance.json", folder)
+    if figures:
+        (folder / "figures").mkdir()
+        for png in sorted((results / "figures").glob("*.png")):
+            shutil.copy(png, folder / "figures")
     provenance = json.loads((results / "provenance.json").read_text())
     rules = provenance["wall_seconds_per_rule"]
     cpu = [entry.get("cpu_seconds") for entry in rules.values()]
@@ -610,9 +615,10 @@ def main(argv=None) -> int:
         help="a results folder or reference/<name>/; default: the committed reference of its config",
     )
     parser.add_argument("--make-reference", type=Path, metavar="FOLDER", help="write RESULTS as a committed reference")
+    parser.add_argument("--with-figures", action="store_true", help="with --make-reference: its figures (PNG) too")
     args = parser.parse_args(argv)
     if args.make_reference:
-        make_reference(args.results, args.make_reference)
+        make_reference(args.results, args.make_reference, args.with_figures)
         print(f"compare: {args.make_reference} holds the reference of {args.results}")
         return 0
     if not (args.results / "tables").is_dir():
