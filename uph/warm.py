@@ -213,9 +213,13 @@ def serve(folder: str | Path, slot: int | str, idle: float = IDLE_SECONDS) -> No
 
 
 def _serve_job(connection: socket.socket) -> None:
+    """Take one job from `connection` (its script, `snakemake` object, folder and environment, its stdout
+    and stderr as file descriptors), run it, and send back its status."""
     header, fds, _, _ = socket.recv_fds(connection, _LENGTH.size, 2)
-    payload = _receive(connection, _LENGTH.unpack(header)[0])
+    payload = _receive(connection, _LENGTH.unpack(header)[0]) if len(header) == _LENGTH.size else None
     if payload is None or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
         return
     request = pickle.loads(payload)
     connection.sendall(_TAKEN)
