@@ -94,18 +94,28 @@ def run_in_worker(script: str, job, folder: Path) -> int | None:
     folder.mkdir(parents=True, exist_ok=True)
     payload = pickle.dumps({"script": script, "job": job, "cwd": os.getcwd(), "environ": dict(os.environ)})
     with _free_slot(folder) as slot:
-        for _ in range(2):  # a worker that died as we connected: start another, once
+        for _ in range(2):  # a worker that was exiting as we connected: start another, once
             connection = _connect(folder, slot) or _start(folder, slot)
             if connection is None:
                 return None
             with connection:
                 sys.stdout.flush()
                 sys.stderr.flush()
-                socket.send_fds(connection, [_LENGTH.pack(len(payload))], [sys.stdout.fileno(), sys.stderr.fileno()])
-                connection.sendall(payload)
-                if connection.recv(1) != _TAKEN:
+                try:
+                    socket.send_fds(
+                        connection, [_LENGTH.pack(len(payload))], [sys.stdout.fileno(), sys.stderr.fileno()]
+                    )
+                    connection.sendall(payload)
+                    taken = connection.recv(1) == _TAKEN
+                except OSError:  # reset: the worker was exiting as we connected
+                    taken = False
+                if not taken:
                     continue
-                if (reply := _receive(connection, _STATUS.size)) is None:
+                try:
+                    reply = _receive(connection, _STATUS.size)
+                except OSError:
+                    reply = None
+                if reply is None:
                     print(f"uph.warm: the worker of slot {slot} ({folder}) died during the job", file=sys.stderr)
                     return 1
                 return _STATUS.unpack(reply)[0]
