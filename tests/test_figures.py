@@ -292,3 +292,20 @@ def test_a_matched_control_is_dashed_in_its_variants_colour(tiny_tables):
     capped, control = shown["triple_capped"], shown["standard_capped"]
     assert capped.get_color() == control.get_color() and control.get_linestyle() == "--"
     assert control.get_markerfacecolor() == "none" and capped.get_linestyle() == "-"
+
+
+def test_a_heads_several_d_are_told_apart_by_line_style_in_the_capacity_figure(tiny_tables):
+    """config/full.yaml fits svd_uncond at d 32, 128 and 576: each d draws its own line style in the head's
+    colour, named once in the legend; a sweep of one d (the default) names none."""
+    capacity = tiny_tables.capacity
+    heads = capacity[~capacity["head"].isin(("full_bias", "unigram", "neural_cache"))]
+    assert heads["d"].nunique() == 1  # the test config: one d
+    wider = replace(tiny_tables, capacity=pd.concat([capacity, heads.assign(d=128), heads.assign(d=576)]))
+    for study, named in ((tiny_tables, []), (wider, [f"d = {d:g}" for d in (heads["d"].iloc[0], 128, 576)])):
+        fig = render("capacity", study)
+        (legend,) = fig.legends
+        assert [t.get_text() for t in legend.get_texts() if t.get_text().startswith("d = ")] == named
+        paths = [line for line in fig.axes[0].lines if line.get_marker() == "."]  # the rings are "o"
+        drawn = {(line.get_color(), line.get_linestyle()) for line in paths}
+        plotted = study.capacity[study.capacity["head"].isin([*heads["head"].unique(), "full_bias"])]
+        assert len(drawn) == plotted.groupby(["head", "d"]).ngroups  # each (head, d) a colour and style of its own

@@ -208,33 +208,31 @@ def personalization(fig: Figure, study: Study) -> None:
 
 def capacity(fig: Figure, study: Study) -> None:
     """The capacity path: the mean validation NLL over users against the ball's radius (log axis), one
-    panel per arm, a line per head and the full bias at all of each user's train tokens, the chosen
-    radius ringed (uph.lm.engine.capacity). The caches' lambda (and temperature) are other knobs: their curves are in the table."""
+    panel per arm, a line per head (its color) and d (its line style, where the sweep has several) and
+    the full bias at all of each user's train tokens, the chosen radius ringed (uph.lm.engine.capacity).
+    The caches' lambda (and temperature) are other knobs: their curves are in the table."""
     solver = headline_solver(study.personalization)
     table = study.capacity[(study.capacity["solver"] == solver) & study.capacity["train_tokens"].isna()]
     table = table[~table["head"].isin(("unigram", "neural_cache"))]
     colors = palette(table["head"], (*HEADS, "full_bias"))
+    ds = sorted(table.loc[table["head"] != "full_bias", "d"].dropna().unique())  # the full bias: d = V, its own color
+    linestyles = dict(zip(ds, ["-", "--", ":", "-."] * len(ds)))
     axes = fig.subplots(1, 3, squeeze=False)[0]
     for ax, arm in zip(axes, ("global", "personal", "residual")):
-        for (head, _alpha, _d), rows in table[table["arm"] == arm].groupby(
+        for (head, _alpha, d), rows in table[table["arm"] == arm].groupby(
             ["head", "alpha", "d"], sort=True, dropna=False
         ):
-            rows = rows.sort_values("capacity")
-            ax.plot(rows["capacity"], rows["validation_nll"], color=colors[head], marker=".", label=literal(head))
+            rows, style = rows.sort_values("capacity"), {"color": colors[head], "linestyle": linestyles.get(d, "-")}
+            ax.plot(rows["capacity"], rows["validation_nll"], marker=".", label=literal(head), **style)
             picked = rows[rows["chosen"]]
-            ax.plot(
-                picked["capacity"],
-                picked["validation_nll"],
-                color=colors[head],
-                marker="o",
-                markersize=9,
-                fillstyle="none",
-            )
+            ax.plot(picked["capacity"], picked["validation_nll"], marker="o", markersize=9, fillstyle="none", **style)
         ax.set_xscale("log")
         ax.set_xlabel("radius of the ball ‖θ‖ ≤ r")
         ax.set_title(arm)
     axes[0].set_ylabel("validation NLL (nats/token)")
     handles = [Line2D([], [], color=color, label=literal(head)) for head, color in colors.items()]
+    if len(ds) > 1:
+        handles += [Line2D([], [], color="0.3", linestyle=style, label=f"d = {d:g}") for d, style in linestyles.items()]
     fig.legend(handles=handles, loc="outside right center")
     fig.suptitle(f"Capacity chosen on validation, {literal(solver)} solver: mean over users, ○ the chosen radius")
 
