@@ -188,6 +188,25 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     assert "no committed reference" in capsys.readouterr().err
 
 
+def test_a_reference_of_a_run_whose_provenance_predates_cpu_seconds_and_peak_rss_leaves_them_none(tiny_study, tmp_path):
+    results = tmp_path / "results"
+    shutil.copytree(tiny_study.workdir / "results", results, ignore=shutil.ignore_patterns("cache", "model", "fit"))
+    provenance = json.loads((results / "provenance.json").read_text())
+    provenance["wall_seconds_per_rule"] = {
+        rule: {"jobs": entry["jobs"], "seconds": entry["seconds"]}
+        for rule, entry in provenance["wall_seconds_per_rule"].items()
+    }
+    (results / "provenance.json").write_text(json.dumps(provenance))
+    make_reference(results, tmp_path / "old")
+    info = json.loads((tmp_path / "old" / "reference.json").read_text())
+    assert info["job_seconds"] > 0 and info["cpu_seconds"] is None and info["peak_rss_mb"] is None
+    assert (
+        {entry["cpu_seconds"] for entry in info["rules"].values()}
+        == {None}
+        == {e["peak_rss_mb"] for e in info["rules"].values()}
+    )
+
+
 def test_an_lr_chosen_otherwise_reads_as_a_near_tie_or_a_real_change_by_its_seeds():
     """lr_choices: the two lrs' validation accuracies paired by sweep seed; a t interval holding 0 in both
     runs is a near tie, one that excludes 0 (three seeds that all prefer one lr by 0.5) a real change."""

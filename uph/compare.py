@@ -509,8 +509,8 @@ def make_reference(results: Path, folder: Path, figures: bool = False) -> None:
     """Write `folder` as a committed reference of `results`: its tables (CSV), summary.md, provenance.json
     (with the config that made it) and reference.json (commit, CPU, torch, and per rule the job-seconds, CPU
     seconds and peak RSS that provenance.json gathered from its benchmark files; CPU seconds, what the jobs
-    computed whatever they waited for, are None from a provenance written before it recorded them), and
-    with `figures` its figures (PNG): kilobytes to megabytes, no caches or weights."""
+    computed whatever they waited for, and peak RSS are None from a provenance written before it recorded
+    them), and with `figures` its figures (PNG): kilobytes to megabytes, no caches or weights."""
     import shutil
 
     if settings(results) is None:
@@ -536,12 +536,12 @@ def make_reference(results: Path, folder: Path, figures: bool = False) -> None:
         "torch": provenance["packages"]["torch"],
         "job_seconds": round(sum(entry["seconds"] for entry in rules.values())),
         "cpu_seconds": None if None in cpu else round(sum(cpu)),
-        "peak_rss_mb": round(max((entry["peak_rss_mb"] or 0.0 for entry in rules.values()), default=0.0)),
+        "peak_rss_mb": round(max((entry.get("peak_rss_mb") or 0.0 for entry in rules.values()), default=0.0)) or None,
         "rules": {
             rule: {
                 "job_seconds": round(entry["seconds"], 1),
                 "cpu_seconds": entry.get("cpu_seconds"),
-                "peak_rss_mb": round(entry["peak_rss_mb"] or 0.0),
+                "peak_rss_mb": round(entry["peak_rss_mb"]) if entry.get("peak_rss_mb") else None,
             }
             for rule, entry in sorted(rules.items())
         },
