@@ -151,6 +151,16 @@ def _apart(values, factor: float = 2.0) -> list[int]:
     return kept
 
 
+def line_styles(keys) -> dict:
+    """A line style for each of `keys` (a figure's second key beside its colors: d, a layer), in order."""
+    return dict(zip(keys, itertools.cycle(["-", "--", ":", "-."])))
+
+
+def d_handles(styles: dict) -> list[Line2D]:
+    """Legend entries naming each d's line style."""
+    return [Line2D([], [], color="0.3", linestyle=style, label=f"d = {d:g}") for d, style in styles.items()]
+
+
 def personalization(fig: Figure, study: Study) -> None:
     """Four comparisons side by side (columns), one row per alpha: held-out NLL change against the
     parameters per user, each method at its chosen capacity with its 95 % paired bootstrap interval over
@@ -216,7 +226,7 @@ def capacity(fig: Figure, study: Study) -> None:
     table = table[~table["head"].isin(("unigram", "neural_cache"))]
     colors = palette(table["head"], (*HEADS, "full_bias"))
     ds = sorted(table.loc[table["head"] != "full_bias", "d"].dropna().unique())  # the full bias: d = V, its own color
-    linestyles = dict(zip(ds, ["-", "--", ":", "-."] * len(ds)))
+    linestyles = line_styles(ds)
     axes = fig.subplots(1, 3, squeeze=False)[0]
     for ax, arm in zip(axes, ("global", "personal", "residual")):
         for (head, _alpha, d), rows in table[table["arm"] == arm].groupby(
@@ -232,7 +242,7 @@ def capacity(fig: Figure, study: Study) -> None:
     axes[0].set_ylabel("validation NLL (nats/token)")
     handles = [Line2D([], [], color=color, label=literal(head)) for head, color in colors.items()]
     if len(ds) > 1:
-        handles += [Line2D([], [], color="0.3", linestyle=style, label=f"d = {d:g}") for d, style in linestyles.items()]
+        handles += d_handles(linestyles)
     fig.legend(handles=handles, loc="outside right center")
     fig.suptitle(f"Capacity chosen on validation, {literal(solver)} solver: mean over users, ○ the chosen radius")
 
@@ -247,7 +257,7 @@ def dose_response(fig: Figure, study: Study) -> None:
         return
     alphas = sorted(table["alpha"].unique())
     colors = palette(table["head"], HEADS)
-    linestyles = dict(zip(sorted(table["d"].unique()), ["-", "--", ":", "-."] * len(table)))
+    linestyles = line_styles(sorted(table["d"].unique()))
     ticks = sorted(round(tokens) for tokens in table["train_tokens"].unique())
     axes = fig.subplots(1, len(alphas), sharey=True, squeeze=False)[0]
     for ax, alpha in zip(axes, alphas):
@@ -282,7 +292,7 @@ def dose_response(fig: Figure, study: Study) -> None:
         ax.set_title(f"α = {alpha:g}")
     axes[0].set_ylabel("Δ NLL beyond global θ\n(10⁻³ nats/token)")
     handles = [Line2D([], [], color=color, label=literal(head)) for head, color in colors.items()]
-    handles += [Line2D([], [], color="0.3", linestyle=style, label=f"d = {d:g}") for d, style in linestyles.items()]
+    handles += d_handles(linestyles)
     fig.legend(handles=handles, loc="outside right center")
     fig.suptitle(f"Personal gain beyond the global θ, {literal(solver)} solver: mean over users, 95 % interval band")
 
@@ -611,7 +621,7 @@ def feedback(fig: Figure, study: Study) -> None:
     curves = study.feedback_curves
     colors = palette(curves["method"], METHODS)
     layers = sorted(c for c in curves.columns if c.startswith("alignment_l"))
-    linestyles = dict(zip(layers, ["-", "--", ":", "-."] * len(layers)))
+    linestyles = line_styles(layers)
     loss_ax, align_ax = fig.subplots(1, 2)
     for method, color in colors.items():
         run = curves[curves["method"] == method]
