@@ -428,7 +428,7 @@ def test_config_errors_name_the_key():
 
 def test_the_tiny_studys_feedback_table_has_a_row_per_method_and_seed(tiny_study):
     results = tiny_study.workdir / "results"
-    assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
+    assert tiny_study.run.returncode == 0, tiny_study.run.stderr[-3000:]
     config = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["feedback"]
     table = pd.read_csv(results / "tables" / "feedback.csv")
     assert table["method"].tolist() == config["methods"] and (table["seed"] == 0).all()

@@ -152,7 +152,7 @@ def test_the_tiny_study_runs_through_sbatch_with_a_retry(tiny_study, second_run)
         pytest.skip(
             "SLURM is not installed here (tests/slurm_cluster.missing_programs); .ci/run installs slurm-wlm and munge"
         )
-    assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
+    assert tiny_study.run.returncode == 0, tiny_study.run.stderr[-3000:]
     assert second_run.run.returncode == 0, second_run.run.stderr[-3000:]
     workdir, states = second_run.workdir, second_run.slurm_jobs
 

@@ -21,16 +21,17 @@ TEMPERATURES = schema_defaults("fit")["temperatures"]
 CACHES = ("unigram", "neural_cache")  # the cache baselines: a mixture weight, no theta
 
 
-def test_lm_stages_run_end_to_end_on_the_tiny_config(tiny_study):
-    assert tiny_study.lm_stages.returncode == 0, tiny_study.lm_stages.stderr[-3000:]
-    assert tiny_study.lm_seconds < 120
+def test_the_tiny_study_runs_end_to_end(tiny_study):
+    assert tiny_study.run.returncode == 0, tiny_study.run.stderr[-3000:]
+    for stage in ("cache/shard-0.parquet", "cache/shard-1.parquet", "basis/svd.safetensors", "provenance.json"):
+        assert (tiny_study.workdir / "results" / stage).is_file(), stage
     users = pd.read_parquet(tiny_study.workdir / "results/corpus/users.parquet")
     assert len(users) == 4 and (users["n_tokens"] <= 4000).all()
     assert not list((tiny_study.workdir / "results").rglob(".tmp-*"))
 
 
 def test_fit_tables_cover_the_sweep(tiny_study):
-    workdir, run = tiny_study.workdir, tiny_study.rest
+    workdir, run = tiny_study.workdir, tiny_study.run
     assert run.returncode == 0, run.stderr[-3000:]
     table = pd.read_csv(workdir / "results/tables/personalization.csv")
     heads, baselines = table[table["alpha"].notna()], table[table["alpha"].isna()]
@@ -185,7 +186,7 @@ def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, se
     is installed (conftest.second_run). On CUDA (uph.device) the LM tables would repeat bit for bit only with
     the same GPU model and software stack (deterministic kernels), and the training branches' tables, should
     their `<branch>.device` put them there, only to a tolerance."""
-    assert tiny_study.rest.returncode == 0, tiny_study.rest.stderr[-3000:]
+    assert tiny_study.run.returncode == 0, tiny_study.run.stderr[-3000:]
     assert second_run.run.returncode == 0, second_run.run.stderr[-3000:]
     first, second = files_under(tiny_study.workdir), files_under(second_run.workdir)
     assert sorted(first) == sorted(second)
