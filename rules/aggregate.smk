@@ -17,6 +17,7 @@ rule aggregate:
         pdf=[results("figures", f"{name}.pdf") for name in FIGURES],
         summary=report(results("summary.md"), caption="../report/summary.rst", category="Summary"),
         answers=report(results("answers.html"), caption="../report/answers.rst", category="Summary"),
+    threads: min(workflow.cores, len(FIGURES))  # a process a figure: the DAG's last computation, alone
     log:
         results("logs", "aggregate.log"),
     benchmark:

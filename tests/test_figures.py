@@ -20,7 +20,7 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from uph.report.catalog import FIGURES, TABLES
-from uph.report.figures import ATTENTIONS, STYLE, attention_styles, literal, render
+from uph.report.figures import ATTENTIONS, STYLE, attention_styles, literal, render, save_all
 from uph.report.study import Study, load_study
 
 TOLERANCE = 1.0  # pixels
@@ -309,3 +309,15 @@ def test_a_heads_several_d_are_told_apart_by_line_style_in_the_capacity_figure(t
         drawn = {(line.get_color(), line.get_linestyle()) for line in paths}
         plotted = study.capacity[study.capacity["head"].isin([*heads["head"].unique(), "full_bias"])]
         assert len(drawn) == plotted.groupby(["head", "d"]).ngroups  # each (head, d) a colour and style of its own
+
+
+def test_figures_written_in_parallel_are_the_bytes_written_one_by_one(tiny_tables, tmp_path):
+    names = ["personalization", "cross_user", "feedback"]
+    written = {}
+    for processes in (1, 3):
+        folder = tmp_path / str(processes)
+        folder.mkdir()
+        paths = {name: (folder / f"{name}.png", folder / f"{name}.pdf") for name in names}
+        assert list(save_all(tiny_tables, paths, processes=processes)) == names  # in order, once each
+        written[processes] = {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
+    assert len(written[1]) == 2 * len(names) and written[1] == written[3]

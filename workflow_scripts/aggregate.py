@@ -5,7 +5,7 @@ from uph.io import atomic_path
 from uph.logs import rule_logging
 from uph.report.answers import answers, answers_html
 from uph.report.catalog import FIGURES, TABLES
-from uph.report.figures import render, save
+from uph.report.figures import save_all
 from uph.report.study import load_study
 from uph.report.summary import summary_markdown
 
@@ -16,9 +16,9 @@ with rule_logging(snakemake) as log:
         snakemake.input.feedback_curves,
         snakemake.params.copy_task_vocab,
     )
-    for name, png, pdf in zip(FIGURES, snakemake.output.png, snakemake.output.pdf):
-        save(render(name, study), png, pdf)
-        log.info("figure %s: %s, %s", name, png, pdf)
+    paths = dict(zip(FIGURES, zip(snakemake.output.png, snakemake.output.pdf)))
+    for name in save_all(study, paths, processes=snakemake.threads):
+        log.info("figure %s: %s, %s", name, *paths[name])
     rows = answers(study)
     with atomic_path(snakemake.output.summary) as tmp:
         tmp.write_text(summary_markdown(study, rows))

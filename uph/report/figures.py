@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 
 import matplotlib as mpl
 import numpy as np
@@ -683,3 +686,26 @@ def save(fig: Figure, png_path, pdf_path) -> None:
             fig.savefig(tmp, format="png", dpi=DPI)
         with atomic_path(pdf_path) as tmp:
             fig.savefig(tmp, format="pdf", metadata={"CreationDate": None})
+
+
+def _render_and_save(name: str, study: Study, png_path, pdf_path) -> str:
+    save(render(name, study), png_path, pdf_path)
+    return name
+
+
+def save_all(study: Study, paths: dict[str, tuple], processes: int = 1) -> Iterator[str]:
+    """Draw and write every figure of `paths` (name -> (png, pdf)), `processes` at a time, yielding each
+    name in `paths`' order once its files are written. The figures are independent and each is drawn
+    from the same study in a fresh figure, so the bytes are the same at any count; writing is most of
+    the cost (a PDF's font subsets, a PNG's rasterizing), and the aggregate job has the cores to itself
+    (it is the DAG's last computation)."""
+    if processes <= 1 or len(paths) <= 1:
+        for name, (png, pdf) in paths.items():
+            yield _render_and_save(name, study, png, pdf)
+        return
+    # fork where the platform has it: the workers start with the study's modules imported
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
+    with ProcessPoolExecutor(max_workers=min(processes, len(paths)), mp_context=context) as pool:
+        done = [pool.submit(_render_and_save, name, study, png, pdf) for name, (png, pdf) in paths.items()]
+        for future in done:
+            yield future.result()
