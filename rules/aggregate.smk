@@ -17,11 +17,11 @@ rule aggregate:
         pdf=[results("figures", f"{name}.pdf") for name in FIGURES],
         summary=report(results("summary.md"), caption="../report/summary.rst", category="Summary"),
         answers=report(results("answers.html"), caption="../report/answers.rst", category="Summary"),
-    threads: min(workflow.cores, len(FIGURES))  # a process a figure: the DAG's last computation, alone
     log:
         results("logs", "aggregate.log"),
     benchmark:
         results("benchmarks", "aggregate.tsv")
+    threads: min(workflow.cores, len(FIGURES))  # a process a figure: the DAG's last computation, alone
     params:
         **SETTINGS["aggregate"],
     script:
