@@ -36,6 +36,14 @@ if snakemake.name == "dies":
 """
 
 
+@pytest.fixture
+def job_script(tmp_path) -> tuple[Path, Path]:
+    """JOB_SCRIPT written to a file, and the slots folder its workers listen in."""
+    script = tmp_path / "job.py"
+    script.write_text(JOB_SCRIPT)
+    return script, tmp_path / "slots"
+
+
 def stop(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
@@ -52,11 +60,9 @@ def alive(pid: int) -> bool:
 
 
 def test_a_worker_runs_jobs_one_after_another_each_with_its_status_folder_environment_and_output(
-    tmp_path, monkeypatch, capfd
+    tmp_path, job_script, monkeypatch, capfd
 ):
-    script = tmp_path / "job.py"
-    script.write_text(JOB_SCRIPT)
-    folder = tmp_path / "slots"
+    script, folder = job_script
     monkeypatch.chdir(tmp_path)
     statuses, seen = {}, {}
     for name in ("first", "exits", "raises", "last"):
@@ -80,10 +86,8 @@ def test_a_worker_runs_jobs_one_after_another_each_with_its_status_folder_enviro
             stop(pid)
 
 
-def test_a_worker_that_dies_fails_its_job_and_the_next_job_starts_a_fresh_one(tmp_path, capfd):
-    script = tmp_path / "job.py"
-    script.write_text(JOB_SCRIPT)
-    folder = tmp_path / "slots"
+def test_a_worker_that_dies_fails_its_job_and_the_next_job_starts_a_fresh_one(tmp_path, job_script, capfd):
+    script, folder = job_script
     jobs = {name: SimpleNamespace(name=name, output=str(tmp_path / f"{name}.txt")) for name in ("dies", "after")}
     assert warm.run_in_worker(str(script), jobs["dies"], folder) == 1
     assert "died during the job" in capfd.readouterr().err
@@ -93,10 +97,8 @@ def test_a_worker_that_dies_fails_its_job_and_the_next_job_starts_a_fresh_one(tm
     assert died != after and not alive(died)
 
 
-def test_two_jobs_at_once_take_two_slots_and_a_stopped_job_ends_its_worker(tmp_path):
-    script = tmp_path / "job.py"
-    script.write_text(JOB_SCRIPT)
-    folder = tmp_path / "slots"
+def test_two_jobs_at_once_take_two_slots_and_a_stopped_job_ends_its_worker(tmp_path, job_script):
+    script, folder = job_script
     client = (
         "import sys; from pathlib import Path; from types import SimpleNamespace; from uph import warm; "
         "sys.exit(warm.run_in_worker(sys.argv[1], SimpleNamespace(name='sleeps', output=sys.argv[2]), Path(sys.argv[3])))"
