@@ -2,7 +2,8 @@
 
 One function per figure family draws into a given matplotlib Figure; `render(name, study)` makes
 the Figure at its fixed paper size and `save` writes it as PNG (fixed dpi, so a figure is always
-the same number of pixels) and PDF (no creation date, so reruns give identical bytes). Figures are
+the same number of pixels) and PDF (no creation date, so reruns give identical bytes); `save_all` draws
+and writes a set of them, a process each where given several. Figures are
 built with `matplotlib.figure.Figure` directly: no pyplot state, no GUI backend. Colours come from
 the Okabe-Ito palette (distinguishable with every common colour-vision deficiency), assigned to
 names in a fixed order so a head, attention or method keeps its colour in every figure; the
