@@ -21,18 +21,17 @@ What "agree" means, per kind of number (TABLES below says which column is which)
   1e-3 relative; certificates are no worse than max(fit.tol, twice the reference's); users counted
   (improved, on the ball) within one user, who may sit within rounding of the threshold; the rest
   (users, parameters) exactly.
-- **Choices made on validation** (a radius, a temperature, an edge flag; an attention lr) that differ
-  are reported with their validation margin: the two choices' validation NLLs (or mean accuracies)
-  within the tolerance above (the seeds' interval for an lr) in both runs are a near tie, named and not
-  counted (a near-tie radius's point is compared no further; a near-tie lr's cell still is, by its seeds);
-  a larger margin is a disagreement.
-- **Seeded training** (attention, attention_sweep, copy_task, feedback): a run's float32 rounding
-  changes its trajectory, so runs diverge across CPUs and agree only as samples. Per row of a table
-  (its seeds averaged first), the two runs' means agree when their 95 % Student-t intervals over seeds,
-  Bonferroni-widened over the table's training cells (as the summary's picked comparisons are), overlap;
-  each interval is widened by the metric's RESOLUTION (what a figure can show: 0.01 of accuracy, 0.01
-  nats, one evaluation interval of steps), so seeds that all agree still agree with a near value.
-  Training curves (attention_curves) are not compared row by row: their summaries are, in attention.
+- **Choices made on validation**: a radius, a temperature or an edge flag that differs is reported with
+  its validation margin, the two choices' validation NLLs in each run: within the tolerance above in
+  both runs it is a near tie, named and not counted (its point is compared no further); a larger margin
+  is a disagreement. An attention cell's lr that differs is a disagreement, its margin (the two lrs'
+  paired validation accuracies over the sweep seeds) shown: the lr decides every number of the cell.
+- **Seeded training** (attention, attention_sweep, copy_task, feedback): uph.seeded_comparison. Each
+  row reads agree, differ or undetermined by a Welch interval of its seeds' means against the metric's
+  margin (Bonferroni over every row-metric); the shares of seeds that solve a bimodal cell are compared
+  by an exact test; rows, seeds, NaNs and the protocol's seed counts must match. Undetermined rows are
+  named and counted and do not fail the comparison. Training curves (attention_curves) are not compared
+  row by row: their summaries are, in attention.
 - **Exact tables** (gram_resilience): within float32's relative rounding.
 - **Answers**: identical (yes, no, not shown, untested), question by question.
 """
@@ -51,7 +50,8 @@ import pandas as pd
 
 from uph.io import read_table
 from uph.report.catalog import TABLES
-from uph.stats import SIGNIFICANCE, t_interval
+from uph.seeded_comparison import SeededFindings, judge_means, shares_and_protocol, structure_and_means
+from uph.stats import t_interval
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO / "reference"
@@ -62,7 +62,6 @@ CUTS = {"extract.batch_size", "extract.shards", "fit.jobs", "fit.gpu_jobs", "war
 NLL_RTOL = 1e-5  # of the table's NLL scale (module docstring)
 NORM_RTOL = 1e-3
 FLOAT32_RTOL = 2.0**-23
-RESOLUTION = {"acc": 0.01, "loss": 0.01, "steps": 50.0}  # seeded metrics, by the kind their name ends in
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,8 @@ TABLE_RULES = {
     "attention": Table(
         "seeded",
         ("task", "model", "attention", "train_len", "eval_len", "level"),
-        choices=("lr", "lr_at_edge"),
-        exact=("family", "loudness_invariant"),
+        choices=("lr",),
+        exact=("family", "loudness_invariant", "lr_at_edge"),
         metrics=("token_acc", "seq_acc", "loss", "val_token_acc", "diverged", "steps_run", "best_step"),
         cell=("task", "model", "attention"),
         skipped={
@@ -127,12 +126,10 @@ TABLE_RULES = {
     "attention_sweep": Table(
         "seeded",
         ("task", "model", "attention", "lr"),
+        exact=("chosen", "extended", "lr_at_edge"),
         metrics=("val_token_acc", "val_loss", "diverged", "steps_run"),
         cell=("task", "model", "attention"),
         skipped={
-            "chosen": "the lr choice is compared in attention",
-            "extended": "follows the choice",
-            "lr_at_edge": "compared in attention",
             "best_step": "its seeds' steps_run are compared",
             "steps_to_90": "NaN where a seed never got there",
             "steps_to_99": "NaN where a seed never got there",
@@ -161,12 +158,15 @@ NOT_ROW_BY_ROW = {
 
 @dataclass
 class Report:
-    """What a comparison found: disagreements (one line each), near ties (named, not counted) and
-    notes (what was compared how), and whether the two could be compared at all."""
+    """What a comparison found: disagreements (one line each), near ties (named, not counted), the
+    seeded row-metrics that agree and those undetermined (named, not counted), notes (what was compared
+    how), and whether the two could be compared at all."""
 
     disagreements: list[str] = field(default_factory=list)
     near_ties: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    undetermined: list[str] = field(default_factory=list)  # seeded rows with metrics too few seeds tell apart
+    agreed: int = 0  # seeded row-metrics that agree within their margin
     incomparable: list[str] = field(default_factory=list)
     compared: dict = field(default_factory=dict)  # table -> values compared
 
@@ -237,6 +237,11 @@ def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: R
     _ref), or None where their columns differ; rows only one has are disagreements."""
     if not _same_columns(name, a, b, report):
         return None
+    for frame, side in ((a, "RESULTS"), (b, "REFERENCE")):
+        for values in frame[list(rule.keys)][frame[list(rule.keys)].map(str).duplicated()].itertuples(index=False):
+            report.disagreements.append(
+                f"{name} [{_row_name(rule.keys, values)}]: {side} holds this row more than once"
+            )
     keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in rule.keys}) for frame in (a, b)]
     merged = keyed[0].merge(
         keyed[1], on=[f"_k_{k}" for k in rule.keys], how="outer", suffixes=("", "_ref"), indicator=True
@@ -352,95 +357,49 @@ def capacity_ties(a: pd.DataFrame, b: pd.DataFrame, report: Report) -> set:
 # -- seeded training -----------------------------------------------------------------------------------------
 
 
-def _resolution(metric: str) -> float:
-    if metric.endswith("acc") or metric == "diverged" or "alignment" in metric:
-        return RESOLUTION["acc"]
-    if metric.startswith("steps") or metric.endswith("step"):
-        return RESOLUTION["steps"]
-    return RESOLUTION["loss"]
-
-
-def seed_interval(values, level: float, resolution: float) -> tuple[float, float, float, int]:
-    """(mean, low, high, n) of per-seed values: the Student-t interval at `level`, widened by `resolution`
-    on each side (one seed: its value +- resolution)."""
-    values = np.asarray([v for v in values if not pd.isna(v)], dtype=float)
-    if len(values) == 0:
-        return math.nan, math.nan, math.nan, 0
-    mean = float(values.mean())
-    low, high = t_interval(values, level) if len(values) > 1 else (mean, mean)
-    return mean, low - resolution, high + resolution, len(values)
-
-
 def lr_choices(a: pd.DataFrame, b: pd.DataFrame, sweep_a, sweep_b, report: Report) -> None:
-    """Each attention cell whose chosen lr differs: its margin in each run, the paired differences of
-    validation token accuracy between the two lrs over the sweep seeds both trained (t interval at 95 %);
-    a near tie where each run's interval holds 0 (or every difference is 0), else a disagreement."""
+    """Each attention cell whose chosen lr differs: a disagreement (the lr decides every number of the
+    cell), with its margin in each run, the paired differences of validation token accuracy between the
+    two lrs over the sweep seeds both trained (mean and 95 % t interval)."""
     cell = ["task", "model", "attention"]
     lrs = [frame.groupby(cell)["lr"].first() for frame in (a, b)]
     for key in sorted(set(lrs[0].index) & set(lrs[1].index)):
         la, lb = float(lrs[0][key]), float(lrs[1][key])
         if la == lb:
             continue
-        margins, ties = [], []
+        margins = []
         for sweep in (sweep_a, sweep_b):
             runs = sweep[(sweep[cell] == pd.Series(key, index=cell)).all(axis=1)]
             per = runs.pivot_table(index="seed", columns="lr", values="val_token_acc")
             if la not in per or lb not in per:
                 margins.append("not both tried")
-                ties.append(True)
                 continue
             diff = (per[la] - per[lb]).dropna()
-            _, low, high, n = seed_interval(diff, 1 - SIGNIFICANCE, 0.0)
-            margins.append(f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}] over {n} seeds")
-            ties.append(bool((diff == 0).all() or (n > 1 and low <= 0 <= high)))
-        what = (
-            f"attention [{_row_name(tuple(cell), key)}]: lr {la:g} chosen against {lb:g}; validation token accuracy "
-            f"of {la:g} minus {lb:g}: {margins[0]} in RESULTS, {margins[1]} in REFERENCE"
+            low, high = t_interval(diff) if len(diff) > 1 else (math.nan, math.nan)
+            margins.append(f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}] over {len(diff)} seeds")
+        report.disagreements.append(
+            f"attention [{_row_name(tuple(cell), key)}]: lr {la:g} chosen against {lb:g} (a choice made on "
+            f"validation, identical); validation token accuracy of {la:g} minus {lb:g}: {margins[0]} in RESULTS, "
+            f"{margins[1]} in REFERENCE"
         )
-        if all(ties):
-            report.near_ties.append(f"{what} (a near tie)")
-        else:
-            report.disagreements.append(f"{what} (a real change)")
 
 
-def compare_seeded(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
-    """A seeded table (module docstring): per row of rule.keys, each metric's seeds in the two runs
-    agree when their intervals overlap; exact columns identical. Rows only one run has (an lr its sweep
-    alone tried) are notes where the table is a sweep, else disagreements."""
-    if not _same_columns(name, a, b, report):
-        return
-    cells = len(pd.concat([a[list(rule.cell)], b[list(rule.cell)]]).drop_duplicates())
-    level = 1 - SIGNIFICANCE / max(cells, 1)
-    groups = [dict(tuple(frame.groupby(list(rule.keys), dropna=False))) for frame in (a, b)]
-    compared = 0
-    for key in sorted(set(groups[0]) | set(groups[1]), key=str):
-        where = f"{name} [{_row_name(rule.keys, key)}]"
-        if key not in groups[0] or key not in groups[1]:
-            only = "RESULTS" if key in groups[0] else "REFERENCE"
-            line = f"{where}: a row only {only} has"
-            (report.notes if name == "attention_sweep" else report.disagreements).append(line)
-            continue
-        ra, rb = groups[0][key], groups[1][key]
-        for column in rule.exact:
-            compared += 1
-            if sorted(map(str, ra[column].unique())) != sorted(map(str, rb[column].unique())):
-                report.disagreements.append(
-                    f"{where} {column}: {_shown(ra[column].iloc[0])} against {_shown(rb[column].iloc[0])} (identical)"
-                )
-        for metric in rule.metrics:
-            compared += 1
-            per_seed = [frame.groupby("seed")[metric].mean() for frame in (ra, rb)]
-            res = _resolution(metric)
-            (ma, la, ha, na), (mb, lb, hb, nb) = (seed_interval(v.astype(float), level, res) for v in per_seed)
-            if na == 0 and nb == 0:
-                continue
-            if na == 0 or nb == 0 or ha < lb or hb < la:
-                report.disagreements.append(
-                    f"{where} {metric}: {_shown(ma)} [{la + res:.4g}, {ha - res:.4g}] over {na} seeds against "
-                    f"{_shown(mb)} [{lb + res:.4g}, {hb - res:.4g}] over {nb} (intervals at {level:.4g}, "
-                    f"Bonferroni over {cells} cells, widened by {res:g}, do not overlap)"
-                )
-    report.compared[name] = compared
+def compare_seeded(tables: dict, seeds_if_split, report: Report) -> None:
+    """The seeded tables (uph.seeded_comparison): structure, means per row-metric at Bonferroni's level
+    over all of them, the bimodal cells' shares solved and the protocol's seed counts."""
+    found = SeededFindings([], [], 0, {})
+    tests = []
+    for name, (a, b) in tables.items():
+        rule = TABLE_RULES[name]
+        if _same_columns(name, a, b, report):
+            tests += structure_and_means(name, rule, a, b, found)
+    judge_means(tests, found)
+    if "attention" in tables:
+        shares_and_protocol(*tables["attention"], TABLE_RULES["attention"].cell, seeds_if_split, found)
+    report.disagreements += found.disagreements
+    report.undetermined += found.undetermined
+    report.agreed += found.agreed
+    report.compared.update(found.compared)
 
 
 def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
@@ -453,7 +412,10 @@ def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, repo
                 continue
             x, y = row[column], row[f"{column}_ref"]
             number = pd.api.types.is_numeric_dtype(a[column]) and not pd.api.types.is_bool_dtype(a[column])
-            bad = abs(float(x) - float(y)) > FLOAT32_RTOL * abs(float(y)) if number else _differs(x, y)
+            if pd.isna(x) or pd.isna(y):
+                bad = not (pd.isna(x) and pd.isna(y))  # NaN against a number
+            else:
+                bad = abs(float(x) - float(y)) > FLOAT32_RTOL * abs(float(y)) if number else _differs(x, y)
             if bad:
                 report.disagreements.append(
                     f"{name} [{_row_name(rule.keys, [row[k] for k in rule.keys])}] {column}: {_shown(x)} against "
@@ -580,10 +542,10 @@ def compare_folders(results: Path, reference: Path) -> Report:
         rule = TABLE_RULES[name]
         if rule.kind == "lm":
             compare_lm(name, rule, a, b, float(theirs.get("fit.tol", 1e-5)), ties, report)
-        elif rule.kind == "seeded":
-            compare_seeded(name, rule, a, b, report)
-        else:
+        elif rule.kind == "exact":
             compare_exact(name, rule, a, b, report)
+    seeded = {name: pair for name, pair in tables.items() if name in TABLE_RULES and TABLE_RULES[name].kind == "seeded"}
+    compare_seeded(seeded, theirs.get("attention.seeds_if_split"), report)
     mine_answers, their_answers = (study_answers({n: t[i] for n, t in tables.items()}) for i in (0, 1))
     compare_answers(mine_answers, their_answers, report)
     return report
@@ -597,12 +559,19 @@ def verdict(report: Report, results: Path, reference: Path) -> str:
         return "\n".join([*lines, "verdict: CANNOT BE COMPARED (exit 2)"])
     lines += [f"  {name}: {n} values compared" for name, n in report.compared.items()]
     lines += [f"  near tie: {line}" for line in report.near_ties]
+    lines += [f"  undetermined: {line}" for line in report.undetermined]
+    if report.agreed or report.undetermined:
+        lines.append(
+            f"  seeded: {report.agreed} row-metrics agree within their margin; {len(report.undetermined)} rows hold "
+            "undetermined ones (too few seeds to tell: named above, not counted against)"
+        )
     lines += [f"  note: {line}" for line in report.notes[:10]]
     if len(report.notes) > 10:
         lines.append(f"  ... and {len(report.notes) - 10} more notes")
     if report.disagreements:
         return "\n".join([*lines, f"verdict: DISAGREE: {len(report.disagreements)} values beyond tolerance (exit 1)"])
     ties = f", {len(report.near_ties)} near ties named above" if report.near_ties else ""
+    ties += f", {len(report.undetermined)} seeded rows undetermined" if report.undetermined else ""
     return "\n".join([*lines, f"verdict: AGREE within the tolerances of uph/compare.py{ties} (exit 0)"])
 
 

@@ -1,0 +1,178 @@
+"""The seeded half of `make compare` (uph.seeded_comparison) on copies of the committed
+reference/default/ with what a CPU change can and cannot do planted: every planted change exits 1
+naming its cell or row; rounding-level noise and a reshuffle of which seeds solve at the same share
+exit 0."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from uph.attention.study_config import SOLVED
+from uph.compare import compare_folders
+from uph.io import read_table
+from uph.seeded_comparison import SOLVED as COMPARED_SOLVED
+from uph.seeded_comparison import read_difference, share_test
+
+DEFAULT = Path(__file__).resolve().parent.parent / "reference" / "default"
+CELL = ["task", "model", "attention"]
+MQAR_STANDARD = {"task": "mqar", "model": "residual", "attention": "standard"}  # 5 seeds, all solve
+
+
+@pytest.fixture
+def default_pair(tmp_path):
+    """(results, reference): two copies of reference/default's tables and provenance."""
+    folders = []
+    for name in ("results", "reference"):
+        shutil.copytree(DEFAULT / "tables", tmp_path / name / "tables")
+        shutil.copy(DEFAULT / "provenance.json", tmp_path / name)
+        folders.append(tmp_path / name)
+    return tuple(folders)
+
+
+def edit(folder, name, change):
+    """Rewrite one table of `folder` as change(table) makes it."""
+    change(read_table(folder / "tables" / f"{name}.csv")).to_csv(folder / "tables" / f"{name}.csv", index=False)
+
+
+def in_cell(table, cell: dict):
+    return (table[list(cell)] == pd.Series(cell)).all(axis=1)
+
+
+def disagreements(results, reference) -> list[str]:
+    report = compare_folders(results, reference)
+    assert report.exit_code in (0, 1)
+    return report.disagreements
+
+
+def names(lines, cell: dict) -> bool:
+    """Whether every line names the cell (its task and attention kind)."""
+    return bool(lines) and all(
+        f"task={cell['task']}" in line and f"attention={cell['attention']}" in line for line in lines
+    )
+
+
+def test_the_compared_solved_threshold_is_the_studys():
+    assert COMPARED_SOLVED == SOLVED
+
+
+@pytest.mark.parametrize("collapsed", [2, 3, 4])
+def test_seeds_of_a_cell_collapsed_are_caught_and_the_cell_named(default_pair, collapsed):
+    results, reference = default_pair
+
+    def collapse(table):
+        rows = in_cell(table, MQAR_STANDARD) & table["seed"].isin(range(5 - collapsed, 5))
+        for column in ("token_acc", "seq_acc", "val_token_acc"):
+            table.loc[rows, column] = 0.2
+        table.loc[rows, "loss"] = 3.0
+        return table
+
+    edit(results, "attention", collapse)
+    lines = disagreements(results, reference)
+    protocol = [line for line in lines if "not a run of this config" in line]
+    assert len(protocol) == 1 and names(protocol, MQAR_STANDARD)
+    assert f"{5 - collapsed} of 5 seeds solve validation" in protocol[0]
+
+
+def test_a_moderate_shift_of_one_row_is_caught_and_the_row_named(default_pair):
+    results, reference = default_pair
+    row = {**MQAR_STANDARD, "eval_len": 48, "level": 2}
+
+    def shift(table):  # the row's mean 0.995 -> 0.6, every seed moved alike
+        rows = in_cell(table, row)
+        table.loc[rows, "token_acc"] -= table.loc[rows, "token_acc"].mean() - 0.6
+        return table
+
+    edit(results, "attention", shift)
+    lines = disagreements(results, reference)
+    assert len(lines) == 1 and names(lines, row) and "eval_len=48, level=2] token_acc:" in lines[0]
+
+
+def test_a_split_cells_share_solved_moved_from_ten_of_ten_to_five_is_caught(default_pair):
+    results, reference = default_pair
+    cell = {"task": "loud_copy", "model": "residual", "attention": "triple_capped"}  # 10 seeds
+    for folder in default_pair:  # both: every seed solves validation
+        edit(folder, "attention", lambda t: t.assign(val_token_acc=t["val_token_acc"].where(~in_cell(t, cell), 1.0)))
+    edit(
+        results,
+        "attention",
+        lambda t: t.assign(val_token_acc=t["val_token_acc"].where(~(in_cell(t, cell) & (t["seed"] >= 5)), 0.5)),
+    )
+    lines = disagreements(results, reference)
+    shares = [line for line in lines if "share of seeds solving validation" in line]
+    assert len(shares) == 1 and names(shares, cell) and "5 of 10 against 10 of 10" in shares[0]
+
+
+def test_a_seed_dropped_a_row_twice_a_nan_and_an_edge_in_one_run_are_caught(default_pair):
+    results, reference = default_pair
+    edit(results, "attention", lambda t: t[~(in_cell(t, MQAR_STANDARD) & (t["seed"] == 4))])
+    lines = disagreements(results, reference)
+    assert names(lines, MQAR_STANDARD) and all("seeds [4] missing in RESULTS" in line for line in lines)
+    shutil.copy(reference / "tables" / "attention.csv", results / "tables")
+
+    edit(results, "attention", lambda t: pd.concat([t, t[in_cell(t, MQAR_STANDARD) & (t["seed"] == 0)].head(1)]))
+    lines = disagreements(results, reference)
+    assert len(lines) == 1 and names(lines, MQAR_STANDARD) and "RESULTS holds this row more than once" in lines[0]
+    shutil.copy(reference / "tables" / "attention.csv", results / "tables")
+
+    edit(results, "personalization", lambda t: pd.concat([t, t.head(1)]))
+    lines = disagreements(results, reference)
+    assert any(line.startswith("personalization [") and "more than once" in line for line in lines)
+    shutil.copy(reference / "tables" / "personalization.csv", results / "tables")
+
+    edit(results, "gram_resilience", lambda t: t.assign(gram=t["gram"].where(t.index != 2, np.nan)))
+    lines = disagreements(results, reference)
+    assert len(lines) == 1 and lines[0].startswith("gram_resilience [") and "gram: NaN against" in lines[0]
+    shutil.copy(reference / "tables" / "gram_resilience.csv", results / "tables")
+
+    edit(
+        results,
+        "attention",
+        lambda t: t.assign(loss=t["loss"].where(~(in_cell(t, MQAR_STANDARD) & (t["seed"] == 1)), np.nan)),
+    )
+    lines = disagreements(results, reference)
+    assert names(lines, MQAR_STANDARD) and all("loss: NaN on 1 of 5 seeds against 0 of 5" in line for line in lines)
+    shutil.copy(reference / "tables" / "attention.csv", results / "tables")
+
+    for name in ("attention", "attention_sweep"):  # the lr at the grid's low end in RESULTS only
+        edit(results, name, lambda t: t.assign(lr_at_edge=t["lr_at_edge"].where(~in_cell(t, MQAR_STANDARD), "low")))
+    lines = disagreements(results, reference)
+    assert names(lines, MQAR_STANDARD) and all("lr_at_edge: low against nan" in line for line in lines)
+
+
+def test_rounding_level_noise_and_a_reshuffle_of_the_seeds_that_solve_agree(default_pair):
+    results, reference = default_pair
+
+    def nudge(table):  # every seed moved by 1e-3: rounding
+        table["token_acc"] = (table["token_acc"] - 1e-3).clip(lower=0)
+        table["val_token_acc"] = (table["val_token_acc"] - 1e-3 * (table["val_token_acc"] < SOLVED)).clip(lower=0)
+        table["loss"] = table["loss"] + 1e-3
+        return table
+
+    edit(results, "attention", nudge)
+    edit(results, "feedback", lambda t: t.assign(final_loss=t["final_loss"] + 1e-3))
+    assert disagreements(results, reference) == []
+
+    cell = {"task": "loud_copy", "model": "residual", "attention": "triple_capped"}  # 8 of 10 solve
+
+    def reshuffle(table):  # the seeds' runs relabelled: other seeds solve, at the same share
+        rows = in_cell(table, cell)
+        seeds = table.loc[rows, "seed"]
+        table.loc[rows, "seed"] = seeds.map(dict(zip(range(10), np.roll(np.arange(10), 3))))
+        return table
+
+    shutil.copy(reference / "tables" / "attention.csv", results / "tables")
+    edit(results, "attention", reshuffle)
+    assert disagreements(results, reference) == []
+
+
+def test_a_difference_reads_agree_differ_or_undetermined_by_its_intervals():
+    ones = np.ones(5)
+    assert read_difference(ones, ones - 1e-3, 0.01, 100)[0] == "agree"  # no spread, within the margin
+    assert read_difference(ones, ones - 0.05, 0.01, 100)[0] == "differ"  # no spread, beyond it
+    assert read_difference(ones, [1, 1, 1, 0.2, 0.2], 0.01, 100)[0] == "undetermined"  # too few seeds
+    assert share_test(10, 10, 5, 10) == pytest.approx(0.0127, abs=5e-4) and share_test(8, 10, 4, 5) == 1.0
