@@ -427,13 +427,17 @@ def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, repo
 # -- answers -------------------------------------------------------------------------------------------------
 
 
-def study_answers(tables: dict[str, pd.DataFrame]) -> dict[str, tuple[str, str]]:
-    """question -> (answer, what it rests on), computed by uph.report.answers from the tables alone."""
+def tables_answers(tables: dict[str, pd.DataFrame]) -> list:
+    """The study's answers (uph.report.answers), computed from its tables alone (no training curves)."""
     from uph.report.answers import answers
     from uph.report.study import Study
 
-    study = Study(**tables, copy_task_curves=pd.DataFrame(), feedback_curves=pd.DataFrame(), copy_task_vocab=0)
-    return {row.question: (row.answer, row.rests_on) for row in answers(study)}
+    return answers(Study(**tables, copy_task_curves=pd.DataFrame(), feedback_curves=pd.DataFrame(), copy_task_vocab=0))
+
+
+def study_answers(tables: dict[str, pd.DataFrame]) -> dict[str, tuple[str, str]]:
+    """question -> (answer, what it rests on) of tables_answers."""
+    return {row.question: (row.answer, row.rests_on) for row in tables_answers(tables)}
 
 
 def compare_answers(a: dict, b: dict, report: Report) -> None:
@@ -454,25 +458,10 @@ def compare_answers(a: dict, b: dict, report: Report) -> None:
 # -- a committed reference -----------------------------------------------------------------------------------
 
 
-def cpu_description() -> str:
-    """This machine's CPU (uph.device.cpu_model) with the vector extensions that change float32 kernels."""
-    from uph.device import cpu_model
-
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return f"{cpu_model()} (vector extensions unknown)"
-    lines = cpuinfo.read_text(errors="replace").splitlines()
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if flag in flags]
-    return f"{cpu_model()} ({', '.join(vector) or 'no AVX2'})"
-
-
 def make_reference(results: Path, folder: Path, figures: bool = False) -> None:
     """Write `folder` as a committed reference of `results`: its tables (CSV), summary.md, provenance.json
-    (with the config that made it) and reference.json (commit, CPU, torch, and per rule the job-seconds, CPU
-    seconds and peak RSS that provenance.json gathered from its benchmark files; CPU seconds, what the jobs
-    computed whatever they waited for, and peak RSS are None from a provenance written before it recorded
-    them), and with `figures` its figures (PNG): kilobytes to megabytes, no caches or weights."""
+    (with the config that made it), reference.json (reference_record) and answers.md (write_answers), and
+    with `figures` its figures (PNG): kilobytes to megabytes, no caches or weights."""
     import shutil
 
     if settings(results) is None:
@@ -487,14 +476,28 @@ def make_reference(results: Path, folder: Path, figures: bool = False) -> None:
         (folder / "figures").mkdir()
         for png in sorted((results / "figures").glob("*.png")):
             shutil.copy(png, folder / "figures")
-    provenance = json.loads((results / "provenance.json").read_text())
+    (folder / "reference.json").write_text(json.dumps(reference_record(folder / "provenance.json"), indent=1) + "\n")
+    write_answers(folder)
+
+
+def reference_record(provenance_path: Path) -> dict:
+    """reference.json, all of it from the study's provenance.json: commit, the machine that ran the study
+    (CPU model and vector extensions; the CPU or GPU names, torch's CPU kernels and threads its jobs
+    recorded), torch, and per rule the
+    job-seconds, CPU seconds and peak RSS gathered from its benchmark files. What a provenance written
+    before it recorded them lacks reads None ("not recorded" for the machine)."""
+    provenance = json.loads(provenance_path.read_text())
     rules = provenance["wall_seconds_per_rule"]
     cpu = [entry.get("cpu_seconds") for entry in rules.values()]
-    record = {
+    devices = provenance.get("devices_per_rule", {})
+    return {
         "commit": provenance["git"]["commit"],
         "dirty": provenance["git"]["dirty"],
         "code_sha256": provenance["code_sha256"],
-        "cpu": cpu_description(),
+        "machine": provenance.get("machine", "not recorded (a provenance written before it recorded the machine)"),
+        "device_names": sorted({n for entry in devices.values() for n in entry.get("device_name", [])}) or None,
+        "cpu_kernels": sorted({k for entry in devices.values() for k in entry.get("cpu_capability", [])}) or None,
+        "threads": sorted({t for entry in devices.values() for t in entry.get("threads", [])}) or None,
         "torch": provenance["packages"]["torch"],
         "job_seconds": round(sum(entry["seconds"] for entry in rules.values())),
         "cpu_seconds": None if None in cpu else round(sum(cpu)),
@@ -508,7 +511,21 @@ def make_reference(results: Path, folder: Path, figures: bool = False) -> None:
             for rule, entry in sorted(rules.items())
         },
     }
-    (folder / "reference.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def write_answers(folder: Path) -> None:
+    """answers.md of a reference: the study's answers (uph.report.answers, from its tables alone) as a
+    Markdown table with each answer's evidence and n, for the README to link: no number typed by hand."""
+    from uph.report.answers import answers_markdown
+
+    rows = tables_answers({name: read_table(folder / "tables" / f"{name}.csv") for name in TABLES})
+    table = "\n".join(answers_markdown(rows, linked=(folder / "figures").is_dir()))
+    (folder / "answers.md").write_text(
+        f"# The study's answers: reference/{folder.name}\n\n"
+        "Written by `make reference` (uph.compare.write_answers) from this folder's tables, made with the config "
+        "in provenance.json: no number here is typed by hand. Each answer's evidence is in summary.md.\n\n"
+        f"{table}\n"
+    )
 
 
 # -- the whole comparison ------------------------------------------------------------------------------------

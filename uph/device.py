@@ -136,6 +136,30 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # cap the CPU kernels
+
+
+def cpu_description() -> str:
+    """This machine's CPU (cpu_model) with the vector extensions that change float32 kernels."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return f"{cpu_model()} (vector extensions unknown)"
+    lines = cpuinfo.read_text(errors="replace").splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if flag in flags]
+    return f"{cpu_model()} ({', '.join(vector) or 'no AVX2'})"
+
+
+def machine_record() -> dict:
+    """The machine a run's record is written on: its CPU and vector extensions, logical cores, and the
+    settings that cap torch's CPU kernels below what the CPU has (KERNEL_SETTINGS, where set)."""
+    return {
+        "cpu": cpu_description(),
+        "logical_cores": os.cpu_count(),
+        "kernel_settings": {name: os.environ[name] for name in KERNEL_SETTINGS if name in os.environ},
+    }
+
+
 def host_record() -> dict:
     """What a job that computes without torch ran on: its host and CPU."""
     return {"host": socket.gethostname(), "device": "cpu", "device_name": cpu_model()}
@@ -143,11 +167,13 @@ def host_record() -> dict:
 
 def device_record(device, dtype=None) -> dict:
     """What a torch job computes on and how: its host, the device and its name (the GPU's or the
-    CPU's model), the float32 matmul precision, on CUDA whether TF32 and deterministic kernels are on,
+    CPU's model), the float32 matmul precision, on the CPU the kernels torch runs and its threads, on CUDA whether TF32 and deterministic kernels are on,
     and the job's compute dtype where it has one."""
     import torch
 
     record = {**host_record(), "device": device.type, "float32_matmul_precision": torch.get_float32_matmul_precision()}
+    if device.type == "cpu":  # the kernels torch dispatches to (AVX512, AVX2, ...) and its threads
+        record.update(cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads())
     if device.type == "cuda":
         record.update(
             device_name=torch.cuda.get_device_name(device),

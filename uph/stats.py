@@ -139,6 +139,12 @@ def paired_over_seeds(differences, picked_of: int = 1) -> PairedDifference:
     )
 
 
+def p_text(p: float, floor: float = 0.0) -> str:
+    """'p = 0.0006', or 'p ≤ 1e-4' where p is at its test's `floor` (a permutation test's 1 / (1 + n_perm)),
+    which bounds p rather than measuring it."""
+    return f"p ≤ {floor:.0e}".replace("e-0", "e-") if p <= floor else f"p = {p:.2g}"
+
+
 def diagonal_dominance(cross, n_perm: int = 10_000, seed: int = 0) -> dict:
     """Is a user's own theta better on its own text than the other users' thetas? `cross` holds one
     sweep point's matrix: columns theta_user, text_user, delta_nll, every theta user scored on every
@@ -167,6 +173,7 @@ def diagonal_dominance(cross, n_perm: int = 10_000, seed: int = 0) -> dict:
         "mean_rank": float(own.mean()),
         "mean_rank_chance": (n + 1) / 2,
         "mean_rank_p": float((1 + (null <= own.mean() + 1e-12).sum()) / (1 + n_perm)),
+        "mean_rank_p_floor": 1 / (1 + n_perm),  # the smallest p n_perm permutations can give
         "frac_own_best": float((own == 1).mean()),
         "frac_own_best_chance": 1 / n,
     }

@@ -23,7 +23,7 @@ from uph.report.study import (
     headline_solver,
     heads_at_headline,
 )
-from uph.stats import SIGNIFICANCE, PairedDifference, diagonal_dominance, paired_over_seeds
+from uph.stats import SIGNIFICANCE, PairedDifference, diagonal_dominance, p_text, paired_over_seeds
 
 ANSWERS = ("yes", "no", "not shown", "untested")
 POINT = ["head", "alpha", "d"]  # a sweep point of the LM heads
@@ -117,7 +117,7 @@ def own_theta_on_own_text(study: Study) -> Answer:
         question,
         "yes" if stats["mean_rank_p"] < SIGNIFICANCE else "not shown",
         f"own θ mean rank {stats['mean_rank']:.2f} (chance {stats['mean_rank_chance']:g}), one-sided permutation "
-        f"p = {stats['mean_rank_p']:.2g}, at {point_label(cross.iloc[0])}",
+        f"{p_text(stats['mean_rank_p'], stats['mean_rank_p_floor'])}, at {point_label(cross.iloc[0])}",
         f"{stats['n_users']} users",
         "cross_user",
     )
@@ -555,14 +555,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def answers_markdown(rows: list[Answer]) -> list[str]:
-    """The answers as a Markdown table, figure names linked to their PNG (relative to the results folder)."""
+def answers_markdown(rows: list[Answer], linked: bool = True) -> list[str]:
+    """The answers as a Markdown table, figure names linked to their PNG (relative to the results folder)
+    where `linked`."""
     lines = ["| question | answer | rests on | n | figure |", "| --- | --- | --- | --- | --- |"]
     for row in rows:
-        lines.append(
-            f"| {_cell(row.question)} | **{row.answer}** | {_cell(row.rests_on)} | {row.n} | "
-            f"[{row.figure}](figures/{row.figure}.png) |"
-        )
+        figure = f"[{row.figure}](figures/{row.figure}.png)" if linked else row.figure
+        lines.append(f"| {_cell(row.question)} | **{row.answer}** | {_cell(row.rests_on)} | {row.n} | {figure} |")
     return lines
 
 

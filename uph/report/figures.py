@@ -44,7 +44,7 @@ from uph.report.study import (
     seed_counts,
     split_baselines,
 )
-from uph.stats import diagonal_dominance
+from uph.stats import diagonal_dominance, p_text
 
 OKABE_ITO = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 DPI = 200
@@ -367,7 +367,7 @@ def cross_user(fig: Figure, study: Study) -> None:
         ax.set_title(
             f"{literal(head)}, α = {alpha:g}, d = {d:g} ({literal(solver)})\n"
             f"own θ (outlined): mean rank {dominance['mean_rank']:.2f} of {n}\n"
-            f"(chance {dominance['mean_rank_chance']:g}, p = {dominance['mean_rank_p']:.2g}), the best\n"
+            f"(chance {dominance['mean_rank_chance']:g}, {p_text(dominance['mean_rank_p'], dominance['mean_rank_p_floor'])}), the best\n"
             f"on {round(dominance['frac_own_best'] * n)} of {n} texts (chance 1)"
         )
     fig.colorbar(image, ax=axes.tolist(), label="Δ NLL against the global θ (10⁻³ nats/token)", shrink=0.8)

@@ -3,8 +3,9 @@
 The resolved config (defaults filled in), the code's git commit, whether tracked files differed
 from it and a hash of the code files, per table the code version that computed it (flagged
 `older_code` when that is not the code of this run), Python, platform and package versions, the model's identity (source, sizes, weight and
-tokenizer hashes), every seed in the config, per rule what its jobs ran on (hosts, devices and their
-names, dtypes, matmul precision, TF32 and determinism on CUDA: the `<log>.device.json` each job writes
+tokenizer hashes), every seed in the config, the machine that wrote it (CPU model and vector extensions, cores, the
+settings that cap torch's CPU kernels), per rule what its jobs ran on (hosts, devices and their
+names, dtypes, matmul precision, the CPU kernels torch ran and its threads, TF32 and determinism on CUDA: the `<log>.device.json` each job writes
 beside its log, uph.logs), the host that wrote the record, and the wall time per rule summed over that
 rule's jobs from the `benchmark:` files present, each file attributed to the rule whose benchmark
 pattern (wildcards and their constraints, as Snakemake matches them) it matches. Torch-free.
@@ -25,6 +26,7 @@ import pandas as pd
 from snakemake.io import regex_from_filepattern
 
 from uph.config import key_path
+from uph.device import machine_record
 from uph.errors import ArtifactError
 from uph.io import code_version, git_state  # noqa: F401 (git_state: part of this module's interface)
 
@@ -162,6 +164,7 @@ def provenance(
         "model": model_identity,
         "seeds": config_seeds(config),
         "host": socket.gethostname(),  # of this record's job; each rule's jobs: devices_per_rule
+        "machine": machine_record(),  # of this record's job: CPU, cores, kernel caps
         "devices_per_rule": rule_devices(logs_dir) if logs_dir else {},
         "wall_seconds_per_rule": rule_wall_times(benchmark_patterns, exclude_rule),
     }

@@ -44,14 +44,14 @@ from uph.report.study import (
     seed_counts,
     split_baselines,
 )
-from uph.stats import diagonal_dominance
+from uph.stats import diagonal_dominance, p_text
 
 
 def _dominance(cross: pd.DataFrame) -> str:
     stats = diagonal_dominance(cross)
     return (
         f"own θ mean rank {stats['mean_rank']:.2f} of {stats['n_users']} (chance {stats['mean_rank_chance']:g}, "
-        f"permutation p = {stats['mean_rank_p']:.2g}), the best on {round(stats['frac_own_best'] * stats['n_users'])} "
+        f"permutation {p_text(stats['mean_rank_p'], stats['mean_rank_p_floor'])}), the best on {round(stats['frac_own_best'] * stats['n_users'])} "
         f"of {stats['n_users']} users' texts (1 by chance)"
     )
 
