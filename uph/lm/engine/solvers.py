@@ -169,10 +169,11 @@ class BallModel:
 def ball_model_minimizers(models: list[BallModel]) -> list[torch.Tensor]:
     """The minimizer of each BallModel: in B's eigenbasis Q, x = Q y with y(mu) = c / (eigenvalues + mu),
     c = Q^T (B theta - grad), mu >= 0 the least that lands in the ball (_into_balls). The models of one
-    shape share one batched eigendecomposition and one Newton iteration (each row its own mu), so a round
-    of several fits pays the interpreter's steps once (benchmarks/bench_ball_step.py); the products with
-    Q are each model's own. Every operation is row by row, so a model's minimizer is the same bit for
-    bit whichever models share its batch."""
+    shape share one Newton iteration (each row its own mu), so a round of several fits pays the
+    interpreter's steps once (benchmarks/bench_ball_step.py); the eigendecompositions and the products
+    with Q are each model's own, Q in the layout eigh gives it (a batched eigh, or Q copied into a stack,
+    changes the products' kernels and so their rounding on some CPUs: an AMD EPYC's). Every operation is
+    row by row, so a model's minimizer is the same bit for bit whichever models share its batch."""
     answers = [None] * len(models)
     shapes: dict[tuple, list[int]] = {}
     for i, model in enumerate(models):
@@ -183,9 +184,9 @@ def ball_model_minimizers(models: list[BallModel]) -> list[torch.Tensor]:
         if len(shape) == 1:
             ys = _into_balls([m.B * m.theta - m.grad for m in group], torch.stack([m.B for m in group]), radii)
         else:
-            eigenvalues, Q = torch.linalg.eigh(torch.stack([m.B for m in group]))
+            eigenvalues, Q = zip(*(torch.linalg.eigh(m.B) for m in group))  # each Q in LAPACK's own layout
             cs = [q.T @ (m.B @ m.theta - m.grad) for q, m in zip(Q, group)]
-            ys = [q @ y for q, y in zip(Q, _into_balls(cs, eigenvalues, radii))]
+            ys = [q @ y for q, y in zip(Q, _into_balls(cs, torch.stack(eigenvalues), radii))]
         for i, y in zip(members, ys):
             answers[i] = y
     return answers
