@@ -177,17 +177,27 @@ def test_attention_stats_read_the_held_gradients_and_the_scores():
     assert stats["score_abs"][0] > 0 and not any(layer.measure_scores for layer in layers)
 
 
-def test_best_lr_takes_the_best_mean_validation_accuracy_ties_by_loss_and_never_a_diverged_lr():
-    sweep = pd.DataFrame(
-        {
-            "lr": [0.1, 0.1, 0.01, 0.01, 0.001, 0.001],
-            "val_token_acc": [1.0, 1.0, 1.0, 0.98, 1.0, 1.0],
-            "val_loss": [0.01, float("nan"), 0.2, 0.3, 0.05, 0.04],
-            "diverged": [False, True, False, False, False, False],
-        }
-    )
-    assert best_lr(sweep) == 0.001  # 0.1 diverged once; 0.01 has a lower mean accuracy
-    assert best_lr(sweep.assign(diverged=True)) is None
+def test_best_lr_takes_the_middle_of_the_lrs_tied_at_the_best_validation_accuracy_never_a_diverged_one():
+    """Mean validation accuracies within TIE (0.01) of the best tie; the middle of them wins (of two, the
+    higher), whatever their validation losses, which another CPU's rounding reorders; an lr with a
+    diverged run never wins."""
+
+    def sweep(accuracies: dict, diverged=()):
+        return pd.DataFrame(
+            [
+                {"lr": lr, "val_token_acc": acc, "val_loss": 1.0 - acc + 0.1 * i, "diverged": lr in diverged}
+                for i, (lr, accs) in enumerate(accuracies.items())
+                for acc in accs
+            ]
+        )
+
+    three = {0.001: [1.0, 1.0], 0.003: [1.0, 0.995], 0.01: [0.995, 1.0], 0.03: [0.9, 0.95]}
+    assert best_lr(sweep(three)) == 0.003  # 0.001, 0.003, 0.01 tie; 0.03 is 0.075 behind
+    assert best_lr(sweep({**three, 0.001: [0.97, 0.98]})) == 0.01  # two tie: the higher
+    assert best_lr(sweep(three, diverged=(0.003,))) == 0.01  # 0.001 and 0.01 left
+    reordered = sweep(three).assign(val_loss=lambda t: t["val_loss"].iloc[::-1].to_numpy())
+    assert best_lr(reordered) == 0.003  # the losses do not break a tie
+    assert best_lr(sweep(three, diverged=tuple(three))) is None
 
 
 CELL = study(
@@ -264,6 +274,11 @@ def test_a_cell_whose_seeds_split_trains_more_seeds_at_its_lr():
         _, sweep, evaluation = run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"))
     assert sorted(sweep["seed"]) == [0, 1, 2] and sorted(evaluation["seed"].unique()) == [0, 1, 2]
     assert set(evaluation["lr"]) == {0.01} and evaluation["token_acc"].notna().all()
+    with pytest.MonkeyPatch.context() as patch:  # a kind of split_kinds: its seeds, split or not
+        patch.setattr(uph.attention.training, "split_seeds", lambda s, lr, seeds, wanted: [])
+        listed = dataclasses.replace(cell, split_kinds=("standard",))
+        assert sorted(run_cell(listed, "mqar", "residual", "standard", torch.device("cpu"))[1]["seed"]) == [0, 1, 2]
+        assert sorted(run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"))[1]["seed"]) == [0, 1]
 
 
 def test_a_cell_trained_ahead_holds_the_runs_its_stages_hold_in_one_call():
@@ -313,6 +328,7 @@ def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
         ({"pairs": [2, 9]}, "config key 'attention.pairs': mqar with 9 pairs needs attention.train_len >= 27"),
         ({"sweep_seeds": 6}, "config key 'attention.sweep_seeds': 6 is more than the 5 attention.seeds"),
         ({"seeds_if_split": 4}, "config key 'attention.seeds_if_split': 4 is fewer than the 5 attention.seeds"),
+        ({"seeds_if_split": None}, "config key 'attention.split_kinds' lists kinds to train attention.seeds_if_split"),
         ({"d_model": 12, "n_head": 4}, "config key 'attention.d_model': 12 must split"),
         (
             {"d_model": 24, "n_head": 4, "attentions": ["standard", "diff"]},

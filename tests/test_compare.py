@@ -161,6 +161,7 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     committed = references / "tiny"
     make_reference(tiny_study.workdir / "results", committed)
     assert sorted(path.name for path in committed.iterdir()) == [
+        "answers.md",
         "provenance.json",
         "reference.json",
         "summary.md",
@@ -173,7 +174,12 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     assert figures == sorted(path.name for path in (tiny_study.workdir / "results/figures").glob("*.png")) != []
     shutil.rmtree(with_figures)  # find_reference below must find the one reference of these settings
     info = json.loads((committed / "reference.json").read_text())
-    assert info["job_seconds"] > 0 and info["cpu"] and info["torch"].split("+")[0] == torch.__version__.split("+")[0]
+    assert info["job_seconds"] > 0 and info["torch"].split("+")[0] == torch.__version__.split("+")[0]
+    recorded = json.loads((committed / "provenance.json").read_text())
+    assert info["machine"] == recorded["machine"] and info["machine"]["cpu"]  # the study's machine, not ours
+    assert info["cpu_kernels"] == [torch.backends.cpu.get_cpu_capability()] and info["threads"]
+    answers = (committed / "answers.md").read_text()
+    assert "| question | answer | rests on | n | figure |" in answers and answers.count("\n| ") >= 3
     assert 0 < info["rules"]["extract"]["cpu_seconds"] and info["cpu_seconds"] > info["rules"]["extract"]["cpu_seconds"]
     assert {"validate", "fit_global", "fit", "fit_others"} <= set(info["rules"])  # the rules, each apart
     assert find_reference(results, references) == committed
@@ -188,7 +194,9 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     assert "no committed reference" in capsys.readouterr().err
 
 
-def test_a_reference_of_a_run_whose_provenance_predates_cpu_seconds_and_peak_rss_leaves_them_none(tiny_study, tmp_path):
+def test_a_reference_of_a_run_whose_provenance_predates_cpu_seconds_peak_rss_and_machine_leaves_them_none(
+    tiny_study, tmp_path
+):
     results = tmp_path / "results"
     shutil.copytree(tiny_study.workdir / "results", results, ignore=shutil.ignore_patterns("cache", "model", "fit"))
     provenance = json.loads((results / "provenance.json").read_text())
@@ -196,10 +204,12 @@ def test_a_reference_of_a_run_whose_provenance_predates_cpu_seconds_and_peak_rss
         rule: {"jobs": entry["jobs"], "seconds": entry["seconds"]}
         for rule, entry in provenance["wall_seconds_per_rule"].items()
     }
+    del provenance["machine"]
     (results / "provenance.json").write_text(json.dumps(provenance))
     make_reference(results, tmp_path / "old")
     info = json.loads((tmp_path / "old" / "reference.json").read_text())
     assert info["job_seconds"] > 0 and info["cpu_seconds"] is None and info["peak_rss_mb"] is None
+    assert info["machine"].startswith("not recorded")
     assert (
         {entry["cpu_seconds"] for entry in info["rules"].values()}
         == {None}
@@ -233,4 +243,4 @@ def test_an_lr_chosen_otherwise_is_a_disagreement_with_its_margin_shown():
     b, sweep_b = tables(0.01, [0.44, 0.45, 0.46], [1.0, 1.0, 0.99])
     report = Report()
     lr_choices(a, b, sweep_a, sweep_b, report)
-    assert not report.near_ties and len(report.disagreements) == 1 and "+0.563 [" in report.disagreements[0]
+    assert not report.near_ties and len(report.disagreements) == 1 and "+0.560 [" in report.disagreements[0]

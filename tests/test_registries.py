@@ -50,6 +50,7 @@ REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code
     ("attention", "tasks"): TASKS,
     ("attention", "models"): MODELS,
     ("attention", "attentions"): ATTENTIONS,
+    ("attention", "split_kinds"): ATTENTIONS,
     ("attention", "schedule"): tuple(SCHEDULES),
     ("feedback", "methods"): METHODS,
     ("feedback", "signal"): SIGNALS,

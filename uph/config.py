@@ -545,6 +545,11 @@ def _check_attention(study: dict) -> None:
             f"config key 'attention.seeds_if_split': {study['seeds_if_split']} is fewer than the "
             f"{len(study['seeds'])} attention.seeds it adds to"
         )
+    if study["split_kinds"] and study["seeds_if_split"] is None:
+        raise ConfigError(
+            "config key 'attention.split_kinds' lists kinds to train attention.seeds_if_split seeds, "
+            "which is null: set it (the default study's 10) or empty split_kinds"
+        )
     vocab, length = study["vocab"], study["train_len"]
     copies = {"offset_copy": 0, "loud_copy": study["distractors"]}
     for task, distractors in copies.items():

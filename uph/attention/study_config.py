@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from uph.config import dataclass_fields
 
 SOLVED = 0.99  # token accuracy from which a run counts as having solved its task (validation or test)
+TIE = 1 - SOLVED  # lrs whose mean validation accuracies are this close tie: the study's finest decision
 PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
 
 
@@ -22,6 +23,7 @@ class AttentionStudyConfig:
     seeds: tuple[int, ...]
     sweep_seeds: int
     seeds_if_split: int | None
+    split_kinds: tuple[str, ...]
     lrs: tuple[float, ...]
     lr_extensions: int
     lr_step: float

@@ -1,8 +1,8 @@
 """Training and evaluation of one cell of the attention study: a (task, model, attention kind).
 
 Each kind gets its own learning-rate sweep: every lr of `lrs` trains on the first `sweep_seeds`
-seeds, the lr with the best mean validation token accuracy (ties: lower validation loss; an lr
-with a diverged run never wins) is the cell's lr, and the remaining seeds train at it only. While
+seeds, the lr with the best mean validation token accuracy (lrs within TIE of the best tie, and the
+middle of them wins: best_lr; an lr with a diverged run never wins) is the cell's lr, and the remaining seeds train at it only. While
 the best lr is an end of the lrs tried, the sweep tries one more `lr_step` beyond it, up to
 `lr_extensions` times (never above 1); a choice still at an end is flagged `lr_at_edge` (low, high,
 or both when only one lr was tried), so a budget-bound "best" lr is never taken for an optimum. The
@@ -11,7 +11,8 @@ of the task (uph.attention.tasks.levels). Where the runs at the chosen lr split 
 task's validation set, token accuracy >= SOLVED, some do not: a bimodal kind, whose mean over a few seeds
 float32 rounding can swing), the cell trains more seeds at that lr, up to `seeds_if_split` in all
 (split_seeds), so its mean, interval and share of seeds solved rest on enough seeds to agree across
-machines. Validation and test sets are disjoint streams of fresh
+machines; a kind of `split_kinds` (the config's bimodal kinds) always does, so whether it gets the seeds
+is the config's decision, not a rounding's. Validation and test sets are disjoint streams of fresh
 sequences: training batches come from a generator seeded with the seed, validation from
 seed * STREAM + 1, the test set of (length, level index i) from seed * STREAM + 2 + 64 * length + i.
 
@@ -48,7 +49,7 @@ from uph.attention.model import attention_stats, build_model
 from uph.attention.runs import RunAdamW, load_runs, run_state
 from uph.attention.self_attention import KINDS
 from uph.attention.steps import TrainSteps, run_losses, stacked
-from uph.attention.study_config import PROGRESS, SOLVED, AttentionStudyConfig, eval_lengths, schedule, step_limit
+from uph.attention.study_config import PROGRESS, SOLVED, TIE, AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
 from uph.errors import TrainingDivergedError
 
@@ -197,13 +198,20 @@ def _converged(rows: list[dict], best: dict, state: dict, step: int, at_step_lim
 
 
 def best_lr(sweep: pd.DataFrame) -> float | None:
-    """The lr with the best mean validation token accuracy over its seeds (ties: lower mean
-    validation loss) among lrs none of whose runs diverged; None when every lr has a diverged run."""
+    """The cell's lr: among lrs none of whose runs diverged, those whose mean validation token accuracy over
+    their seeds is within TIE of the best tie; of them, the middle one (by lr; of two middles, the higher).
+    None when every lr has a diverged run.
+
+    A fixed preference, not a continuous criterion, breaks a tie: lrs that all solve the validation set
+    (accuracy 1.0) differ in validation loss by their trajectories' rounding, which another CPU's kernels
+    flip. The middle keeps the choice inside the tie, so an lr that merely ties never pulls the sweep past
+    an end; of two, the higher converges in fewer steps."""
     ok = sweep.groupby("lr").filter(lambda runs: not runs["diverged"].any())
     if ok.empty:
         return None
-    means = ok.groupby("lr")[["val_token_acc", "val_loss"]].mean()
-    return float(means.sort_values(["val_token_acc", "val_loss"], ascending=[False, True], kind="stable").index[0])
+    accuracy = ok.groupby("lr")["val_token_acc"].mean()
+    tied = sorted(accuracy.index[accuracy >= accuracy.max() - TIE])
+    return float(tied[len(tied) // 2])
 
 
 def split_seeds(sweep: pd.DataFrame, lr: float, seeds: list[int], wanted: int | None) -> list[int]:
@@ -330,9 +338,13 @@ def run_cell(
     if cfg.seeds[cfg.sweep_seeds :]:
         train([(chosen, seed) for seed in cfg.seeds[cfg.sweep_seeds :]])
     seeds = list(cfg.seeds)
-    extra = split_seeds(pd.DataFrame(sweep), chosen, seeds, cfg.seeds_if_split)
+    if attention in cfg.split_kinds:  # decided by the config, alike on every CPU
+        extra = seeds_to_add(seeds, cfg.seeds_if_split)
+    else:
+        extra = split_seeds(pd.DataFrame(sweep), chosen, seeds, cfg.seeds_if_split)
     if extra:
-        log.info("%s %s %s: its seeds split at lr %g; training seeds %s", task, model_name, attention, chosen, extra)
+        why = "a kind of attention.split_kinds" if attention in cfg.split_kinds else f"its seeds split at lr {chosen:g}"
+        log.info("%s %s %s: %s; training seeds %s", task, model_name, attention, why, extra)
         train([(chosen, seed) for seed in extra])
         seeds += extra
     final = pd.DataFrame(sweep).set_index(["lr", "seed"])
