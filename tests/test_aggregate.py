@@ -572,6 +572,20 @@ def test_every_task_question_picks_its_kinds_from_the_table():
             )
 
 
+def test_the_best_kind_is_named_alone_only_where_its_seeds_separate_it_from_the_others():
+    """The kind picked as the best names the kinds whose paired difference from it holds 0: which of
+    them is best is a draw of the seeds another CPU redraws (regeneration issue)."""
+    standard = [0.50, 0.60, 0.55, 0.52, 0.58]
+    close = [a + 0.2 + (0.01 if i % 2 else -0.01) for i, a in enumerate(standard)]  # 0.198 on average
+    rows = {"standard": standard, "triple": [a + 0.2 for a in standard], "diff": close}
+    answer = attention_task("mqar")(study(attention=attention_rows(rows, "mqar")))
+    assert answer.answer == "yes"
+    assert answer.rests_on.startswith("best other kind triple minus standard (not separated from diff): +0.200")
+    apart = {**rows, "diff": [a + 0.1 for a in standard]}  # every seed 0.1 behind triple
+    answer = attention_task("mqar")(study(attention=attention_rows(apart, "mqar")))
+    assert answer.rests_on.startswith("best other kind triple minus standard: +0.200")
+
+
 def loud_table(at_1: dict, at_64: dict) -> pd.DataFrame:
     return pd.concat([attention_rows(at_1, "loud_copy", 1.0), attention_rows(at_64, "loud_copy", 64.0)])
 

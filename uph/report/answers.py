@@ -247,19 +247,43 @@ def paired_answer(
     return Answer(question, answer, f"{what}: {paired_text(difference, unit)}", seeds(difference.n), figure)
 
 
-def picked_pair(differences: dict[str, pd.Series], pick=max) -> tuple[str, PairedDifference] | None:
+@dataclass(frozen=True)
+class Picked:
+    """A kind picked as the best of several by its mean paired difference, with that difference over its
+    seeds (Bonferroni over the kinds it was picked from), and the kinds the seeds do not separate it from."""
+
+    kind: str
+    difference: PairedDifference
+    alike: tuple[str, ...] = ()
+
+    @property
+    def unseparated(self) -> str:
+        """'' or, where the data do not separate the kind from others, ' (not separated from ...)': which
+        of them is best is then a draw of the seeds, which another CPU's rounding redraws."""
+        return f" (not separated from {_names(list(self.alike))})" if self.alike else ""
+
+
+def picked_pair(differences: dict[str, pd.Series], pick=max) -> Picked | None:
     """Of kind -> per-seed differences, the kind whose mean difference `pick` (max or min) chooses (ties:
     by name), with its paired difference over the seeds it has (Bonferroni over the kinds it was picked
-    from); None where no kind has a seed."""
+    from), and the other kinds whose paired difference from it, over the seeds both have, has a 95 % t
+    interval (Bonferroni over them) that holds 0: not separated from it. None where no kind has a seed."""
     differences = {kind: d.dropna() for kind, d in differences.items()}
     differences = {kind: d for kind, d in differences.items() if len(d)}
     if not differences:
         return None
     kind = pick(differences, key=lambda k: (differences[k].mean(), k))
-    return kind, paired_over_seeds(differences[kind], picked_of=len(differences))
+    others = [k for k in sorted(differences) if k != kind]
+    alike = []
+    for other in others:
+        gap = (differences[kind] - differences[other]).dropna()
+        verdict = paired_over_seeds(gap, picked_of=len(others)).verdict() if len(gap) else "one seed"
+        if verdict in ("one seed", "undecided"):
+            alike.append(other)
+    return Picked(kind, paired_over_seeds(differences[kind], picked_of=len(differences)), tuple(alike))
 
 
-def versus_standard(table: pd.DataFrame, metric: str = "token_acc") -> tuple[str, PairedDifference] | None:
+def versus_standard(table: pd.DataFrame, metric: str = "token_acc") -> Picked | None:
     """The non-standard attention kind whose mean `metric` beats standard attention's by the most, with
     its paired difference over seeds (each seed's rows averaged first; Bonferroni over the kinds it was
     picked from); None without both."""
@@ -273,9 +297,8 @@ def _beats_standard(question: str, table: pd.DataFrame, figure: str, untested: s
     compared = versus_standard(table) if not table.empty else None
     if compared is None:
         return Answer(question, "untested", untested, "", figure)
-    kind, difference = compared
-    what = f"best other kind {kind} minus standard"
-    return paired_answer(question, what, difference, "token accuracy", figure, higher_is_better=True)
+    what = f"best other kind {compared.kind} minus standard{compared.unseparated}"
+    return paired_answer(question, what, compared.difference, "token accuracy", figure, higher_is_better=True)
 
 
 def copy_task_at_train_length(study: Study) -> Answer:
@@ -427,7 +450,7 @@ def _reference(loud: LoudCopy, kind: str) -> tuple[str | None, str]:
     return ("standard", f"{kind} vs plain standard ({why})") if loud.reached("standard") else (None, why)
 
 
-def _least_drop(loud: LoudCopy, references: dict[str, str]) -> tuple[str, PairedDifference] | None:
+def _least_drop(loud: LoudCopy, references: dict[str, str]) -> Picked | None:
     """The kind whose drop minus its reference's (kind -> reference) is the smallest on average, paired
     over seeds, Bonferroni over the kinds it was picked from (picked_pair); None without a seed both ran."""
     return picked_pair({kind: loud.drop[kind] - loud.drop[reference] for kind, reference in references.items()}, min)
@@ -473,10 +496,9 @@ def loud_copy_resilience(study: Study) -> Answer:
             needs = "needs standard" + (f" or {_names(controls)}" if controls else "") + " (attention.attentions)"
             return Answer(question, "untested", needs, "", figure)
         return Answer(question, "not shown", f"{_names(ran)} did not reach {LEARNED} at m = {loud.low:g}", "", figure)
-    kind, difference = least
-    reference, named = references[kind]
-    what = f"{named}, accuracy drop minus {reference}'s"
-    return paired_answer(question, what, difference, "token accuracy", figure, higher_is_better=False)
+    reference, named = references[least.kind]
+    what = f"{named}, accuracy drop minus {reference}'s{least.unseparated}"
+    return paired_answer(question, what, least.difference, "token accuracy", figure, higher_is_better=False)
 
 
 def loud_copy_against_differential(study: Study) -> Answer:
@@ -506,9 +528,8 @@ def loud_copy_against_differential(study: Study) -> Answer:
     least = _least_drop(loud, dict.fromkeys(candidates, DIFFERENTIAL))
     if least is None:
         return Answer(question, "untested", f"no seed that {DIFFERENTIAL} and a triple kind both ran", "", figure)
-    kind, difference = least
-    what = f"{kind}'s accuracy drop minus {DIFFERENTIAL}'s"
-    return paired_answer(question, what, difference, "token accuracy", figure, higher_is_better=False)
+    what = f"{least.kind}'s accuracy drop minus {DIFFERENTIAL}'s{least.unseparated}"
+    return paired_answer(question, what, least.difference, "token accuracy", figure, higher_is_better=False)
 
 
 def feedback_beats(reference: str):
