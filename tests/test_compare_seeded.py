@@ -176,3 +176,21 @@ def test_a_difference_reads_agree_differ_or_undetermined_by_its_intervals():
     assert read_difference(ones, ones - 0.05, 0.01, 100)[0] == "differ"  # no spread, beyond it
     assert read_difference(ones, [1, 1, 1, 0.2, 0.2], 0.01, 100)[0] == "undetermined"  # too few seeds
     assert share_test(10, 10, 5, 10) == pytest.approx(0.0127, abs=5e-4) and share_test(8, 10, 4, 5) == 1.0
+
+
+def test_a_share_of_users_moved_by_one_user_as_the_csv_rounds_it_agrees_and_by_two_does_not(default_pair):
+    """Counts of users agree within one user; a share (k / n) written with the tables' 6 digits rounds by
+    up to 5e-7 relative, which must not turn one user into a disagreement."""
+    results, reference = default_pair
+    capacity = read_table(reference / "tables" / "capacity.csv")
+    row = capacity.index[capacity["frac_on_ball"] == 1.0][0]
+    users = int(capacity.loc[row, "n_users"])
+
+    def less(k):
+        return lambda t: t.assign(frac_on_ball=t["frac_on_ball"].where(t.index != row, float(f"{1 - k / users:.6g}")))
+
+    edit(results, "capacity", less(1))
+    assert disagreements(results, reference) == []
+    edit(results, "capacity", less(2))
+    lines = disagreements(results, reference)
+    assert len(lines) == 1 and "frac_on_ball" in lines[0] and "within one user" in lines[0]
