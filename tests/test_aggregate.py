@@ -671,8 +671,9 @@ def test_the_resilience_answer_compares_a_variant_with_its_matched_control():
     resilient_control = {**at_64, "standard_capped": minus(FLAT, [0.0, 0.02, 0.01, 0.03, 0.0])}
     answer = loud_copy_resilience(study(attention=loud_table(at_1, resilient_control)))
     assert answer.answer == "not shown"
-    assert answer.rests_on.startswith(
-        "triple_capped vs its matched control standard_capped, accuracy drop minus standard_capped's: -0.002"
+    assert answer.rests_on.startswith(  # triple's drop equals standard's: 0 against triple_capped's -0.002
+        "triple_capped vs its matched control standard_capped, accuracy drop minus standard_capped's (not separated "
+        "from triple): -0.002"
     )
     sturdier_control = {**at_64, "triple_capped": minus(FLAT, [0.01, 0.02, 0.01, 0.02, 0.015]), "standard_capped": FLAT}
     sturdier = loud_table(at_1, sturdier_control).query("attention != 'triple'")  # triple_capped the one candidate
