@@ -15,7 +15,6 @@ import pytest
 from uph.attention.study_config import SOLVED
 from uph.compare import compare_folders
 from uph.io import read_table
-from uph.seeded_comparison import SOLVED as COMPARED_SOLVED
 from uph.seeded_comparison import read_difference, share_test
 
 DEFAULT = Path(__file__).resolve().parent.parent / "reference" / "default"
@@ -54,10 +53,6 @@ def names(lines, cell: dict) -> bool:
     return bool(lines) and all(
         f"task={cell['task']}" in line and f"attention={cell['attention']}" in line for line in lines
     )
-
-
-def test_the_compared_solved_threshold_is_the_studys():
-    assert COMPARED_SOLVED == SOLVED
 
 
 @pytest.mark.parametrize("collapsed", [2, 3, 4])

@@ -45,12 +45,18 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from uph.io import read_table
 from uph.report.catalog import TABLES
-from uph.seeded_comparison import SeededFindings, judge_means, shares_and_protocol, structure_and_means
+from uph.seeded_comparison import (
+    SeededFindings,
+    judge_means,
+    row_name,
+    shares_and_protocol,
+    shown,
+    structure_and_means,
+)
 from uph.stats import t_interval
 
 REPO = Path(__file__).resolve().parent.parent
@@ -175,16 +181,6 @@ class Report:
         return 2 if self.incomparable else 1 if self.disagreements else 0
 
 
-def _shown(value) -> str:
-    if isinstance(value, (float, np.floating)):
-        return "NaN" if math.isnan(value) else f"{value:.6g}"
-    return str(value)
-
-
-def _row_name(keys: tuple[str, ...], values) -> str:
-    return ", ".join(f"{k}={_shown(v)}" for k, v in zip(keys, values) if not (isinstance(v, float) and math.isnan(v)))
-
-
 # -- which config made a folder ------------------------------------------------------------------------------
 
 
@@ -239,9 +235,7 @@ def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: R
         return None
     for frame, side in ((a, "RESULTS"), (b, "REFERENCE")):
         for values in frame[list(rule.keys)][frame[list(rule.keys)].map(str).duplicated()].itertuples(index=False):
-            report.disagreements.append(
-                f"{name} [{_row_name(rule.keys, values)}]: {side} holds this row more than once"
-            )
+            report.disagreements.append(f"{name} [{row_name(rule.keys, values)}]: {side} holds this row more than once")
     keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in rule.keys}) for frame in (a, b)]
     merged = keyed[0].merge(
         keyed[1], on=[f"_k_{k}" for k in rule.keys], how="outer", suffixes=("", "_ref"), indicator=True
@@ -249,7 +243,7 @@ def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: R
     for side, label in (("left_only", "RESULTS"), ("right_only", "REFERENCE")):
         for _, row in merged[merged["_merge"] == side].iterrows():
             values = [row[k] if side == "left_only" else row[f"{k}_ref"] for k in rule.keys]
-            report.disagreements.append(f"{name} [{_row_name(rule.keys, values)}]: a row only {label} has")
+            report.disagreements.append(f"{name} [{row_name(rule.keys, values)}]: a row only {label} has")
     return merged[merged["_merge"] == "both"]
 
 
@@ -282,7 +276,7 @@ def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: fl
     compared = 0
     for _, row in merged.iterrows():
         point = tuple(str(row[k]) for k in POINT if k in rule.keys)
-        where = f"{name} [{_row_name(rule.keys, [row[k] for k in rule.keys])}]"
+        where = f"{name} [{row_name(rule.keys, [row[k] for k in rule.keys])}]"
         if point in ties:
             continue
         for column in a.columns:
@@ -296,29 +290,29 @@ def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: fl
                 allowed = max(tol, 2 * float(y))
                 if not float(x) <= allowed:
                     report.disagreements.append(
-                        f"{where} {column}: {_shown(x)} against {_shown(y)} (at most max(fit.tol, 2 x reference) = {allowed:.3g})"
+                        f"{where} {column}: {shown(x)} against {shown(y)} (at most max(fit.tol, 2 x reference) = {allowed:.3g})"
                     )
             elif column in rule.norms:
                 if not abs(float(x) - float(y)) <= NORM_RTOL * abs(float(y)):
                     report.disagreements.append(
-                        f"{where} {column}: {_shown(x)} against {_shown(y)} (within {NORM_RTOL:g} relative)"
+                        f"{where} {column}: {shown(x)} against {shown(y)} (within {NORM_RTOL:g} relative)"
                     )
             elif column in rule.counts:
                 users = float(n_users[row.name]) if n_users is not None else 1.0
                 unit = 1.0 if column.startswith("n_") else 1.0 / users
                 if not abs(float(x) - float(y)) <= unit * (1 + 1e-5):  # a share's CSV digits (6) round it
                     report.disagreements.append(
-                        f"{where} {column}: {_shown(x)} against {_shown(y)} (within one user: {unit:.3g})"
+                        f"{where} {column}: {shown(x)} against {shown(y)} (within one user: {unit:.3g})"
                     )
             elif column in nll_columns:
                 if not abs(float(x) - float(y)) <= NLL_RTOL * scale:
                     report.disagreements.append(
-                        f"{where} {column}: {_shown(x)} against {_shown(y)} "
+                        f"{where} {column}: {shown(x)} against {shown(y)} "
                         f"(within {NLL_RTOL:g} x {scale:.3g} = {NLL_RTOL * scale:.2g} nats)"
                     )
             elif _differs(x, y):  # a choice (a near tie's rows are skipped above: capacity_ties names it) or exact
                 what = "a choice made on validation, identical" if column in rule.choices else "identical"
-                report.disagreements.append(f"{where} {column}: {_shown(x)} against {_shown(y)} ({what})")
+                report.disagreements.append(f"{where} {column}: {shown(x)} against {shown(y)} ({what})")
     report.compared[name] = compared
 
 
@@ -378,7 +372,7 @@ def lr_choices(a: pd.DataFrame, b: pd.DataFrame, sweep_a, sweep_b, report: Repor
             low, high = t_interval(diff) if len(diff) > 1 else (math.nan, math.nan)
             margins.append(f"{diff.mean():+.3f} [{low:+.3f}, {high:+.3f}] over {len(diff)} seeds")
         report.disagreements.append(
-            f"attention [{_row_name(tuple(cell), key)}]: lr {la:g} chosen against {lb:g} (a choice made on "
+            f"attention [{row_name(tuple(cell), key)}]: lr {la:g} chosen against {lb:g} (a choice made on "
             f"validation, identical); validation token accuracy of {la:g} minus {lb:g}: {margins[0]} in RESULTS, "
             f"{margins[1]} in REFERENCE"
         )
@@ -418,8 +412,8 @@ def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, repo
                 bad = abs(float(x) - float(y)) > FLOAT32_RTOL * abs(float(y)) if number else _differs(x, y)
             if bad:
                 report.disagreements.append(
-                    f"{name} [{_row_name(rule.keys, [row[k] for k in rule.keys])}] {column}: {_shown(x)} against "
-                    f"{_shown(y)} (within float32 rounding)"
+                    f"{name} [{row_name(rule.keys, [row[k] for k in rule.keys])}] {column}: {shown(x)} against "
+                    f"{shown(y)} (within float32 rounding)"
                 )
     report.compared[name] = len(merged) * (len(a.columns) - len(rule.keys))
 

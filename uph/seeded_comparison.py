@@ -45,9 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from uph.attention.study_config import SOLVED
 from uph.stats import SIGNIFICANCE
 
-SOLVED = 0.99  # as uph.attention.study_config.SOLVED (tests/test_compare.py checks they are one value)
 MARGIN = {"acc": 0.01, "loss": 0.01, "steps": 50.0}
 
 
@@ -118,18 +118,16 @@ class SeededFindings:
     compared: dict
 
 
-def _shown(value) -> str:
-    return (
-        "NaN"
-        if isinstance(value, float) and math.isnan(value)
-        else f"{value:.6g}"
-        if isinstance(value, float)
-        else str(value)
-    )
+def shown(value) -> str:
+    """A table value as a disagreement line shows it: floats to 6 digits, NaN as NaN."""
+    if isinstance(value, (float, np.floating)):
+        return "NaN" if math.isnan(value) else f"{value:.6g}"
+    return str(value)
 
 
-def _row_name(keys, values) -> str:
-    return ", ".join(f"{k}={_shown(v)}" for k, v in zip(keys, values) if not (isinstance(v, float) and math.isnan(v)))
+def row_name(keys, values) -> str:
+    """'key=value, ...' of a row, NaN keys left out."""
+    return ", ".join(f"{k}={shown(v)}" for k, v in zip(keys, values) if not (isinstance(v, float) and math.isnan(v)))
 
 
 def duplicated_rows(name: str, keys: tuple[str, ...], frame: pd.DataFrame, side: str) -> list[str]:
@@ -137,7 +135,7 @@ def duplicated_rows(name: str, keys: tuple[str, ...], frame: pd.DataFrame, side:
     columns = [*keys, "seed"]
     twice = frame[frame[columns].map(str).duplicated(keep="first")]
     return [
-        f"{name} [{_row_name(columns, row)}]: {side} holds this row more than once"
+        f"{name} [{row_name(columns, row)}]: {side} holds this row more than once"
         for row in twice[columns].itertuples(index=False)
     ]
 
@@ -150,7 +148,7 @@ def structure_and_means(name: str, rule, a: pd.DataFrame, b: pd.DataFrame, out: 
     groups = [dict(tuple(frame.groupby(list(rule.keys), dropna=False))) for frame in (a, b)]
     tests, compared = [], 0
     for key in sorted(set(groups[0]) | set(groups[1]), key=str):
-        where = f"{name} [{_row_name(rule.keys, key)}]"
+        where = f"{name} [{row_name(rule.keys, key)}]"
         if key not in groups[0] or key not in groups[1]:
             out.disagreements.append(f"{where}: a row only {'RESULTS' if key in groups[0] else 'REFERENCE'} has")
             continue
@@ -203,8 +201,8 @@ def judge_means(tests: list[MeanTest], out: SeededFindings) -> None:
             undetermined.setdefault(test.where, []).append(f"{test.metric} {d:+.3g}")
         else:
             out.disagreements.append(
-                f"{test.where} {test.metric}: {_shown(float(test.a.mean()))} over {len(test.a)} seeds against "
-                f"{_shown(float(test.b.mean()))} over {len(test.b)}; difference {d:+.4g}, Welch interval "
+                f"{test.where} {test.metric}: {shown(float(test.a.mean()))} over {len(test.a)} seeds against "
+                f"{shown(float(test.b.mean()))} over {len(test.b)}; difference {d:+.4g}, Welch interval "
                 f"[{low:+.4g}, {high:+.4g}] (Bonferroni over {len(tests)}) beyond the margin {m:g}"
             )
     out.undetermined += [f"{where}: {', '.join(metrics)}" for where, metrics in undetermined.items()]
@@ -228,7 +226,7 @@ def shares_and_protocol(
         for key, seeds in sorted(runs.items(), key=str):
             if seeds_if_split and 0 < sum(seeds) < len(seeds) < seeds_if_split:
                 out.disagreements.append(
-                    f"attention [{_row_name(cell, key)}]: {side}'s runs split at its lr ({sum(seeds)} of {len(seeds)} "
+                    f"attention [{row_name(cell, key)}]: {side}'s runs split at its lr ({sum(seeds)} of {len(seeds)} "
                     f"seeds solve validation) but it holds {len(seeds)} seeds where the protocol trains "
                     f"attention.seeds_if_split = {seeds_if_split}: not a run of this config"
                 )
@@ -238,7 +236,7 @@ def shares_and_protocol(
         p = share_test(sum(sa), len(sa), sum(sb), len(sb))
         if p < SIGNIFICANCE / len(bimodal):
             out.disagreements.append(
-                f"attention [{_row_name(cell, key)}] share of seeds solving validation: {sum(sa)} of {len(sa)} against "
+                f"attention [{row_name(cell, key)}] share of seeds solving validation: {sum(sa)} of {len(sa)} against "
                 f"{sum(sb)} of {len(sb)} (Boschloo p = {p:.2g}, below {SIGNIFICANCE:g} / {len(bimodal)} bimodal cells)"
             )
     out.compared["attention shares"] = len(bimodal)
