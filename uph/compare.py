@@ -51,6 +51,7 @@ from uph.io import read_table
 from uph.report.catalog import TABLES
 from uph.seeded_comparison import (
     SeededFindings,
+    duplicated_rows,
     judge_means,
     row_name,
     shares_and_protocol,
@@ -234,8 +235,7 @@ def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: R
     if not _same_columns(name, a, b, report):
         return None
     for frame, side in ((a, "RESULTS"), (b, "REFERENCE")):
-        for values in frame[list(rule.keys)][frame[list(rule.keys)].map(str).duplicated()].itertuples(index=False):
-            report.disagreements.append(f"{name} [{row_name(rule.keys, values)}]: {side} holds this row more than once")
+        report.disagreements += duplicated_rows(name, rule.keys, frame, side)
     keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in rule.keys}) for frame in (a, b)]
     merged = keyed[0].merge(
         keyed[1], on=[f"_k_{k}" for k in rule.keys], how="outer", suffixes=("", "_ref"), indicator=True

@@ -130,13 +130,12 @@ def row_name(keys, values) -> str:
     return ", ".join(f"{k}={shown(v)}" for k, v in zip(keys, values) if not (isinstance(v, float) and math.isnan(v)))
 
 
-def duplicated_rows(name: str, keys: tuple[str, ...], frame: pd.DataFrame, side: str) -> list[str]:
-    """A line per row (keys and seed) that `frame` holds more than once."""
-    columns = [*keys, "seed"]
-    twice = frame[frame[columns].map(str).duplicated(keep="first")]
+def duplicated_rows(name: str, columns, frame: pd.DataFrame, side: str) -> list[str]:
+    """A line per row (its values of `columns`) that `frame` holds more than once."""
+    twice = frame[list(columns)][frame[list(columns)].map(str).duplicated(keep="first")]
     return [
         f"{name} [{row_name(columns, row)}]: {side} holds this row more than once"
-        for row in twice[columns].itertuples(index=False)
+        for row in twice.itertuples(index=False)
     ]
 
 
@@ -144,7 +143,7 @@ def structure_and_means(name: str, rule, a: pd.DataFrame, b: pd.DataFrame, out: 
     """Steps 1 and 2 up to the family's size: structure disagreements into `out`, and the mean tests of
     every row-metric both runs hold (their seeds with a number)."""
     for frame, side in ((a, "RESULTS"), (b, "REFERENCE")):
-        out.disagreements += duplicated_rows(name, rule.keys, frame, side)
+        out.disagreements += duplicated_rows(name, (*rule.keys, "seed"), frame, side)
     groups = [dict(tuple(frame.groupby(list(rule.keys), dropna=False))) for frame in (a, b)]
     tests, compared = [], 0
     for key in sorted(set(groups[0]) | set(groups[1]), key=str):
