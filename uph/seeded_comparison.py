@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from uph.attention.study_config import SOLVED
-from uph.stats import SIGNIFICANCE
+from uph.stats import SIGNIFICANCE, welch_interval
 
 MARGIN = {"acc": 0.01, "loss": 0.01, "steps": 50.0}
 
@@ -58,23 +58,6 @@ def margin(metric: str) -> float:
     if metric.startswith("steps") or metric.endswith("step"):
         return MARGIN["steps"]
     return MARGIN["loss"]
-
-
-def welch_interval(a, b, level: float) -> tuple[float, float, float]:
-    """(d, low, high): the difference of means d = mean(a) - mean(b) and Welch's interval at `level`
-    (se^2 = s_a^2 / n_a + s_b^2 / n_b, Welch-Satterthwaite degrees of freedom); zero width where neither
-    sample spreads. Needs two values on each side."""
-    from scipy import stats
-
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    d = float(a.mean() - b.mean())
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return d, d, d
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    half = float(stats.t.ppf((1 + level) / 2, df)) * se
-    return d, d - half, d + half
 
 
 def read_difference(a, b, margin: float, family: int) -> tuple[str, float, float, float]:

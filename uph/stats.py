@@ -43,6 +43,23 @@ def t_interval(values, level: float = 0.95) -> tuple[float, float]:
     return float(values.mean() - half), float(values.mean() + half)
 
 
+def welch_interval(a, b, level: float) -> tuple[float, float, float]:
+    """(d, low, high): the difference of means d = mean(a) - mean(b) and Welch's interval at `level`
+    (se^2 = s_a^2 / n_a + s_b^2 / n_b, Welch-Satterthwaite degrees of freedom); zero width where neither
+    sample spreads. Needs two values on each side."""
+    from scipy import stats
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    d = float(a.mean() - b.mean())
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return d, d, d
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = float(stats.t.ppf((1 + level) / 2, df)) * se
+    return d, d - half, d + half
+
+
 def sign_test_can_reject(n: int, level: float = SIGNIFICANCE) -> bool:
     """Whether the two-sided exact sign test on n non-zero differences can give p < level: its smallest p,
     every difference of one sign, is 2 (1/2)^n, so at 0.05 it needs n >= 6 (5 seeds give at best 0.0625)."""

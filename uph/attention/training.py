@@ -1,18 +1,19 @@
 """Training and evaluation of one cell of the attention study: a (task, model, attention kind).
 
 Each kind gets its own learning-rate sweep: every lr of `lrs` trains on the first `sweep_seeds`
-seeds, the lr with the best mean validation token accuracy (lrs within TIE of the best tie, and the
-middle of them wins: best_lr; an lr with a diverged run never wins) is the cell's lr, and the remaining seeds train at it only. While
-the best lr is an end of the lrs tried, the sweep tries one more `lr_step` beyond it, up to
-`lr_extensions` times (never above 1); a choice still at an end is flagged `lr_at_edge` (low, high,
-or both when only one lr was tried), so a budget-bound "best" lr is never taken for an optimum. The
-runs at the chosen lr are then tested at train_len and every eval factor times it, on each level
-of the task (uph.attention.tasks.levels). Where the runs at the chosen lr split (some solve the
-task's validation set, token accuracy >= SOLVED, some do not: a bimodal kind, whose mean over a few seeds
-float32 rounding can swing), the cell trains more seeds at that lr, up to `seeds_if_split` in all
-(split_seeds), so its mean, interval and share of seeds solved rest on enough seeds to agree across
-machines; a kind of `split_kinds` (the config's bimodal kinds) always does, so whether it gets the seeds
-is the config's decision, not a rounding's. Validation and test sets are disjoint streams of fresh
+seeds; of the lrs those seeds do not separate from the one of the best mean validation token accuracy,
+the middle wins (best_lr; an lr with a diverged run never wins) and is the cell's lr, and the remaining
+seeds train at it only. While the chosen lr is an end of the lrs tried, the sweep tries one more
+`lr_step` beyond it, up to `lr_extensions` times (never above 1); a choice still at an end is flagged
+`lr_at_edge` (low, high, or both when only one lr was tried), so a budget-bound "best" lr is never taken
+for an optimum. The runs at the chosen lr are then tested at train_len and every eval factor times it,
+on each level of the task (uph.attention.tasks.levels). Where the runs at the chosen lr split (some
+solve the task's validation set, token accuracy >= SOLVED, some do not: a bimodal kind, whose mean over
+a few seeds float32 rounding can swing), the cell trains more seeds at that lr, up to `seeds_if_split`
+in all (split_seeds), so its mean, interval and share of seeds solved rest on enough seeds to agree
+across machines. A kind of `split_kinds` (the config's bimodal kinds) sweeps every lr on all
+`seeds_if_split` seeds: whether it gets them is the config's decision, not a rounding's, and its lr is
+chosen on as many seeds as its mean is reported on. Validation and test sets are disjoint streams of fresh
 sequences: training batches come from a generator seeded with the seed, validation from
 seed * STREAM + 1, the test set of (length, level index i) from seed * STREAM + 2 + 64 * length + i.
 
@@ -52,6 +53,7 @@ from uph.attention.steps import TrainSteps, run_losses, stacked
 from uph.attention.study_config import PROGRESS, SOLVED, TIE, AttentionStudyConfig, eval_lengths, schedule, step_limit
 from uph.attention.tasks import IGNORE, Batch, levels, make_batch
 from uph.errors import TrainingDivergedError
+from uph.stats import SIGNIFICANCE, welch_interval
 
 STREAM = 1_000_003
 log = logging.getLogger(__name__)
@@ -198,19 +200,29 @@ def _converged(rows: list[dict], best: dict, state: dict, step: int, at_step_lim
 
 
 def best_lr(sweep: pd.DataFrame) -> float | None:
-    """The cell's lr: among lrs none of whose runs diverged, those whose mean validation token accuracy over
-    their seeds is within TIE of the best tie; of them, the middle one (by lr; of two middles, the higher).
-    None when every lr has a diverged run.
+    """The cell's lr: among lrs none of whose runs diverged, those the sweep's seeds do not separate from
+    the lr of the best mean validation token accuracy tie; of them, the middle one (by lr; of two middles,
+    the higher). None when every lr has a diverged run.
 
-    A fixed preference, not a continuous criterion, breaks a tie: lrs that all solve the validation set
-    (accuracy 1.0) differ in validation loss by their trajectories' rounding, which another CPU's kernels
-    flip. The middle keeps the choice inside the tie, so an lr that merely ties never pulls the sweep past
-    an end; of two, the higher converges in fewer steps."""
+    An lr is separated from the best when its mean is lower by more than TIE with 95 % confidence: the
+    lower end of Welch's 90 % interval of (best - lr) lies above TIE (with one seed a side, the difference
+    itself). Means are not enough: where runs split (some seeds solve, some stall), which seeds split moves
+    with a CPU's rounding, and with it the best mean; lrs that the seeds cannot tell apart tie, and a fixed
+    preference, not rounding, picks among them. The middle keeps the choice inside the tie, so an lr that
+    merely ties never pulls the sweep past an end; of two, the higher converges in fewer steps. A split
+    kind (run_cell) sweeps on every seed it reports, so its lrs are told apart on ten seeds, not three."""
     ok = sweep.groupby("lr").filter(lambda runs: not runs["diverged"].any())
     if ok.empty:
         return None
-    accuracy = ok.groupby("lr")["val_token_acc"].mean()
-    tied = sorted(accuracy.index[accuracy >= accuracy.max() - TIE])
+    accuracy = {lr: runs["val_token_acc"].to_numpy() for lr, runs in ok.groupby("lr")}
+    best = accuracy[max(accuracy, key=lambda lr: accuracy[lr].mean())]
+
+    def separated(runs) -> bool:
+        if min(len(best), len(runs)) < 2:
+            return best.mean() - runs.mean() > TIE
+        return welch_interval(best, runs, 1 - 2 * SIGNIFICANCE)[1] > TIE
+
+    tied = sorted(lr for lr, runs in accuracy.items() if not separated(runs))
     return float(tied[len(tied) // 2])
 
 
@@ -316,9 +328,15 @@ def run_cell(
                 ", at the step limit" if result.progress["at_step_limit"] else "",
             )
 
-    sweep_seeds = cfg.seeds[: cfg.sweep_seeds]
+    every_seed = [*cfg.seeds, *seeds_to_add(cfg.seeds, cfg.seeds_if_split)]
+    split_kind = attention in cfg.split_kinds  # decided by the config, alike on every CPU
+    sweep_seeds = every_seed if split_kind else list(cfg.seeds[: cfg.sweep_seeds])
+    if split_kind:
+        log.info(
+            "%s %s %s: a kind of attention.split_kinds; every lr on seeds %s", task, model_name, attention, sweep_seeds
+        )
     tried = list(cfg.lrs)
-    later = [*cfg.seeds[cfg.sweep_seeds :], *seeds_to_add(cfg.seeds, cfg.seeds_if_split)] if ahead else []
+    later = [seed for seed in every_seed if seed not in sweep_seeds] if ahead else []
     train([(lr, seed) for lr in tried for seed in sweep_seeds], [(lr, seed) for lr in tried for seed in later])
     for _ in range(cfg.lr_extensions):
         chosen = best_lr(pd.DataFrame(sweep))
@@ -335,16 +353,13 @@ def run_cell(
             f"lower config key 'attention.lrs' ({list(cfg.lrs)})"
         )
     edge = lr_edge(chosen, tried)
-    if cfg.seeds[cfg.sweep_seeds :]:
-        train([(chosen, seed) for seed in cfg.seeds[cfg.sweep_seeds :]])
-    seeds = list(cfg.seeds)
-    if attention in cfg.split_kinds:  # decided by the config, alike on every CPU
-        extra = seeds_to_add(seeds, cfg.seeds_if_split)
-    else:
-        extra = split_seeds(pd.DataFrame(sweep), chosen, seeds, cfg.seeds_if_split)
+    remaining = [seed for seed in cfg.seeds if seed not in sweep_seeds]
+    if remaining:
+        train([(chosen, seed) for seed in remaining])
+    seeds = [*sweep_seeds, *remaining]
+    extra = [] if split_kind else split_seeds(pd.DataFrame(sweep), chosen, seeds, cfg.seeds_if_split)
     if extra:
-        why = "a kind of attention.split_kinds" if attention in cfg.split_kinds else f"its seeds split at lr {chosen:g}"
-        log.info("%s %s %s: %s; training seeds %s", task, model_name, attention, why, extra)
+        log.info("%s %s %s: its seeds split at lr %g; training seeds %s", task, model_name, attention, chosen, extra)
         train([(chosen, seed) for seed in extra])
         seeds += extra
     final = pd.DataFrame(sweep).set_index(["lr", "seed"])
