@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from uph.config import dataclass_fields
 
 SOLVED = 0.99  # token accuracy from which a run counts as having solved its task (validation or test)
-TIE = 1 - SOLVED  # lrs whose mean validation accuracies are this close tie: the study's finest decision
+TIE = 1 - SOLVED  # an lr this far behind the best validation accuracy (best_lr) is worse: the study's finest decision
 PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
 
 
