@@ -58,3 +58,4 @@ if "--unlock" not in sys.argv:
         input:
             all_targets(),
             intermediate_targets(),
+            companion_targets(),

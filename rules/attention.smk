@@ -35,15 +35,9 @@ rule attention_table:
         curves=attention_runs("curves.parquet"),
         settings=settings("attention_table"),
     output:
-        csv=report(results("tables", "attention.csv"), caption="../report/attention.rst", category="Attention study"),
-        md=results("tables", "attention.md"),
-        tex=results("tables", "attention.tex"),
-        sweep=results("tables", "attention_sweep.csv"),
-        sweep_md=results("tables", "attention_sweep.md"),
-        sweep_tex=results("tables", "attention_sweep.tex"),
-        curves=results("tables", "attention_curves.csv"),
-        curves_md=results("tables", "attention_curves.md"),
-        curves_tex=results("tables", "attention_curves.tex"),
+        **table_outputs("attention", category="Attention study"),
+        **table_outputs("attention_sweep", "sweep"),
+        **table_outputs("attention_curves", "curves"),
     log:
         results("logs", "attention_table.log"),
     benchmark:

@@ -29,7 +29,8 @@ from uph.config import (
 )
 from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
-from uph.model_identity import IDENTITY, folder_digest, read_identity
+from uph.io import table_files
+from uph.model_identity import IDENTITY, MODEL_CONFIG, WEIGHTS, folder_digest, read_identity
 from uph import stage_settings
 from snakemake.io import regex_from_filepattern
 from uph.stage_settings import plans_only
@@ -273,6 +274,30 @@ def settings(name):
     if name == "feedback_train":
         return lambda wildcards: SETTINGS_FILES[f"feedback_train-{wildcards.method}"]
     return lambda wildcards: SETTINGS_FILES[name]
+
+
+def table_outputs(name, key="csv", category=None):
+    """The outputs of table `name` for its rule's `output:` (`**table_outputs(...)`): every file
+    uph.io.write_table writes for it (uph.io.table_files), the CSV as `key` (in the report under `category`,
+    captioned by report/<name>.rst, where one is given) and its companions as `md`, `tex` and `code`
+    (`<key>_md`, ... where `key` is not csv), so that a deleted one is rebuilt."""
+    files = table_files(results("tables", f"{name}.csv"))
+    csv = files.pop("csv")
+    prefix = "" if key == "csv" else f"{key}_"
+    return {
+        key: csv if category is None else report(csv, caption=f"../report/{name}.rst", category=category),
+        **{f"{prefix}{companion}": path for companion, path in files.items()},
+    }
+
+
+def companion_targets():
+    """The declared outputs no later job names as an input, targets of `rule all` beside the tables' CSVs, so
+    that one deleted is rebuilt (Snakemake checks only the outputs a target or a later job asks for): every
+    table's companions (table_outputs) and the model folder's weights and config (its later jobs name its
+    identity.json)."""
+    tables = lm_targets() + copy_task_targets() + attention_targets() + feedback_targets()
+    companions = [path for csv in tables for name, path in table_files(csv).items() if name != "csv"]
+    return companions + [results("model", WEIGHTS), results("model", MODEL_CONFIG)]
 
 
 def lm_targets():

@@ -31,9 +31,7 @@ rule copy_task_table:
         curves=copy_task_runs("curves.parquet"),
         settings=settings("copy_task_table"),
     output:
-        csv=report(results("tables", "copy_task.csv"), caption="../report/copy_task.rst", category="Copy task"),
-        md=results("tables", "copy_task.md"),
-        tex=results("tables", "copy_task.tex"),
+        **table_outputs("copy_task", category="Copy task"),
     log:
         results("logs", "copy_task_table.log"),
     benchmark:
@@ -44,11 +42,7 @@ rule copy_task_table:
 
 rule gram_resilience:
     output:
-        csv=report(
-            results("tables", "gram_resilience.csv"), caption="../report/gram_resilience.rst", category="Copy task"
-        ),
-        md=results("tables", "gram_resilience.md"),
-        tex=results("tables", "gram_resilience.tex"),
+        **table_outputs("gram_resilience", category="Copy task"),
     log:
         results("logs", "gram_resilience.log"),
     benchmark:

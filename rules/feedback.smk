@@ -33,9 +33,7 @@ rule feedback_table:
         ),
         settings=settings("feedback_table"),
     output:
-        csv=report(results("tables", "feedback.csv"), caption="../report/feedback.rst", category="Feedback"),
-        md=results("tables", "feedback.md"),
-        tex=results("tables", "feedback.tex"),
+        **table_outputs("feedback", category="Feedback"),
     log:
         results("logs", "feedback_table.log"),
     benchmark:

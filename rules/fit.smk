@@ -291,20 +291,11 @@ rule personalization_table:
         model=rules.model.output.identity,
         settings=settings("personalization_table"),
     output:
-        personalization=report(
-            results("tables", "personalization.csv"),
-            caption="../report/personalization.rst",
-            category="User prior heads",
-        ),
-        capacity=report(
-            results("tables", "capacity.csv"), caption="../report/capacity.rst", category="User prior heads"
-        ),
-        dose_response=report(
-            results("tables", "dose_response.csv"), caption="../report/dose_response.rst", category="User prior heads"
-        ),
-        cross_user=report(
-            results("tables", "cross_user.csv"), caption="../report/cross_user.rst", category="User prior heads"
-        ),
+        **{
+            key: path
+            for name in ("personalization", "capacity", "dose_response", "cross_user")
+            for key, path in table_outputs(name, name, category="User prior heads").items()
+        },
     log:
         results("logs", "personalization_table.log"),
     benchmark:

@@ -24,7 +24,9 @@ rule model:
         candidate=rules.model_candidate.output.folder,
         settings=settings("model"),
     output:
-        identity=results("model", "identity.json"),
+        identity=results("model", IDENTITY),
+        weights=results("model", WEIGHTS),  # what else the folder holds is named by its tokenizer
+        config=results("model", MODEL_CONFIG),
     log:
         results("logs", "model.log"),
     priority: LM_PRIORITY

@@ -32,7 +32,7 @@ from referencing.jsonschema import DRAFT202012
 
 from uph.errors import ConfigError
 from uph.lm.data.splits import split_lengths, temporal_split
-from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, check_model_folder
+from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, MODEL_CONFIG, check_model_folder
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
@@ -349,7 +349,7 @@ def check_against_model(config: dict, model_identity: dict) -> None:
 def check_context(context: int, model_dir: str | Path) -> None:
     """extract.context fits in the model's positions (config.json of its materialized folder): longer
     windows would index past a learned position table or run RoPE beyond what the model was trained on."""
-    path = Path(model_dir) / "config.json"
+    path = Path(model_dir) / MODEL_CONFIG
     model_config = json.loads(path.read_text())
     positions = next((model_config[k] for k in ("max_position_embeddings", "n_positions") if k in model_config), None)
     if positions is not None and context > positions:

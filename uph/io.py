@@ -108,17 +108,31 @@ def markdown_text(value):
     return "".join(c.encode("unicode_escape").decode() if c in LINE_BREAKS else c for c in value)
 
 
+# What write_table writes beside a table's CSV, by name: the one list of them (the table rules declare
+# each as an output through rules/common.smk's table_outputs, so a deleted one is rebuilt).
+TABLE_COMPANIONS = {"md": ".md", "tex": ".tex", "code": ".code.json"}
+
+
+def table_files(csv_path: str | Path) -> dict[str, str]:
+    """Every file write_table writes for the table at `csv_path`, by name: 'csv' and TABLE_COMPANIONS."""
+    csv_path = Path(csv_path)
+    return {
+        "csv": str(csv_path),
+        **{name: str(csv_path.with_suffix(suffix)) for name, suffix in TABLE_COMPANIONS.items()},
+    }
+
+
 def write_table(df: pd.DataFrame, csv_path: str | Path, float_format: str = "%.6g") -> None:
     """A results table as CSV, with Markdown (.md) and LaTeX (.tex) renderings beside it, and the
-    version of the code that computed it (.code.json, read by uph.report.provenance)."""
-    csv_path = Path(csv_path)
-    with atomic_path(csv_path) as tmp:
+    version of the code that computed it (.code.json, read by uph.report.provenance): `table_files`."""
+    files = table_files(csv_path)
+    with atomic_path(files["csv"]) as tmp:
         df.to_csv(tmp, index=False, float_format=float_format)
-    with atomic_path(csv_path.with_suffix(".md")) as tmp:
+    with atomic_path(files["md"]) as tmp:
         tmp.write_text(df.map(markdown_text).to_markdown(index=False, floatfmt=".4g") + "\n")
-    with atomic_path(csv_path.with_suffix(".tex")) as tmp:
+    with atomic_path(files["tex"]) as tmp:
         tmp.write_text(df.to_latex(index=False, float_format=lambda x: f"{x:.4g}", escape=True))
-    write_json(code_version(), csv_path.with_suffix(".code.json"))
+    write_json(code_version(), files["code"])
 
 
 ID_COLUMNS = ("user", "theta_user", "text_user")  # user ids: text as written, never a number or NaN

@@ -20,6 +20,7 @@ from uph.errors import ModelError
 
 WEIGHTS = "model.safetensors"
 IDENTITY = "identity.json"
+MODEL_CONFIG = "config.json"  # transformers' config, beside the weights (check_context reads its positions)
 
 
 TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens", "spiece")

@@ -28,7 +28,7 @@ from snakemake.io import regex_from_filepattern
 from uph.config import key_path
 from uph.device import machine_record
 from uph.errors import ArtifactError
-from uph.io import code_version, git_state  # noqa: F401 (git_state: part of this module's interface)
+from uph.io import TABLE_COMPANIONS, code_version, git_state  # noqa: F401 (git_state: part of this module's interface)
 
 PACKAGES = (
     "torch",
@@ -131,11 +131,11 @@ def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -
 def table_code(tables_dir: str | Path, current: dict) -> dict:
     """table name -> the code version that computed it (the .code.json uph.io.write_table writes beside
     it), with 'older_code': true where that differs from the `current` code (a table not rerun since)."""
-    tables = {}
-    for stamp in sorted(Path(tables_dir).glob("*.code.json")):
+    tables, suffix = {}, TABLE_COMPANIONS["code"]
+    for stamp in sorted(Path(tables_dir).glob(f"*{suffix}")):
         recorded = json.loads(stamp.read_text())
         older = recorded.get("code_sha256") != current["code_sha256"]
-        tables[stamp.name.removesuffix(".code.json")] = {**recorded, "older_code": older}
+        tables[stamp.name.removesuffix(suffix)] = {**recorded, "older_code": older}
     return tables
 
 
