@@ -31,11 +31,12 @@ import torch
 import yaml
 from conftest import REPO, snakemake, snakemake_command
 
+from uph.artifacts import FIT_FILE, check_fit_inputs, write_recorded
 from uph.attention.copy_task import CopyTaskConfig
 from uph.attention.copy_task import train as train_copy_task
 from uph.attention.self_attention import ATTENTIONS
 from uph.config import check_results_folder, job_params, validate
-from uph.errors import CacheError, ConfigError, FitDivergedError, TrainingDivergedError
+from uph.errors import ArtifactError, CacheError, ConfigError, FitDivergedError, TrainingDivergedError
 from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import TrainConfig
 from uph.feedback.training import train as train_feedback
@@ -378,21 +379,20 @@ def test_shards_of_a_run_with_other_shards_or_corpus_settings_are_refused(tiny_s
     extract = {"context": 64, "dtype": "float32", "shards": 2}
     users = read_users(shards, results / "model", results / "corpus/users.parquet", extract)
     assert sorted(users) == sorted(pd.read_parquet(results / "corpus/users.parquet")["user_id"])
-    fix = "; delete it and run snakemake again (the extract job rebuilds it)"
+    fix = "; delete them and run snakemake again (the extract jobs rebuild them)"  # every shard named at once
     with pytest.raises(CacheError) as error:  # extract.shards: 3
         read_users(shards, results / "model", results / "corpus/users.parquet", {**extract, "shards": 3})
     assert str(error.value) == (
-        f"cache file '{shards[0]}' holds shard 0 of 2, not shard 0 of 3 (config key 'extract.shards'){fix}"
+        f"2 cache files cannot be used: '{shards[0]}' holds shard 0 of 2, not shard 0 of 3 (config key "
+        f"'extract.shards'); '{shards[1]}' holds shard 1 of 2, not shard 1 of 3 (config key 'extract.shards'){fix}"
     )
     cut = pd.read_parquet(results / "corpus/users.parquet")  # corpus.max_tokens: 3500
     cut = cut.assign(tokens=[tokens[:3500] for tokens in cut["tokens"]], n_tokens=3500)
     cut.to_parquet(tmp_path / "users.parquet")
     with pytest.raises(CacheError) as error:
         read_users(shards, results / "model", tmp_path / "users.parquet", extract)
-    assert str(error.value) == (
-        f"cache file '{shards[0]}' was cut from another users table than results/corpus/users.parquet "
-        f"(corpus or its settings changed){fix}"
-    )
+    why = "was cut from another users table than results/corpus/users.parquet (corpus or its settings changed)"
+    assert str(error.value) == f"2 cache files cannot be used: '{shards[0]}' {why}; '{shards[1]}' {why}{fix}"
     assert read_users(shards, results / "model", results / "corpus/users.parquet", {**extract, "dtype": "auto"})
 
 
@@ -474,6 +474,58 @@ def test_a_user_in_two_fit_files_is_refused():
         "user 'hamlet/Hamlet' is in both 'shard-0.parquet' and 'shard-1.parquet' (head=cvh alpha=1.0 d=8 "
         "solver=exact): results of one shard were copied over another; delete both and run snakemake again"
     )
+
+
+def test_users_in_two_fit_files_are_refused_naming_every_pair_at_once():
+    fits = pd.DataFrame({"head": ["cvh"], "alpha": [1.0], "d": [8], "solver": ["exact"], "user": ["hamlet/Hamlet"]})
+    other = fits.assign(user="macbeth/Macbeth")
+    with pytest.raises(CacheError) as error:
+        check_unique_users({"a.parquet": fits, "b.parquet": pd.concat([fits, other]), "c.parquet": other})
+    assert str(error.value) == (
+        "user 'hamlet/Hamlet' is in both 'a.parquet' and 'b.parquet' (head=cvh alpha=1.0 d=8 solver=exact); "
+        "user 'macbeth/Macbeth' is in both 'b.parquet' and 'c.parquet' (head=cvh alpha=1.0 d=8 solver=exact): "
+        "results of one shard were copied over another; delete them and run snakemake again"
+    )
+
+
+def test_every_stale_or_damaged_fit_file_a_job_reads_is_named_in_one_refusal(tmp_path):
+    """Fit files left by a run of another model or other keys, or damaged: the job's check of its inputs
+    (check_fit_inputs, before it reads any) names every one with why, so that one round of deleting them is
+    enough; one alone keeps its own message; files that are not fit files (the model, the shards) are not
+    its to check."""
+    record = {"weights_sha256": "w", "fit.radii": [1.0]}
+    rows = pd.DataFrame({"user": ["u"], "nll": [1.0]})
+    paths = {name: tmp_path / f"{name}.parquet" for name in ("good", "other_model", "other_radii", "cut")}
+    write_recorded(rows, paths["good"], record)
+    write_recorded(rows, paths["other_model"], {**record, "weights_sha256": "v"})
+    write_recorded(rows, paths["other_radii"], {**record, "fit.radii": [2.0]})
+    write_recorded(rows, paths["cut"], record)
+    os.truncate(paths["cut"], paths["cut"].stat().st_size // 2)
+    inputs = {
+        "global_fit": [str(paths["good"]), str(paths["other_model"])],
+        "capacity": str(paths["other_radii"]),
+        "fits": [str(paths["cut"])],
+        "model": str(tmp_path / "model/identity.json"),  # not a fit file: never checked here
+    }
+    with pytest.raises(ArtifactError) as error:
+        check_fit_inputs(inputs, record)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("3 fit files cannot be used: ")
+    assert message.endswith("; delete them and run snakemake again")
+    assert f"'{paths['other_model']}' was built for something else: weights_sha256='v' (expected 'w')" in message
+    assert f"'{paths['other_radii']}' was built for something else: fit.radii=[2.0] (expected [1.0])" in message
+    assert f"'{paths['cut']}' is damaged or truncated (" in message
+    assert str(paths["good"]) + "'" not in message
+    with pytest.raises(ArtifactError) as error:  # the same files read as a table: the same refusal
+        FIT_FILE.read_tables([paths["good"], paths["other_model"], paths["other_radii"], paths["cut"]], record)
+    assert str(error.value) == message
+    with pytest.raises(ArtifactError) as error:  # one refused file: its own line
+        check_fit_inputs({"capacity": str(paths["other_radii"]), "global_fit": [str(paths["good"])]}, record)
+    assert str(error.value) == (
+        f"fit file '{paths['other_radii']}' was built for something else: fit.radii=[2.0] (expected [1.0]); "
+        "delete it and run snakemake again"
+    )
+    check_fit_inputs({"global_fit": [str(paths["good"])], "model": "anything"}, record)
 
 
 def test_a_killed_writer_leaves_a_temporary_file_that_the_next_write_removes(tmp_path):

@@ -80,6 +80,12 @@ def _metadata(path: Path):
     return (pq.read_metadata(path).metadata or {}).get(METADATA_KEY)
 
 
+def _refusal(error: UphError, path, why: str) -> UphError:
+    """`error`, marked as the refusal of file `path` for the reason `why` (what Artifact.each gathers)."""
+    error.refused = (path, why)
+    return error
+
+
 @dataclass(frozen=True)
 class Artifact:
     """A kind of recorded file: how messages name it, the job that rebuilds it, the error it raises."""
@@ -90,12 +96,41 @@ class Artifact:
 
     def unusable(self, path, why: str) -> UphError:
         rebuilds = f" (the {self.job} job rebuilds it)" if self.job else ""
-        return self.error(f"{self.noun} '{path}' {why}; delete it and run snakemake again{rebuilds}")
+        return _refusal(
+            self.error(f"{self.noun} '{path}' {why}; delete it and run snakemake again{rebuilds}"), path, why
+        )
 
     def _exists(self, path: str | Path) -> None:
         if not Path(path).is_file():
             builds = f" (the {self.job} job builds it)" if self.job else ""
-            raise self.error(f"{self.noun} '{path}' does not exist; run snakemake again{builds}")
+            error = self.error(f"{self.noun} '{path}' does not exist; run snakemake again{builds}")
+            raise _refusal(error, path, "does not exist")
+
+    def each(self, paths, use) -> list:
+        """`use(path)` of every file of `paths`, in order; where files are refused (`unusable`, missing), one
+        error naming every one of them and why, so that one round of deleting them is enough (one refused
+        file: its own message)."""
+        done, refused = [], []
+        for path in paths:
+            try:
+                done.append(use(path))
+            except UphError as error:
+                if not hasattr(error, "refused"):  # not a refusal of this file: raised as it is
+                    raise
+                refused.append(error)
+        if len(refused) == 1:
+            raise refused[0]
+        if refused:
+            rebuilds = f" (the {self.job} jobs rebuild them)" if self.job else ""
+            named = "; ".join(f"'{error.refused[0]}' {error.refused[1]}" for error in refused)
+            raise self.error(
+                f"{len(refused)} {self.noun}s cannot be used: {named}; delete them and run snakemake again{rebuilds}"
+            )
+        return done
+
+    def check_all(self, paths, expect: dict) -> None:
+        """`check` of every file of `paths`, before any is read: every refused file in one error (`each`)."""
+        self.each(paths, lambda path: self.check(path, expect))
 
     def read_record(self, path: str | Path) -> dict:
         """The record in `path`'s metadata (see the module docstring)."""
@@ -136,10 +171,14 @@ class Artifact:
             raise self.unusable(path, f"is damaged or truncated ({first_line(error)})") from None
 
     def read_tables(self, paths, expect: dict) -> pd.DataFrame:
-        """`read_table` of every file of `paths`, concatenated."""
+        """`read_table` of every file of `paths`, concatenated (every refused file in one error: `each`)."""
         import pandas as pd
 
-        return pd.concat([self.read_table(path, expect) for path in paths], ignore_index=True)
+        return pd.concat(self.each(paths, lambda path: self.read_table(path, expect)), ignore_index=True)
+
+    def read_all(self, paths, columns: list[str] | None = None) -> list[pd.DataFrame]:
+        """`read_parquet` of every file of `paths` (every refused file in one error: `each`)."""
+        return self.each(paths, lambda path: self.read_parquet(path, columns))
 
 
 def write_recorded(df: pd.DataFrame, path: str | Path, record: dict) -> None:
@@ -151,6 +190,33 @@ def write_recorded(df: pd.DataFrame, path: str | Path, record: dict) -> None:
 
 
 FIT_FILE = Artifact("fit file")  # the fit stage's parquet files, results/fit/**
+# The named inputs of the fit stage's rules that are fit files (rules/fit.smk)
+FIT_INPUTS = (
+    "global_fit",
+    "unigram",
+    "neural_cache",
+    "datastore",
+    "validation",
+    "capacity",
+    "warm",
+    "fits",
+    "others",
+    "dose",
+    "cross_user",
+    "headline",
+)
+
+
+def check_fit_inputs(inputs, record: dict) -> None:
+    """Every fit file among a job's named `inputs` (its snakemake.input: FIT_INPUTS) checked against `record`
+    before the job reads any of them: a refusal names every file that cannot be used, not the first."""
+    paths = []
+    for name in FIT_INPUTS:
+        value = inputs.get(name)
+        paths += [] if value is None else [value] if isinstance(value, str) else list(value)
+    FIT_FILE.check_all(paths, record)
+
+
 ROLES_FILE = Artifact("roles table", "corpus_roles")  # results/corpus/roles.parquet: the users' text
 USERS_FILE = Artifact("users table", "corpus")  # results/corpus/users.parquet: tokens and splits
 ATTENTION_RUN = Artifact("attention run file", "attention_train")  # results/attention/**.parquet

@@ -37,15 +37,15 @@ COLUMNS = [
 ]
 
 with rule_logging(snakemake) as log:
-    table = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.evaluations), ignore_index=True)
+    table = pd.concat(ATTENTION_RUN.read_all(snakemake.input.evaluations), ignore_index=True)
     table = table[COLUMNS].sort_values([*KEYS, "seed", "eval_len", "level"], kind="stable")
-    sweep = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.sweeps), ignore_index=True)
+    sweep = pd.concat(ATTENTION_RUN.read_all(snakemake.input.sweeps), ignore_index=True)
     sweep = sweep[
         [*KEYS, "lr", "seed", "val_loss", "val_token_acc", "diverged", *PROGRESS, "chosen", "extended", "lr_at_edge"]
     ]
     sweep = sweep.sort_values([*KEYS, "lr", "seed"], kind="stable")
     chosen = sweep[sweep["chosen"]][[*KEYS, "lr", "seed"]]
-    curves = pd.concat(map(ATTENTION_RUN.read_parquet, snakemake.input.curves), ignore_index=True).merge(chosen)
+    curves = pd.concat(ATTENTION_RUN.read_all(snakemake.input.curves), ignore_index=True).merge(chosen)
     curves = curves[
         [*KEYS, "lr", "seed", "step", "train_loss", "val_loss", "val_token_acc", "score_abs", "attention_grad_norm"]
     ]

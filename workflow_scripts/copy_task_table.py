@@ -9,11 +9,11 @@ import pandas as pd
 COLUMNS = ["attention", "seed", "train_len", "eval_len", "final_loss", "token_acc", "seq_acc"]
 
 with rule_logging(snakemake) as log:
-    table = pd.concat(map(COPY_TASK_RUN.read_parquet, snakemake.input.evaluations), ignore_index=True)
+    table = pd.concat(COPY_TASK_RUN.read_all(snakemake.input.evaluations), ignore_index=True)
     table = table[COLUMNS].sort_values(["attention", "seed", "eval_len"], kind="stable")
     summary = table.groupby(["attention", "eval_len"])[["token_acc", "seq_acc"]].agg(["min", "mean"])
     log.info("token and sequence accuracy on the copied half over seeds:\n%s", summary.to_string())
-    curves = pd.concat(map(COPY_TASK_RUN.read_parquet, snakemake.input.curves), ignore_index=True)
+    curves = pd.concat(COPY_TASK_RUN.read_all(snakemake.input.curves), ignore_index=True)
     trend = curves.groupby(["attention", "seed"])["loss"].agg(best="min", final="last")
     log.info(
         "copy loss at train_len along training, best and final (a final far above the best means "

@@ -2,7 +2,7 @@
 cache baselines' arms, for the users of one fit job (each user's base distribution computed once), each refit warm
 from its validation path's ball at the chosen radius."""
 
-from uph.artifacts import FIT_FILE, job_record, write_recorded
+from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.lm.jobs.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.lm.jobs.refit import fit_users
 from uph.lm.jobs.validate import warm_starts
@@ -13,6 +13,7 @@ import torch
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    check_fit_inputs(snakemake.input, record)  # every stale or damaged fit file in one line
     thetas_g = global_thetas(FIT_FILE.read_tables(snakemake.input.global_fit, record))
     choices = FIT_FILE.read_table(snakemake.input.capacity, record)
     fit = FitConfig.from_config(snakemake.params.fit)

@@ -1,7 +1,7 @@
 """Rule capacity: every arm's capacity (radius, or the unigram's lambda) chosen from the validation rows of
 fit_global and every validate job (uph.lm.engine.capacity)."""
 
-from uph.artifacts import job_record, write_recorded
+from uph.artifacts import check_fit_inputs, job_record, write_recorded
 from uph.lm.engine.capacity import EDGES
 from uph.lm.jobs.choices import capacity_choices
 from uph.lm.jobs.tables import read_in_user_order
@@ -9,6 +9,7 @@ from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    check_fit_inputs(snakemake.input, record)  # every stale or damaged fit file in one line
     validation = read_in_user_order(snakemake.input.validation, record)
     choices = capacity_choices(validation)
     for _, row in choices[choices["at_edge"].isin(EDGES)].iterrows():

@@ -4,7 +4,7 @@ point is a point of fit.cross_user (rule cross_user), or the point the summary r
 headline_point's pick; no rows when fit.cross_user lists that point already). The table job gathers the
 blocks."""
 
-from uph.artifacts import FIT_FILE, job_record, write_recorded
+from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.lm.engine.heads import HeadSettings
 from uph.lm.jobs.choices import Point
 from uph.lm.jobs.controls import cross_user, residual_thetas
@@ -17,6 +17,7 @@ import torch
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     record = job_record(snakemake.input.model, fit=snakemake.params.heads, extract=snakemake.params.cache)
+    check_fit_inputs(snakemake.input, record)  # every stale or damaged fit file in one line
     if "headline" in snakemake.input.keys():
         pick = FIT_FILE.read_table(snakemake.input.headline, record).iloc[0]
         point, solver, listed = Point.of(pick["head"], pick["alpha"], pick["d"]), pick["solver"], bool(pick["listed"])

@@ -2,7 +2,7 @@
 and the others control as the report picks it (uph.report.study.best_beyond_global); `listed` when
 fit.cross_user lists it already, so its cross_user_headline blocks write no rows."""
 
-from uph.artifacts import FIT_FILE, job_record, write_recorded
+from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.lm.jobs.choices import Point
 from uph.lm.jobs.tables import personalization_table, read_in_user_order
 from uph.logs import rule_logging
@@ -14,6 +14,7 @@ import pandas as pd
 
 with rule_logging(snakemake) as log:
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    check_fit_inputs(snakemake.input, record)  # every stale or damaged fit file in one line
     table = personalization_table(
         json.loads(open(snakemake.input.model).read())["name"],
         read_in_user_order(snakemake.input.fits, record),  # as the table job reads them: the same pick

@@ -3,7 +3,7 @@ each user's held-out text of every method (the full bias too) scored with the gl
 the other users' residual thetas, the heads on a cache with the mean of the other users' thetas on it, and
 the neural cache with a store of the same size drawn from the other users' (uph.lm.jobs.controls.others)."""
 
-from uph.artifacts import FIT_FILE, job_record, write_recorded
+from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.lm.jobs.controls import others, residual_thetas
 from uph.lm.jobs.fit_job import CACHES, FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.logs import rule_logging
@@ -13,6 +13,7 @@ import torch
 with rule_logging(snakemake) as log:
     torch.set_num_threads(snakemake.threads)
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    check_fit_inputs(snakemake.input, record)  # every stale or damaged fit file in one line
     fits = FIT_FILE.read_tables(snakemake.input.fits, record)
     residuals = residual_thetas(fits)
     cache_thetas = {cache: residual_thetas(fits, f"theta_{prefix}") for cache, prefix in CACHES.items()}

@@ -2,7 +2,7 @@
 Markdown and LaTeX beside them (no timings: the tables are deterministic; wall time per job is in
 results/benchmarks)."""
 
-from uph.artifacts import FIT_FILE, job_record
+from uph.artifacts import FIT_FILE, check_fit_inputs, job_record
 from uph.io import write_table
 from uph.lm.jobs.tables import (
     capacity_table,
@@ -22,6 +22,7 @@ import pandas as pd
 with rule_logging(snakemake) as log:
     model = json.loads(open(snakemake.input.model).read())["name"]
     record = job_record(snakemake.input.model, fit=snakemake.params.fit, extract=snakemake.params.cache)
+    check_fit_inputs(snakemake.input, record)  # every stale or damaged fit file in one line
     n_boot = snakemake.params.bootstrap
     fits = {path: FIT_FILE.read_table(path, record) for path in snakemake.input.fits}
     check_unique_users(fits)

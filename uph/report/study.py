@@ -42,8 +42,8 @@ def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy
     return Study(
         **frames,
         copy_task_vocab=copy_task_vocab,
-        copy_task_curves=pd.concat(map(COPY_TASK_RUN.read_parquet, copy_task_curves), ignore_index=True),
-        feedback_curves=pd.concat(map(FEEDBACK_RUN.read_parquet, feedback_curves), ignore_index=True),
+        copy_task_curves=pd.concat(COPY_TASK_RUN.read_all(copy_task_curves), ignore_index=True),
+        feedback_curves=pd.concat(FEEDBACK_RUN.read_all(feedback_curves), ignore_index=True),
     )
 
 

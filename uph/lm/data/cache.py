@@ -267,15 +267,22 @@ def read_users(paths, model_dir: str | Path, users_path: str | Path, extract: di
     """Every user of the shard files `paths` (or the users `only` of them: a fit job's, uph.lm.jobs.partition),
     in user order, each file read checked against the model in `model_dir`, the users table `users_path`
     (results/corpus/users.parquet) and the job's extract keys `extract` (context, dtype, shards;
-    `job_params(config["extract"], EXTRACT_KEYS)`); a file that holds none of `only` is not read."""
+    `job_params(config["extract"], EXTRACT_KEYS)`); a file that holds none of `only` is not read. The files
+    refused are named in one error (uph.artifacts.Artifact.each)."""
     users = USERS_FILE.read_parquet(users_path, ["user_id", "n_tokens", "train_end", "test_start", "tokens"])
     identity = cache_identity(read_model_identity(model_dir), extract["dtype"], extract["context"])
     wanted = None if only is None else set(only)
-    states: dict[str, UserStates] = {}
+    expected = {}
     for path in paths:
         manifest = shard_manifest(users, shard_number(path), extract["shards"])
-        if wanted is not None and not wanted & set(manifest["users"]):
-            continue
-        held = read_shard(path, {**identity, **manifest})
-        states.update(held if wanted is None else {user: held[user] for user in held if user in wanted})
+        if wanted is None or wanted & set(manifest["users"]):
+            expected[path] = {**identity, **manifest}
+
+    def wanted_of(path) -> dict[str, UserStates]:
+        held = read_shard(path, expected[path])
+        return held if wanted is None else {user: held[user] for user in held if user in wanted}
+
+    states: dict[str, UserStates] = {}
+    for held in CACHE_FILE.each(expected, wanted_of):  # every refused file named at once
+        states.update(held)
     return dict(sorted(states.items()))

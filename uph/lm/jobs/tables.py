@@ -233,16 +233,21 @@ def cross_user_table(model: str, blocks: list[pd.DataFrame]) -> pd.DataFrame:
 
 def check_unique_users(tables: dict, keys=("head", "alpha", "d", "solver"), user: str = "user") -> None:
     """`tables`: file -> its rows (pandas). A user must appear in at most one file at each `keys`;
-    twice means a cache shard was copied over another, and its fits would count the user twice."""
+    twice means a cache shard was copied over another, and its fits would count the user twice. Every pair
+    of files that share users is named in one error (with its first such user), so one round of deleting
+    them is enough."""
     seen: dict[tuple, str] = {}
+    pairs: dict[tuple[str, str], str] = {}  # (first file, second file) -> the first user both hold, where
     for path, rows in tables.items():
         if rows.empty:  # a shard the hash left without users
             continue
         for row in rows[[*keys, user]].drop_duplicates().itertuples(index=False):
             first = seen.setdefault(row, path)
-            if first != path:
+            if first != path and (first, path) not in pairs:
                 where = " ".join(f"{k}={v}" for k, v in zip(keys, row))
-                raise CacheError(
-                    f"user {row[-1]!r} is in both '{first}' and '{path}' ({where}): results of one shard "
-                    "were copied over another; delete both and run snakemake again"
-                )
+                pairs[first, path] = f"user {row[-1]!r} is in both '{first}' and '{path}' ({where})"
+    if pairs:
+        fix = "delete both" if len(pairs) == 1 else "delete them"
+        raise CacheError(
+            f"{'; '.join(pairs.values())}: results of one shard were copied over another; {fix} and run snakemake again"
+        )
