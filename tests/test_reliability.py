@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import REPO, snakemake, snakemake_command
+from conftest import REPO, files_under, snakemake, snakemake_command
 
 from uph.artifacts import FIT_FILE, check_fit_inputs, write_recorded
 from uph.attention.copy_task import CopyTaskConfig
@@ -1251,6 +1251,73 @@ def test_a_deleted_run_file_is_rebuilt_and_the_tables_are_the_same(tiny_study, t
     run = snakemake(workdir, "results/tables/copy_task.csv")
     assert run.returncode == 0, run.stderr[-3000:]
     assert planned_jobs(run) == {"copy_task_train": 1, "copy_task_table": 1}
+    assert_tables_equal_the_reference(workdir, tiny_study)
+
+
+# Every file a job writes is a declared output, and a target: a deleted one is rebuilt by the next `snakemake`.
+
+
+def test_a_deleted_table_companion_or_model_file_is_rebuilt_by_the_next_snakemake(tiny_study, tmp_path):
+    """A table's Markdown, LaTeX or code record (.code.json, which provenance reads) deleted: the default
+    target reruns the table's job alone (and the aggregate stage after its tables) and every file is the
+    study's again. A model folder's config.json or weights deleted plans the model stage (a dry run: the
+    whole chain follows the model)."""
+    workdir = copy_study(tiny_study, tmp_path)
+    for name in ("config.json", "model.safetensors"):
+        path = workdir / "results/model" / name
+        path.unlink()
+        run = snakemake(workdir, "-n")
+        assert run.returncode == 0, run.stdout[-3000:]
+        assert {"model_candidate", "model"} <= set(job_stats(run)), name
+        assert re.search(rf"^    reason: Missing output files: results/model/{name}", run.stdout, re.M), name
+        shutil.copy2(tiny_study.workdir / "results/model" / name, path)  # back, as it was
+    deleted = [
+        "results/tables/personalization.md",
+        "results/tables/cross_user.tex",
+        "results/tables/copy_task.code.json",
+        "results/tables/gram_resilience.md",
+        "results/tables/attention_sweep.code.json",
+        "results/tables/feedback.tex",
+    ]
+    for path in deleted:
+        (workdir / path).unlink()
+    run = snakemake(workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert planned_jobs(run) == dict.fromkeys(
+        ("personalization_table", "copy_task_table", "gram_resilience", "attention_table", "feedback_table"), 1
+    )
+    assert files_under(workdir, ["results/tables"]) == files_under(tiny_study.workdir, ["results/tables"])
+    again = snakemake(workdir, "-n")
+    assert "Nothing to be done" in again.stdout, again.stdout[-3000:]
+
+
+def test_fit_files_of_another_run_are_refused_in_one_line_and_one_round_of_deleting_them_is_enough(
+    tiny_study, tmp_path
+):
+    """Two fit files left by a run of another model: the table job names both in one line (it named the
+    first, then the next after it was deleted); deleting both, as the line says, rebuilds them and the
+    tables are the study's."""
+    workdir = copy_study(tiny_study, tmp_path)
+    stale = ["results/fit/job~0/others.parquet", "results/fit/job~0/cross_user-headline.parquet"]
+    for path in stale:
+        stat = (workdir / path).stat()
+        rewrite_for_another_model(workdir / path)
+        os.utime(workdir / path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # at rest: it looks up to date
+    run = snakemake(workdir, "--forcerun", "personalization_table", *LM_TABLES)
+    assert run.returncode != 0
+    marker = " personalization_table ERROR "
+    [error] = [line.split(marker)[1] for line in run.stderr.splitlines() if marker in line]
+    weights = json.loads((workdir / "results/model/identity.json").read_text())["weights_sha256"]
+    why = f"was built for something else: weights_sha256='{'0' * 64}' (expected '{weights}')"
+    assert error == (
+        f"2 fit files cannot be used: '{stale[0]}' {why}; '{stale[1]}' {why}; delete them and run snakemake again"
+    )
+    for path in stale:
+        (workdir / path).unlink()
+    run = snakemake(workdir, *LM_TABLES)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rebuilt = ("fit_others", "headline_point", "cross_user_headline", "personalization_table")
+    assert planned_jobs(run) == dict.fromkeys(rebuilt, 1)
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 

@@ -348,8 +348,11 @@ def check_against_model(config: dict, model_identity: dict) -> None:
 
 def check_context(context: int, model_dir: str | Path) -> None:
     """extract.context fits in the model's positions (config.json of its materialized folder): longer
-    windows would index past a learned position table or run RoPE beyond what the model was trained on."""
+    windows would index past a learned position table or run RoPE beyond what the model was trained on. A
+    folder without its config.json (deleted: the model job rebuilds it) is checked once it has one again."""
     path = Path(model_dir) / MODEL_CONFIG
+    if not path.is_file():
+        return
     model_config = json.loads(path.read_text())
     positions = next((model_config[k] for k in ("max_position_embeddings", "n_positions") if k in model_config), None)
     if positions is not None and context > positions:
