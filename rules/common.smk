@@ -83,8 +83,9 @@ def extract_threads(wildcards):
 
 
 def results(*parts):
-    """Path under the configured results folder."""
-    return os.path.join(RESULTS, *map(str, parts))
+    """Path under the configured results folder (config key `results`, as uph.config.results_folder wrote it:
+    normalized; where it is the working directory itself, the paths name no folder, never `./`)."""
+    return os.path.join(*([] if RESULTS == os.curdir else [RESULTS]), *map(str, parts))
 
 
 def shard_paths():

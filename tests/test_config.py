@@ -8,7 +8,7 @@ import torch
 import yaml
 from conftest import REPO
 
-from uph.config import schema_defaults, validate
+from uph.config import results_folder, schema_defaults, validate
 from uph.device import (
     BRANCH_DEFAULTS,
     bfloat16_native,
@@ -273,3 +273,35 @@ def test_the_advice_for_a_number_read_as_text_followed_literally_gives_the_numbe
     written = re.search(r"write it as (\S+) ", str(error.value)).group(1)
     config["fit"].update(yaml.safe_load(f"{{{key}: {written}}}"))
     assert validate(config)["fit"][key] == value
+
+
+@pytest.mark.parametrize(
+    "given, written",
+    [
+        ("runs/x", "runs/x"),
+        ("./runs/x", "runs/x"),
+        ("runs/x/", "runs/x"),
+        ("./runs//x/./", "runs/x"),
+        ("runs/../runs/x", "runs/x"),
+        ("{cwd}/runs/x/", "runs/x"),  # an absolute path under the working directory
+        ("link/", "link"),  # a symlink to a folder: as written, the folder read and written through it
+        (".", "."),
+        ("{cwd}", "."),
+        ("../elsewhere/x/", "{parent}/elsewhere/x"),  # outside the working directory: absolute
+        ("/srv/runs/x/", "/srv/runs/x"),
+    ],
+)
+def test_the_results_folder_is_written_as_the_rules_spell_their_paths(tmp_path, given, written):
+    cwd = tmp_path / "work"
+    (cwd / "x").mkdir(parents=True)
+    (cwd / "link").symlink_to(cwd / "x")
+    spell = {"cwd": str(cwd), "parent": str(tmp_path)}
+    assert results_folder(given.format(**spell), cwd) == written.format(**spell)
+
+
+def test_validation_writes_the_results_folder_normalized(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+    config["results"] = "./runs/x/"
+    assert validate(config)["results"] == "runs/x"
+    assert validate(config)["results"] == "runs/x"  # once normalized, the same

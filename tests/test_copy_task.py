@@ -155,7 +155,9 @@ def test_schema_defaults_are_the_embedded_default():
 
 
 def test_snakemake_runs_the_copy_task_stage_on_the_test_config(tmp_path):
-    targets = [f"{tmp_path}/results/tables/{name}.csv" for name in ("copy_task", "gram_resilience")]
+    """`results` written as an absolute path under the working directory is `results` there (uph.config.
+    results_folder): the targets name it so."""
+    targets = [f"results/tables/{name}.csv" for name in ("copy_task", "gram_resilience")]
     run = subprocess.run(
         [
             SNAKEMAKE,
@@ -177,7 +179,7 @@ def test_snakemake_runs_the_copy_task_stage_on_the_test_config(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     cfg = yaml.safe_load((REPO / "config/test.yaml").read_text())["copy_task"]
-    table = pd.read_csv(targets[0])
+    table = pd.read_csv(tmp_path / targets[0])
     assert list(table.columns) == ["attention", "seed", "train_len", "eval_len", "final_loss", "token_acc", "seq_acc"]
     lengths = sorted({cfg["train_len"], *cfg["eval_lens"]})
     assert len(table) == len(cfg["attentions"]) * len(cfg["seeds"]) * len(lengths)
@@ -186,7 +188,7 @@ def test_snakemake_runs_the_copy_task_stage_on_the_test_config(tmp_path):
         for seed in cfg["seeds"]:
             curves = pd.read_parquet(tmp_path / f"results/copy_task/attention~{attention}/seed~{seed}/curves.parquet")
             assert curves["step"].iloc[-1] == cfg["steps"] and (curves["attention"] == attention).all()
-    resilience = pd.read_csv(targets[1])
+    resilience = pd.read_csv(tmp_path / targets[1])
     assert list(zip(resilience["magnitude"], resilience["dot"], resilience["gram"])) == SEED_TABLE
     assert (tmp_path / "results/tables/copy_task.md").exists() and (tmp_path / "results/tables/copy_task.tex").exists()
     assert (tmp_path / "results/benchmarks/copy_task_table.tsv").exists()

@@ -666,9 +666,8 @@ def test_unwritable_results_folder_stops_at_dag_build(tmp_path):
         config = config_file(tmp_path, lambda c: c.update(results=f"{tmp_path}/shared/results"))
         run = snakemake(tmp_path, config=config)
     assert run.returncode != 0
-    assert (
-        f"config key 'results': folder '{tmp_path}/shared/results' cannot be created: '{tmp_path}/shared' "
-        "is not writable"
+    assert (  # named as the rules spell it: under the working directory, relative (uph.config.results_folder)
+        f"config key 'results': folder 'shared/results' cannot be created: '{tmp_path}/shared' is not writable"
     ) in run.stderr.splitlines()
     with pytest.raises(ConfigError, match=r"^config key 'results': folder '.*/config.yaml' is not a folder$"):
         check_results_folder(tmp_path / "config.yaml")
@@ -1319,6 +1318,57 @@ def test_fit_files_of_another_run_are_refused_in_one_line_and_one_round_of_delet
     rebuilt = ("fit_others", "headline_point", "cross_user_headline", "personalization_table")
     assert planned_jobs(run) == dict.fromkeys(rebuilt, 1)
     assert_tables_equal_the_reference(workdir, tiny_study)
+
+
+# The config key `results`, however written (./x/, an absolute path, a symlink to the folder), names the same
+# files (uph.config.results_folder): the same jobs planned, targets matching, and none of Snakemake's warnings.
+
+RESULTS_SPELLINGS = {  # case -> (config key results, a target of the copy-task table, the folder as the rules name it)
+    "relative": ("results", "results/tables/copy_task.csv", "results"),
+    "dot-slash": ("./results/", "./results/tables/copy_task.csv", "results"),
+    "absolute": ("{study}/results", "results/tables/copy_task.csv", "results"),
+    "symlink": ("linked/", "linked/tables/copy_task.csv", "linked"),  # linked -> results
+    "outside": ("{study}/results", "{study}/results/tables/copy_task.csv", "{study}/results"),  # from elsewhere
+}
+
+
+@pytest.fixture(scope="module")
+def spelled_runs(tiny_study, tmp_path_factory):
+    """case -> (the folder as the rules name it, a dry run of the default target, one of the copy-task table),
+    each on a copy of the study with one copy-task run file deleted (so that every spelling has jobs to plan)."""
+
+    def dry_runs(case):
+        tmp = tmp_path_factory.mktemp(f"spelled-{case}")
+        study = copy_study(tiny_study, tmp)
+        (study / "results/copy_task/attention~triple/seed~0/eval.parquet").unlink()
+        (study / "linked").symlink_to("results")
+        workdir = tmp / "elsewhere" if case == "outside" else study
+        workdir.mkdir(exist_ok=True)
+        results, target, folder = (spelling.format(study=study) for spelling in RESULTS_SPELLINGS[case])
+        runs = [snakemake(workdir, "-n", *targets, "--config", f"results={results}") for targets in ([], [target])]
+        return folder, *runs
+
+    return two_at_a_time(dry_runs, RESULTS_SPELLINGS)
+
+
+def planned_outputs(run, folder: str) -> list[str]:
+    """Every output a dry run plans, its results folder `folder` written as `results`."""
+    outputs = re.findall(r"^    output: (.*)$", run.stdout, re.M)
+    return sorted(path.replace(folder, "results", 1) for line in outputs for path in line.split(", "))
+
+
+@pytest.mark.parametrize("case", RESULTS_SPELLINGS)
+def test_the_results_folder_written_any_way_plans_the_same_jobs_without_warnings(spelled_runs, case):
+    folder, run, table = spelled_runs[case]
+    _, reference, _ = spelled_runs["relative"]
+    for dry_run in (run, table):
+        assert dry_run.returncode == 0, dry_run.stdout[-3000:] + dry_run.stderr[-3000:]
+        output = dry_run.stdout + dry_run.stderr
+        assert not re.search(r"warning|relative file path|starts with './'", output, re.I), output[-3000:]
+    assert job_stats(run) == job_stats(reference)
+    assert planned_jobs(run) == {"copy_task_train": 1, "copy_task_table": 1}
+    assert planned_outputs(run, folder) == planned_outputs(reference, "results")
+    assert job_stats(table) == {"copy_task_train": 1, "copy_task_table": 1}
 
 
 def test_unlock_works_whatever_the_config(tmp_path):

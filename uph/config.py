@@ -2,7 +2,8 @@
 
 `validate(config, schema_dir)` fills defaults in place, reads an integral float of an integer key as that
 integer (YAML's 2.0: JSON Schema counts it an integer, and it would reach the code as a float), and raises
-`ConfigError` with one line naming the offending key, e.g. ``config key 'extract.shards': 0 is less than
+`ConfigError` with one line naming the offending key, writes `results` as the rules spell their paths
+(`results_folder`: `./runs/x`, `runs/x/` and its absolute path are `runs/x`), e.g. ``config key 'extract.shards': 0 is less than
 the minimum of 1`` or ``config key 'extract.shards': 2.5 is not a whole number; write an integer``
 (`ModelError` for a local model folder without weights, or with a weights file cut short; config.yaml's
 GGUF file name carried over to another model.source is dropped with a warning). `check_results_folder` and
@@ -164,6 +165,7 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
                 f"config key '{where}': {error.instance!r} is text, not a number; {_how_to_write(error.instance)}"
             )
         raise ConfigError(f"config key '{where}': {error.message}")
+    config["results"] = results_folder(config["results"])
     _check_across_keys(config, gguf_dropped_for)
     return config
 
@@ -213,6 +215,18 @@ def _check_finite(value, path=()) -> None:
             _check_finite(item, (*path, i))
     elif isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"config key '{key_path(path)}': {value} is not a finite number")
+
+
+def results_folder(results: str, cwd: str | Path | None = None) -> str:
+    """Config key `results` as the rules spell their paths, so that every spelling of one folder names the
+    same files and a target given either way matches them: normalized (os.path.normpath: `./runs/x` and
+    `runs/x/` are `runs/x`), relative where it lies under the working directory `cwd` (default: the
+    current one; its absolute path too), else absolute. A symlink stays as written: the folder it points to
+    is read and written through it."""
+    cwd = os.path.abspath(os.getcwd() if cwd is None else cwd)
+    absolute = os.path.normpath(os.path.join(cwd, results))
+    relative = os.path.relpath(absolute, cwd)
+    return absolute if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
 
 
 def check_results_folder(results: str | Path) -> None:
