@@ -16,6 +16,9 @@ report: "report/workflow.rst"  # front page of `snakemake --report`
 
 # `--unlock` needs no rules: it works whatever the config or the results folder hold.
 if "--unlock" not in sys.argv:
+    from uph.interrupts import exit_status, noting, quiet_while_building
+
+    quiet_while_building(workflow)  # Ctrl-C before Snakemake's lock: one line, exit 130
 
     include: "rules/common.smk"
     include: "rules/corpus.smk"
@@ -28,7 +31,6 @@ if "--unlock" not in sys.argv:
     include: "rules/aggregate.smk"
 
     check_results()
-    write_settings()  # once the config passed every check: a refused config never touches them
 
     # Seconds-long jobs (tables read small, the model install moves a folder): on a cluster they run beside
     # Snakemake, not in the queue.
@@ -44,14 +46,19 @@ if "--unlock" not in sys.argv:
         aggregate,
         provenance,
 
-    note_interrupts()
+    # Once Snakemake holds its lock: Ctrl-C stops the jobs and the run exits 130 (uph.interrupts); files
+    # dated in the future (a copy from a clock running ahead) are dated now, or every job reading one fails;
+    # the records note the new dates of unchanged outputs, so the next DAG build need not read them again.
+    onstart:
+        noting(workflow)
+        redate_future_files(RESULTS)
+        RECORDS.note_dates()
 
-    # A settings file this run rewrote that no job used is put back (uph.stage_settings); Ctrl-C exits 130.
     onsuccess:
-        finished(failed=False)
+        exit_status(failed=False)
 
     onerror:
-        finished(failed=True)
+        exit_status(failed=True)
 
     rule all:
         default_target: True

@@ -8,7 +8,7 @@ rule aggregate:
         tables=[results("tables", f"{name}.csv") for name in TABLES],
         copy_task_curves=rules.copy_task_table.input.curves,
         feedback_curves=rules.feedback_table.input.runs,
-        settings=settings("aggregate"),
+        record=check_record("aggregate"),
     output:
         png=[
             report(results("figures", f"{name}.png"), caption=f"../report/figures/{name}.rst", category=spec.category)
@@ -32,7 +32,7 @@ rule provenance:
     input:
         model=rules.model.output.identity,
         summary=rules.aggregate.output.summary,  # last: every other job's benchmark file is written
-        settings=settings("provenance"),
+        record=check_record("provenance"),
     output:
         report(results("provenance.json"), caption="../report/provenance.rst", category="Provenance"),
     log:
@@ -40,7 +40,7 @@ rule provenance:
     benchmark:
         results("benchmarks", "provenance.tsv")
     params:
-        config=config,
+        **SETTINGS["provenance"],
         repo=workflow.basedir,
         benchmarks=lambda wildcards: benchmark_patterns(),
     script:

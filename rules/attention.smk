@@ -4,7 +4,7 @@
 
 rule attention_train:
     input:
-        settings=settings("attention_train"),
+        record=check_record("attention_train"),
     output:
         curves=f"{ATTENTION_JOB}/curves.parquet",
         sweep=f"{ATTENTION_JOB}/sweep.parquet",
@@ -23,7 +23,6 @@ rule attention_train:
     params:
         # not the lists the wildcards pick: adding or dropping a task (model, kind) reruns no other job
         **SETTINGS["attention_train"],
-        device=job_device("attention"),
     script:
         "../workflow_scripts/attention_train.py"
 
@@ -33,7 +32,7 @@ rule attention_table:
         evaluations=attention_runs("eval.parquet"),
         sweeps=attention_runs("sweep.parquet"),
         curves=attention_runs("curves.parquet"),
-        settings=settings("attention_table"),
+        record=check_record("attention_table"),
     output:
         **table_outputs("attention", category="Attention study"),
         **table_outputs("attention_sweep", "sweep"),

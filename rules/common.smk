@@ -1,8 +1,6 @@
 # Helpers shared by every stage: config validation, paths, targets.
 import hashlib
 import os
-import re
-import signal
 from pathlib import Path
 
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
@@ -18,6 +16,7 @@ from uph.config import (
     check_against_model,
     check_context,
     check_results_folder,
+    computed_config,
     claim_results_folder,
     cross_user_solver,
     HEAD_KEYS,
@@ -31,16 +30,15 @@ from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.io import table_files
 from uph.model_identity import IDENTITY, MODEL_CONFIG, WEIGHTS, folder_digest, read_identity
-from uph import stage_settings
-from snakemake.io import regex_from_filepattern
-from uph.stage_settings import plans_only
+from uph.records import Records, redate_future_files
+from snakemake.io import apply_wildcards
 
 
 def gguf_dropped_for():
     """The model.source whose results folder's model was made without config.yaml's carried-over GGUF file
-    (its settings file: model.gguf_file None): only the first run on that folder warns that it drops it."""
+    (its record: model.gguf_file None): only the first run on that folder warns that it drops it."""
     results = config.get("results", "results")
-    made = (stage_settings.read(results, "model") or {}).get("model", {}) if isinstance(results, str) else {}
+    made = Records.settings_of(results, "model").get("model", {}) if isinstance(results, str) else {}
     return made.get("source") if isinstance(made, dict) and made.get("gguf_file", "") is None else None
 
 
@@ -216,10 +214,9 @@ def extract_settings():
     return {**job_settings(extract), "batch_size": batch_windows(extract["batch_size"], extract["context"], on)}
 
 
-# What each rule's outputs rest on besides their input files: its params but the device (a rule's own
-# `params: **SETTINGS[rule]`), or for a table the config keys that list what it gathers. Each is also the
-# rule's input <results>/settings/<rule>.json (`settings`), rewritten only where it changes: Snakemake then
-# reruns the jobs whose settings changed, and what is built from them, for any target, history or not.
+# What each rule's outputs rest on besides their input files: its params (a rule's own
+# `params: **SETTINGS[rule]`), never the device; for a table the config keys that list what it gathers.
+# A job records them with its outputs, and the DAG build checks each job's record (check_record).
 SETTINGS = {
     "corpus_roles": {"source": config["corpus"]["source"], "plays": config["corpus"]["plays"]},
     "corpus": {
@@ -258,23 +255,27 @@ SETTINGS = {
     **{f"feedback_train-{method}": {"feedback": feedback_settings(method)} for method in config["feedback"]["methods"]},
     "feedback_table": {"gathers": job_params(config["feedback"], ("methods", "seeds"))},
     "aggregate": {"copy_task_vocab": COPY_TASK["vocab"]},
-    "provenance": {"config": job_params(config)},
+    "provenance": {"config": computed_config(config)},
 }
-SETTINGS_FILES = {}  # rule -> its settings file, once the config passed every check (write_settings)
-WRITTEN = []  # the settings files this run rewrites (uph.stage_settings.Rewrite)
+RECORDS = Records(RESULTS) if workflow.is_main_process else None  # a cluster job runs what it is sent
 
 
-def rule_of(name):
-    """The name of the rule SETTINGS[name] belongs to (feedback_train-<method> to feedback_train)."""
-    return name.split("-")[0]
+def check_record(name):
+    """Input function of every rule (it adds no file): where a job's outputs all exist but its record
+    (uph.records) is missing or not what the config and the inputs give now, the job is forced to run,
+    and Snakemake reruns what is built from it, whatever the mtimes or the run history."""
 
+    def check(wildcards):
+        if RECORDS is None or workflow.dag is None:
+            return []
+        made_by = workflow.get_rule(name)
+        params = {key: value(wildcards) if callable(value) else value for key, value in made_by.params.items()}
+        outputs = [apply_wildcards(str(pattern), wildcards) for pattern in made_by.output]
+        if RECORDS.needs_rerun(name, dict(wildcards.items()), params, outputs):
+            workflow.dag.forcefiles.update(outputs)
+        return []
 
-def settings(name):
-    """Rule `name`'s settings file as its input (uph.stage_settings): known only after the DAG build's
-    checks (write_settings), hence a function; "feedback_train" has one per method."""
-    if name == "feedback_train":
-        return lambda wildcards: SETTINGS_FILES[f"feedback_train-{wildcards.method}"]
-    return lambda wildcards: SETTINGS_FILES[name]
+    return check
 
 
 def table_outputs(name, key="csv", category=None):
@@ -314,8 +315,9 @@ def feedback_targets():
 
 
 def benchmark_patterns():
-    """Name of each rule with a benchmark file -> the file's pattern (with wildcard constraints)."""
-    return {rule.name: str(rule.benchmark) for rule in workflow.rules if rule.benchmark}
+    """Name of each rule with a benchmark file -> the file's pattern (with wildcard constraints), relative to
+    the results folder: a folder copied elsewhere keeps provenance's params."""
+    return {rule.name: os.path.relpath(str(rule.benchmark), RESULTS) for rule in workflow.rules if rule.benchmark}
 
 
 def aggregate_targets():
@@ -368,60 +370,3 @@ def check_results():
                 check_context(config["extract"]["context"], model_dir)
     except UphError as error:
         raise WorkflowError(str(error)) from None
-
-
-def write_settings():
-    """Once the config passed every check: the settings files (uph.stage_settings.plan), those whose content
-    changes written, and those of the rules that read an intermediate file that is missing (deleted, as a
-    refusal says) written again, so that any target rebuilds it and what is built from it. A cluster job's
-    own parse of the Snakefile only takes the paths the main process wrote."""
-    main = workflow.is_main_process
-    missing = {path for path in intermediate_targets() if not os.path.exists(path)} if main else set()
-    stale = set()
-    for reader in workflow.rules if missing else ():
-        inputs = [str(item) for item in reader.input if isinstance(item, str)]
-        patterns = [re.compile(regex_from_filepattern(item)) for item in inputs if "{" in item]
-        if missing & set(inputs) or any(pattern.match(path) for pattern in patterns for path in missing):
-            stale |= {name for name in SETTINGS if rule_of(name) == reader.name}
-    paths, rewrites = stage_settings.plan(RESULTS, SETTINGS, stale, plans_only(), writes=main)
-    SETTINGS_FILES.update(paths)
-    try:
-        for rewrite in rewrites:
-            rewrite.write()
-            WRITTEN.append(rewrite)
-    except UphError as error:
-        raise WorkflowError(str(error)) from None
-
-
-INTERRUPTED = []  # Ctrl-C seen by this snakemake (note_interrupts)
-
-
-def note_interrupts():
-    """Note a Ctrl-C (SIGINT) to the main snakemake process, then handle it as Snakemake does (it stops the
-    jobs, and every job ends with status 130: uph.errors.quiet_interrupts): a stopped run then exits 130, as
-    a command a shell's Ctrl-C stopped does (`finished`), not 1 as a failed one."""
-    previous = signal.getsignal(signal.SIGINT)
-    if not workflow.is_main_process or not callable(previous):  # a background run ignores SIGINT
-        return
-
-    def noted(signum, frame):
-        INTERRUPTED.append(signum)
-        return previous(signum, frame)
-
-    signal.signal(signal.SIGINT, noted)
-
-
-def finished(failed):
-    """onsuccess and onerror: the settings files no job used put back (restore_settings); a run stopped by
-    Ctrl-C exits 130."""
-    restore_settings()
-    if failed and INTERRUPTED:
-        raise SystemExit(130)
-
-
-def restore_settings():
-    """onsuccess and onerror: put back each settings file this run rewrote that no job of its rule used
-    (uph.stage_settings.Rewrite.restore)."""
-    for rewrite in WRITTEN:
-        name = rule_of(rewrite.rule)
-        rewrite.restore([str(f) for job in workflow.dag.jobs if job.rule.name == name for f in job.output])

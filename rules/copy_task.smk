@@ -4,7 +4,7 @@
 
 rule copy_task_train:
     input:
-        settings=settings("copy_task_train"),
+        record=check_record("copy_task_train"),
     output:
         curves=f"{COPY_TASK_JOB}/curves.parquet",
         evaluation=f"{COPY_TASK_JOB}/eval.parquet",
@@ -20,7 +20,6 @@ rule copy_task_train:
         gpu=gpus("copy_task"),
     params:
         **SETTINGS["copy_task_train"],
-        device=job_device("copy_task"),
     script:
         "../workflow_scripts/copy_task_train.py"
 
@@ -29,7 +28,7 @@ rule copy_task_table:
     input:
         evaluations=copy_task_runs("eval.parquet"),
         curves=copy_task_runs("curves.parquet"),
-        settings=settings("copy_task_table"),
+        record=check_record("copy_task_table"),
     output:
         **table_outputs("copy_task", category="Copy task"),
     log:
@@ -41,6 +40,8 @@ rule copy_task_table:
 
 
 rule gram_resilience:
+    input:
+        record=check_record("gram_resilience"),
     output:
         **table_outputs("gram_resilience", category="Copy task"),
     log:

@@ -4,7 +4,7 @@
 rule corpus_roles:
     input:
         corpus_file(),
-        settings=settings("corpus_roles"),
+        record=check_record("corpus_roles"),
     output:
         results("corpus", "roles.parquet"),
     log:
@@ -22,7 +22,7 @@ rule corpus:
     input:
         roles=rules.corpus_roles.output[0],
         model=results("model", "identity.json"),
-        settings=settings("corpus"),
+        record=check_record("corpus"),
     output:
         users=results("corpus", "users.parquet"),
     log:

@@ -5,7 +5,7 @@ rule extract:
     input:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
-        settings=settings("extract"),
+        record=check_record("extract"),
     output:
         results("cache", "shard-{shard}.parquet"),
     log:
@@ -19,7 +19,6 @@ rule extract:
         gpu=gpus("extract"),
     params:
         **SETTINGS["extract"],
-        device=job_device("extract"),
     script:
         "../workflow_scripts/extract.py"
 
@@ -27,7 +26,7 @@ rule extract:
 rule svd_basis:
     input:
         model=rules.model.output.identity,
-        settings=settings("svd_basis"),
+        record=check_record("svd_basis"),
     output:
         results("basis", "svd.safetensors"),
     log:

@@ -6,7 +6,7 @@
 rule feedback_train:
     input:
         roles=rules.corpus_roles.output[0],
-        settings=settings("feedback_train"),
+        record=check_record("feedback_train"),
     output:
         results("feedback", "method~{method}", "seed~{seed}", "curves.parquet"),
     log:
@@ -21,7 +21,6 @@ rule feedback_train:
         gpu=gpus("feedback"),
     params:
         feedback=lambda wildcards: SETTINGS[f"feedback_train-{wildcards.method}"]["feedback"],
-        device=job_device("feedback"),
     script:
         "../workflow_scripts/feedback_train.py"
 
@@ -31,7 +30,7 @@ rule feedback_table:
         runs=expand(
             rules.feedback_train.output[0], method=config["feedback"]["methods"], seed=config["feedback"]["seeds"]
         ),
-        settings=settings("feedback_table"),
+        record=check_record("feedback_table"),
     output:
         **table_outputs("feedback", category="Feedback"),
     log:

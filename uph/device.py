@@ -45,12 +45,29 @@ BRANCH_DEFAULTS = {"extract": None, "fit": None, "copy_task": "cpu", "attention"
 # Rules whose CUDA kernels include some without a deterministic version (SDPA and embedding backward):
 # they run without torch's deterministic mode and repeat on CUDA only to a tolerance.
 TRAINING_RULES = ("copy_task_train", "attention_train", "feedback_train")
+# The branch whose device each rule's jobs compute on (branch_device); rules not named use no torch device.
+FIT_RULES = ("fit_global", "fit_global_unigram", "fit_global_neural_cache", "validate", "fit", "fit_others")
+RULE_BRANCHES = {
+    "extract": "extract",
+    "copy_task_train": "copy_task",
+    "attention_train": "attention",
+    "feedback_train": "feedback",
+    **dict.fromkeys((*FIT_RULES, "cross_user", "cross_user_headline"), "fit"),
+}
 CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's deterministic workspace (read when its first handle is made)
 
 
 def branch_device(config: dict, branch: str) -> str:
     """The device `branch`'s jobs compute on (auto | cpu | cuda): its `<branch>.device`, else BRANCH_DEFAULTS."""
     return config[branch].get("device") or BRANCH_DEFAULTS[branch] or config["device"]
+
+
+def job_device(rule: str, config: dict) -> str | None:
+    """The configured device (auto | cpu | cuda) of a job of `rule`, from the run's config; None for a rule
+    that computes on no torch device. Not a param: a device moves rounding only, so changing it reruns no
+    job (uph.records)."""
+    branch = RULE_BRANCHES.get(rule)
+    return None if branch is None else branch_device(config, branch)
 
 
 def gpu_visible() -> bool:

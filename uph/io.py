@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from uph.errors import ConfigError
+from uph.errors import ArtifactError, ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,11 +74,15 @@ def atomic_path(path: str | Path):
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would make results private
         os.replace(tmp, path)
     except OSError as error:
-        if error.errno not in FULL + READ_ONLY:
-            raise
-        fix = "free space there" if error.errno in FULL else "make it writable or choose another 'results' folder"
-        raise ConfigError(
-            f"config key 'results': cannot write '{path}' ({error.strerror}); {fix} and run snakemake again"
+        if error.errno in FULL + READ_ONLY:
+            fix = "free space there" if error.errno in FULL else "make it writable or choose another 'results' folder"
+            raise ConfigError(
+                f"config key 'results': cannot write '{path}' ({error.strerror}); {fix} and run snakemake again"
+            ) from None
+        in_the_way = "a folder is at that path" if path.is_dir() else "something is in the way of that path"
+        raise ArtifactError(  # a folder, a file where a folder belongs, a link to nowhere
+            f"cannot write '{path}' ({error.strerror}): {in_the_way}; move it aside or delete it and run "
+            "snakemake again"
         ) from None
     finally:
         if tmp is not None and os.path.exists(tmp):

@@ -3,9 +3,9 @@
 Every job logs one line saying what it runs on and leaves the same as JSON beside its log,
 `<log>.device.json` (uph.device: host, device and its name, dtype, matmul precision, TF32 and
 determinism on CUDA; a CUDA job adds its peak device memory when it ends, uph.device.peak_device_memory);
-results/provenance.json gathers them per rule. A job with a `device` param sets
+results/provenance.json gathers them per rule. A job with a device (uph.device.job_device) sets
 up its device first (uph.device.setup_device); any other job records its host and CPU without
-importing torch.
+importing torch. A job that ends well writes its record last (uph.records): what made its outputs.
 
 Fault injection for testing retries: with the environment variable UPH_FAIL_ONCE=<rule name>, the
 first attempt of each job of that rule exits 1 before any work and leaves `<its log>.failed-once`
@@ -26,12 +26,14 @@ from uph.device import (
     describe,
     device_record,
     host_record,
+    job_device,
     peak_device_memory,
     resolve_dtype,
     setup_device,
 )
 from uph.errors import UphError
 from uph.io import write_json
+from uph.records import write_record
 from uph.warm import worker_job
 
 
@@ -64,16 +66,28 @@ def rule_logging(snakemake):
         log.info("peak device memory: %(peak_allocated_mib)d MiB allocated, %(peak_reserved_mib)d MiB reserved", peak)
         if snakemake.log:
             write_json({**record, **peak}, f"{snakemake.log[0]}.device.json")
+    record_job(snakemake)
     log.info("done in %.1f s", time.perf_counter() - start)
     if warm := worker_job():  # Snakemake's benchmark of a warm job measures the hand-over, not the worker
         log.info("the job's CPU time in the warm worker: %(cpu_seconds).1f s", warm)
 
 
+def record_job(snakemake) -> None:
+    """The job's record beside its outputs (uph.records): its params, its inputs' and outputs' digests."""
+    write_record(
+        snakemake.config["results"],
+        snakemake.rule,
+        dict(snakemake.wildcards.items()),
+        dict(snakemake.params.items()),
+        list(snakemake.input),
+        list(snakemake.output),
+    )
+
+
 def record_device(snakemake, log: logging.Logger) -> dict:
-    """Set up the job's device (a job with a `device` param: uph.device.setup_device, once, before any
-    work), log what the job runs on in one line and write it to `<log>.device.json`, then how long the
-    set-up took (a job with a `device` param). Torch is imported only by a job with a `device` param."""
-    configured = getattr(snakemake.params, "device", None)
+    """Set up the job's device (a job with one: uph.device.setup_device, once, before any work), log what the job runs on in one line and write it to `<log>.device.json`, then how long the
+    set-up took. Torch is imported only by a job with a device."""
+    configured = job_device(snakemake.rule, snakemake.config)
     start = time.perf_counter()
     if configured is None:
         record = host_record()

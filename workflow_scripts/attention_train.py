@@ -2,7 +2,7 @@
 
 from uph.attention.study_config import AttentionStudyConfig
 from uph.attention.training import run_cell
-from uph.device import resolve_device
+from uph.device import job_device, resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
 
@@ -13,7 +13,7 @@ with rule_logging(snakemake) as log:
     wildcards = snakemake.wildcards
     # the params leave out the lists the wildcards pick (rules/attention.smk): the job's task is its wildcard
     cfg = AttentionStudyConfig.from_config({**snakemake.params.attention, "tasks": [wildcards.task]})
-    device = resolve_device(snakemake.params.device)
+    device = resolve_device(job_device(snakemake.rule, snakemake.config))
     cell = run_cell(cfg, wildcards.task, wildcards.model, wildcards.attention, device, log)
     for frame, name in zip(cell, ("curves", "sweep", "evaluation"), strict=True):
         write_parquet(frame.reset_index(drop=True), snakemake.output[name])

@@ -1,7 +1,7 @@
 """Rule copy_task_train: seed 004's one-layer model on the copy task, for one (attention, seed)."""
 
 from uph.attention.copy_task import CopyTaskConfig, train
-from uph.device import resolve_device
+from uph.device import job_device, resolve_device
 from uph.io import write_parquet
 from uph.logs import rule_logging
 
@@ -13,7 +13,7 @@ with rule_logging(snakemake) as log:
         CopyTaskConfig.from_config(snakemake.params.copy_task),
         snakemake.wildcards.attention,
         int(snakemake.wildcards.seed),
-        resolve_device(snakemake.params.device),
+        resolve_device(job_device(snakemake.rule, snakemake.config)),
         log,
     )
     for row in evaluation.itertuples():

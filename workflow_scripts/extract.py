@@ -4,7 +4,7 @@ sized by the device the job asks for (rules/common.smk, uph.config.batch_windows
 
 from uph.artifacts import USERS_FILE
 from uph.config import batch_windows
-from uph.device import resolve_device, resolve_dtype
+from uph.device import job_device, resolve_device, resolve_dtype
 from uph.lm.data.cache import cache_identity, shard_manifest, shard_users, shard_writer
 from uph.lm.data.extract import extract_users
 from uph.lm.data.models import load_model
@@ -20,7 +20,7 @@ with rule_logging(snakemake) as log:
     cfg = snakemake.params.extract
     shard = int(snakemake.wildcards.shard)
     torch.set_num_threads(snakemake.threads)
-    device = resolve_device(snakemake.params.device)
+    device = resolve_device(job_device(snakemake.rule, snakemake.config))
     dtype = resolve_dtype(cfg["dtype"], device)
     batch_size = batch_windows(cfg["batch_size"], cfg["context"], device)
     model_dir = Path(snakemake.input.model).parent

@@ -1,7 +1,7 @@
 """Rule feedback_train: train the character MLP with one method and seed; write its curves."""
 
 from uph.artifacts import ROLES_FILE
-from uph.device import resolve_device
+from uph.device import job_device, resolve_device
 from uph.feedback.char_lm import char_corpus
 from uph.feedback.training import TrainConfig, train
 from uph.io import write_parquet
@@ -24,7 +24,7 @@ with rule_logging(snakemake) as log:
         len(corpus.test),
         len(corpus.vocab),
     )
-    curves = train(corpus, method, seed, config, resolve_device(snakemake.params.device))
+    curves = train(corpus, method, seed, config, resolve_device(job_device(snakemake.rule, snakemake.config)))
     last = curves.iloc[-1]
     log.info(
         "after %d steps (signal %s, %.2f ms per step): held-out loss %.4f, accuracy %.4f",

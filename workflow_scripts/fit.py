@@ -3,6 +3,7 @@ cache baselines' arms, for the users of one fit job (each user's base distributi
 from its validation path's ball at the chosen radius."""
 
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
+from uph.device import job_device
 from uph.lm.jobs.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.lm.jobs.refit import fit_users
 from uph.lm.jobs.validate import warm_starts
@@ -18,7 +19,9 @@ with rule_logging(snakemake) as log:
     choices = FIT_FILE.read_table(snakemake.input.capacity, record)
     fit = FitConfig.from_config(snakemake.params.fit)
     users = job_users(snakemake.input.users, snakemake.wildcards.job, snakemake.params.jobs)
-    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, users)
+    job = load_methods(
+        snakemake.input, fit, snakemake.params.cache, job_device(snakemake.rule, snakemake.config), users
+    )
     log.info("%d users x %d methods x solvers %s", len(job.users), len(job.heads), fit.solvers)
     starts = warm_starts(FIT_FILE.read_table(snakemake.input.warm, record))
     log.info("%d warm starts from the validation paths", len(starts))

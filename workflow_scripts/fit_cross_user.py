@@ -5,6 +5,7 @@ headline_point's pick; no rows when fit.cross_user lists that point already). Th
 blocks."""
 
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
+from uph.device import job_device
 from uph.lm.engine.heads import HeadSettings
 from uph.lm.jobs.choices import Point
 from uph.lm.jobs.controls import cross_user, residual_thetas
@@ -32,7 +33,14 @@ with rule_logging(snakemake) as log:
         theta_g = global_thetas(FIT_FILE.read_tables(snakemake.input.global_fit, record))[(point, solver)]
         users = job_users(snakemake.input.users, snakemake.wildcards.job, snakemake.params.jobs)
         settings = HeadSettings.from_config(snakemake.params.heads)
-        job = load_fit_job(snakemake.input, [point], settings, snakemake.params.cache, snakemake.params.device, users)
+        job = load_fit_job(
+            snakemake.input,
+            [point],
+            settings,
+            snakemake.params.cache,
+            job_device(snakemake.rule, snakemake.config),
+            users,
+        )
         log.info("%s, solver %s: %d x %d cross-user scores", point.label, solver, len(residuals), len(job.users))
         table = cross_user(job, point, theta_g, residuals)
     write_recorded(table.assign(**point.columns, solver=solver), snakemake.output[0], record)

@@ -2,6 +2,7 @@
 and lambda chosen on every user's validation part (no rows when fit.baselines leaves it out)."""
 
 from uph.artifacts import job_record, write_recorded
+from uph.device import job_device
 from uph.lm.engine.baselines import NEURAL_CACHE
 from uph.lm.jobs.fit_job import FitConfig, load_fit_job
 from uph.lm.jobs.global_fit import global_neural_cache
@@ -16,7 +17,9 @@ with rule_logging(snakemake) as log:
     fit = FitConfig.from_config(snakemake.params.fit)
     settings, datastore, validation = pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
     if NEURAL_CACHE in fit.baselines:
-        job = load_fit_job(snakemake.input, [], fit.heads, snakemake.params.cache, snakemake.params.device)
+        job = load_fit_job(
+            snakemake.input, [], fit.heads, snakemake.params.cache, job_device(snakemake.rule, snakemake.config)
+        )
         settings, datastore, validation = global_neural_cache(job, fit)
         log.info("chosen: %s", settings.iloc[0].to_dict())
     else:

@@ -2,6 +2,7 @@
 validation part (no rows when fit.baselines leaves the unigram out)."""
 
 from uph.artifacts import job_record, write_recorded
+from uph.device import job_device
 from uph.lm.engine.baselines import UNIGRAM
 from uph.lm.jobs.fit_job import FitConfig, load_fit_job
 from uph.lm.jobs.global_fit import global_unigram
@@ -16,7 +17,9 @@ with rule_logging(snakemake) as log:
     fit = FitConfig.from_config(snakemake.params.fit)
     unigram, validation = pd.DataFrame(), pd.DataFrame()
     if UNIGRAM in fit.baselines:
-        job = load_fit_job(snakemake.input, [], fit.heads, snakemake.params.cache, snakemake.params.device)
+        job = load_fit_job(
+            snakemake.input, [], fit.heads, snakemake.params.cache, job_device(snakemake.rule, snakemake.config)
+        )
         unigram, validation = global_unigram(job, fit)
     else:
         log.info("fit.baselines leaves the unigram out: no rows")

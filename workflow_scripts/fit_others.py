@@ -4,6 +4,7 @@ the other users' residual thetas, the heads on a cache with the mean of the othe
 the neural cache with a store of the same size drawn from the other users' (uph.lm.jobs.controls.others)."""
 
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
+from uph.device import job_device
 from uph.lm.jobs.controls import others, residual_thetas
 from uph.lm.jobs.fit_job import CACHES, FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.logs import rule_logging
@@ -20,7 +21,9 @@ with rule_logging(snakemake) as log:
     thetas_g = global_thetas(FIT_FILE.read_tables(snakemake.input.global_fit, record))
     fit = FitConfig.from_config(snakemake.params.fit)
     users = job_users(snakemake.input.users, snakemake.wildcards.job, snakemake.params.jobs)
-    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, users)
+    job = load_methods(
+        snakemake.input, fit, snakemake.params.cache, job_device(snakemake.rule, snakemake.config), users
+    )
     log.info("%d texts x %d points x solvers %s: the others control", len(job.users), len(job.heads), fit.solvers)
     table = others(job, thetas_g, residuals, cache_thetas, read_cache_baselines(snakemake.input, record, job.device))
     write_recorded(table, snakemake.output[0], record)

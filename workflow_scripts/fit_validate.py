@@ -3,6 +3,7 @@ on a cache, fit.on_cache) on the fit parts of one fit job's users, scored on the
 warm start for the fit job's refits (uph.lm.jobs.validate.warm_starts)."""
 
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
+from uph.device import job_device
 from uph.lm.jobs.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines
 from uph.lm.jobs.validate import validate_users
 from uph.logs import rule_logging
@@ -16,7 +17,9 @@ with rule_logging(snakemake) as log:
     thetas_g_fit = global_thetas(FIT_FILE.read_tables(snakemake.input.global_fit, record), "theta_fit")
     fit = FitConfig.from_config(snakemake.params.fit)
     users = job_users(snakemake.input.users, snakemake.wildcards.job, snakemake.params.jobs)
-    job = load_methods(snakemake.input, fit, snakemake.params.cache, snakemake.params.device, users)
+    job = load_methods(
+        snakemake.input, fit, snakemake.params.cache, job_device(snakemake.rule, snakemake.config), users
+    )
     log.info(
         "%d users x %d methods x solvers %s, radii %s", len(job.users), len(job.heads), fit.solvers, fit.capacity.radii
     )

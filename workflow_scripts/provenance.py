@@ -14,7 +14,10 @@ with rule_logging(snakemake) as log:
         snakemake.params.config,
         read_identity(Path(snakemake.input.model).parent),
         snakemake.params.repo,
-        snakemake.params.benchmarks,
+        {
+            rule: str(Path(snakemake.config["results"]) / pattern)
+            for rule, pattern in snakemake.params.benchmarks.items()
+        },
         exclude_rule=snakemake.rule,
         tables_dir=Path(snakemake.config["results"]) / "tables",
         logs_dir=Path(snakemake.config["results"]) / "logs",

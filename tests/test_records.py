@@ -1,0 +1,119 @@
+"""uph.records: what made a job's outputs, written by the job and checked at DAG build."""
+
+import hashlib
+import json
+import os
+import re
+import time
+
+import pytest
+
+from uph.errors import ArtifactError
+from uph.records import Records, canonical, file_digest, record_path, redate_future_files, write_record
+
+SETTINGS = {"fit": {"radii": [0.5, 5.0], "jobs": 2}, "cache": {"context": 64}}
+
+
+def a_job(tmp_path):
+    """A results folder with one job's input and output, and the job's record."""
+    results = tmp_path / "results"
+    (results / "corpus").mkdir(parents=True)
+    source, made = results / "corpus/roles.txt", results / "corpus/users.txt"
+    source.write_text("roles")
+    made.write_text("users")
+    write_record(results, "corpus", {}, SETTINGS, [str(source)], [str(made)])
+    return results, source, made
+
+
+def test_a_record_holds_the_settings_and_the_content_digests_relative_to_the_folder(tmp_path):
+    results, source, made = a_job(tmp_path)
+    record = json.loads(record_path(results, "corpus", {}).read_text())
+    assert record["settings"] == SETTINGS and record["rule"] == "corpus"
+    assert record["inputs"] == {"corpus/roles.txt": hashlib.sha256(b"roles").hexdigest()}
+    size, mtime, digest = record["outputs"]["corpus/users.txt"]
+    assert (size, mtime, digest) == (5, made.stat().st_mtime_ns, hashlib.sha256(b"users").hexdigest())
+    assert record_path(results, "fit", {"job": 1, "head": "cvh"}).name == "head~cvh-job~1.json"
+
+
+def test_the_same_settings_in_another_spelling_are_current_and_another_setting_is_not(tmp_path):
+    results, _, made = a_job(tmp_path)
+    records = Records(results)
+    respelled = {"cache": {"context": 64.0}, "fit": {"jobs": 2.0, "radii": [0.5, 5]}}
+    assert records.is_current("corpus", {}, respelled)
+    assert not records.is_current("corpus", {}, {**SETTINGS, "fit": {"radii": [0.5], "jobs": 2}})
+    assert not records.is_current("corpus", {"shard": 0}, SETTINGS)  # no record of that job
+    assert canonical({"b": [1, True, None], "a": 2}) == {"a": 2.0, "b": [1.0, True, None]}
+
+
+def test_changed_content_not_a_date_makes_a_job_stale(tmp_path):
+    results, source, made = a_job(tmp_path)
+    later = time.time_ns() + 3600 * 10**9
+    os.utime(source, ns=(later, later))
+    os.utime(made, ns=(1, 1))  # dates moved, bytes the same: read again, the same digests
+    assert not Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
+    source.write_text("other")  # an input replaced (at any date)
+    os.utime(source, ns=(1, 1))
+    assert Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
+    source.write_text("roles")
+    made.write_text("tampered")  # an output replaced
+    assert Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
+    made.unlink()  # a missing output: Snakemake runs the job anyway
+    assert not Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
+
+
+def test_a_damaged_or_missing_record_makes_its_job_stale(tmp_path):
+    results, _, made = a_job(tmp_path)
+    path = record_path(results, "corpus", {})
+    path.write_text("{not json")
+    assert Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
+    path.unlink()
+    path.mkdir()  # a folder where the record belongs
+    assert Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
+
+
+def test_a_record_is_read_without_hashing_an_unchanged_output(tmp_path, monkeypatch):
+    results, source, made = a_job(tmp_path)
+    hashed = []
+    monkeypatch.setattr("uph.records.file_digest", lambda path: hashed.append(str(path)) or file_digest(path))
+    assert Records(results).is_current("corpus", {}, SETTINGS)
+    assert hashed == [str(source)]  # the input, which no record made; the output by its size and date
+
+
+def test_files_dated_in_the_future_are_dated_now_and_their_records_follow(tmp_path):
+    results, source, made = a_job(tmp_path)
+    ahead = time.time_ns() + 3600 * 10**9
+    for path in (source, made):
+        os.utime(path, ns=(ahead, ahead))
+    redated = redate_future_files(results)
+    assert sorted(redated) == sorted([source, made])
+    assert source.stat().st_mtime_ns == made.stat().st_mtime_ns <= time.time_ns()
+    record = json.loads(record_path(results, "corpus", {}).read_text())
+    assert record["outputs"]["corpus/users.txt"][1] == made.stat().st_mtime_ns
+    assert redate_future_files(results) == []
+
+
+def test_a_folder_or_a_dangling_link_where_a_record_is_written_is_one_line_naming_it(tmp_path):
+    results, source, made = a_job(tmp_path)
+    path = record_path(results, "corpus", {})
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(
+        ArtifactError, match=rf"^cannot write '{re.escape(str(path))}' \(.*\): a folder is at that path; "
+    ):
+        write_record(results, "corpus", {}, SETTINGS, [str(source)], [str(made)])
+    path.rmdir()
+    path.parent.rmdir()
+    path.parent.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ArtifactError, match="something is in the way of that path; move it aside or delete it"):
+        write_record(results, "corpus", {}, SETTINGS, [str(source)], [str(made)])
+
+
+def test_outputs_read_again_for_a_new_date_have_it_noted_and_are_read_once(tmp_path, monkeypatch):
+    results, source, made = a_job(tmp_path)
+    os.utime(made, ns=(10**18, 10**18))  # copied without its dates
+    records = Records(results)
+    assert records.is_current("corpus", {}, SETTINGS) and records.note_dates() == 1
+    hashed = []
+    monkeypatch.setattr("uph.records.file_digest", lambda path: hashed.append(str(path)) or file_digest(path))
+    assert Records(results).is_current("corpus", {}, SETTINGS) and hashed == [str(source)]
+    assert Records(results).note_dates() == 0

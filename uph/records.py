@@ -1,0 +1,214 @@
+"""What made each job's outputs, kept with them: `<results>/records/<rule>/<wildcards>.json`.
+
+A job that ends well writes its record (`write_record`, from uph.logs.rule_logging): its params (exactly
+what its outputs rest on besides its input files, canonical, no device), the content digest of each
+input file, and the digest, size and mtime of each output. At DAG build each job of the target's DAG is
+checked against its record (`Records.needs_rerun`): the params the config gives now, every input's
+content now, every output's content now. A job whose record disagrees, or that has none, is forced to
+run (rules/common.smk `check_record`), and Snakemake reruns what is built from it, for any target; a
+dry run plans the same, since both read the same disk, and the check writes nothing. No clock, copy or
+path history vouches for an output: a folder copied from another config brings that config's records, a
+corpus file replaced by older-dated text has another digest.
+
+A file is hashed only where its size or mtime differ from what its producer's record holds (a copy
+that kept them, or a job's own output, is read once, when written). Torch- and pandas-free: the DAG
+build imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+FOLDER = "records"  # under the results folder
+
+
+def canonical(value):
+    """`value` with every number a float (5 and 5.0 are one setting) and dict keys sorted: settings that
+    mean the same compare equal."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(key): canonical(value[key]) for key in sorted(value, key=str)}
+    if isinstance(value, (list, tuple)):
+        return [canonical(item) for item in value]
+    return str(value)
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's bytes, or of a folder's files (relative path and digest, in path order)."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.is_dir():
+        for item in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(f"{item.relative_to(path).as_posix()}\0{file_digest(item)}\n".encode())
+        return digest.hexdigest()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def job_key(wildcards: dict) -> str:
+    """The record's file name: the job's wildcards as name~value, joined by '-' ('job' without any)."""
+    return "-".join(f"{name}~{value}" for name, value in sorted(wildcards.items())) or "job"
+
+
+def record_path(results: str | Path, rule: str, wildcards: dict) -> Path:
+    return Path(results) / FOLDER / rule / f"{job_key(wildcards)}.json"
+
+
+def _stat(path: str | Path) -> list[int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def _relative(path: str, results: Path) -> str:
+    """`path` relative to the results folder where it lies under it (a record moves with its folder)."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return absolute.relative_to(results.absolute()).as_posix()
+    except ValueError:
+        return str(absolute)
+
+
+def _absolute(path: str, results: Path) -> Path:
+    return Path(path) if os.path.isabs(path) else results / path
+
+
+def write_record(results: str | Path, rule: str, wildcards: dict, settings: dict, inputs, outputs) -> Path:
+    """Write the record of a job that ended well (module docstring)."""
+    from uph.io import write_json  # pandas: only a job writes records
+
+    results = Path(results)
+    record = {
+        "rule": rule,
+        "wildcards": dict(sorted(wildcards.items())),
+        "settings": json.loads(json.dumps(settings, default=str)),
+        # an input the job moved away (the model candidate it installs) is no file of the folder any more
+        "inputs": {_relative(path, results): file_digest(path) for path in inputs if os.path.exists(path)},
+        "outputs": {_relative(path, results): [*_stat(path), file_digest(path)] for path in outputs},
+    }
+    path = record_path(results, rule, wildcards)
+    write_json(record, path)
+    return path
+
+
+def redate_future_files(results: str | Path) -> list[Path]:
+    """Date now every file of the results folder whose mtime lies in the future (a folder copied from a
+    clock running ahead), and its records' note of it: Snakemake dates a job's outputs now when it ends, and
+    fails the job if an input is newer. All get the same instant, so no file turns newer than another it
+    was made from. Called once a run holds Snakemake's lock (onstart): a dry run changes nothing."""
+    results, now = Path(results), time.time_ns()
+    redated = []
+    for folder, _, names in os.walk(results):
+        for name in names:
+            path = Path(folder) / name
+            stat = _stat(path)
+            if stat is not None and stat[1] > now:
+                os.utime(path, ns=(now, now))
+                redated.append(path)
+    moved = {_relative(str(path), results) for path in redated}
+    for path in (results / FOLDER).glob("*/*.json") if moved else ():
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, TypeError):
+            record = json.loads(path.read_text())
+            outputs = record["outputs"]
+            if moved & set(outputs):
+                for output in moved & set(outputs):
+                    outputs[output][1] = _stat(_absolute(output, results))[1]
+                from uph.io import write_json
+
+                write_json(record, path)
+    return redated
+
+
+class Records:
+    """The records of a results folder, read at DAG build, and the content digests of the files they
+    name, each found once per build."""
+
+    def __init__(self, results: str | Path):
+        self.results = Path(results)
+        self._made: dict[str, list] = {}  # output (relative) -> [size, mtime_ns, digest] from its record
+        self._records: dict[Path, dict | None] = {}
+        self._digests: dict[str, str | None] = {}
+        self._redated: dict[str, list[int]] = {}  # output -> [size, mtime_ns] now, its bytes as recorded
+        for path in sorted((self.results / FOLDER).glob("*/*.json")):
+            record = self._read(path)
+            for output, made in (record or {}).get("outputs", {}).items():
+                self._made[output] = made
+
+    @staticmethod
+    def settings_of(results: str | Path, rule: str, wildcards: dict | None = None) -> dict:
+        """The params a job's outputs in `results` were made with, as recorded; {} where none are."""
+        try:
+            made = json.loads(record_path(results, rule, wildcards or {}).read_text()).get("settings")
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            return {}
+        return made if isinstance(made, dict) else {}
+
+    def _read(self, path: Path) -> dict | None:
+        if path not in self._records:
+            try:
+                record = json.loads(path.read_text())
+                self._records[path] = record if isinstance(record, dict) else None
+            except (OSError, ValueError, UnicodeDecodeError):
+                self._records[path] = None
+        return self._records[path]
+
+    def digest(self, relative: str) -> str | None:
+        """The content digest of a file named as a record names it; None where it is missing."""
+        if relative not in self._digests:
+            path = _absolute(relative, self.results)
+            stat, made = _stat(path), self._made.get(relative)
+            if stat is None and not path.is_dir():
+                self._digests[relative] = None
+            elif isinstance(made, list) and len(made) == 3 and made[:2] == stat:
+                self._digests[relative] = made[2]
+            else:
+                self._digests[relative] = file_digest(path)
+                if isinstance(made, list) and len(made) == 3 and made[2] == self._digests[relative]:
+                    self._redated[relative] = stat  # the same bytes at another date: note it (note_dates)
+        return self._digests[relative]
+
+    def note_dates(self) -> int:
+        """Write into the records the new dates of outputs whose bytes this build found unchanged (a folder
+        copied without its dates), so that the next build reads them by size and date, not again in full.
+        Called once a run holds Snakemake's lock (onstart). The number of records written."""
+        from uph.io import write_json  # pandas: only when dates moved
+
+        written = 0
+        for path in sorted((self.results / FOLDER).glob("*/*.json")) if self._redated else ():
+            record = self._read(path)
+            outputs = (record or {}).get("outputs", {})
+            moved = {output: _stat(_absolute(output, self.results)) for output in outputs if output in self._redated}
+            if moved:  # dated as they are now (redate_future_files may have moved them since the check)
+                for output, stat in moved.items():
+                    outputs[output][:2] = stat
+                write_json(record, path)
+                written += 1
+        return written
+
+    def is_current(self, rule: str, wildcards: dict, settings: dict) -> bool:
+        """Whether the job's record holds `settings` and every input and output it names holds the content
+        it recorded."""
+        record = self._read(record_path(self.results, rule, wildcards))
+        if record is None or canonical(record.get("settings")) != canonical(
+            json.loads(json.dumps(settings, default=str))
+        ):
+            return False
+        files = {**record.get("inputs", {}), **{path: made[-1] for path, made in record.get("outputs", {}).items()}}
+        return all(self.digest(path) == digest for path, digest in files.items())
+
+    def needs_rerun(self, rule: str, wildcards: dict, settings: dict, outputs) -> bool:
+        """Whether a job whose outputs all exist must run again: its record is missing or not current. A
+        job with a missing output runs anyway."""
+        return all(os.path.exists(path) for path in outputs) and not self.is_current(rule, wildcards, settings)
