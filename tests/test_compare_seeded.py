@@ -87,7 +87,9 @@ def test_a_moderate_shift_of_one_row_is_caught_and_the_row_named(default_pair):
     assert len(lines) == 1 and names(lines, row) and "eval_len=48, level=2] token_acc:" in lines[0]
 
 
-def test_a_split_cells_share_solved_moved_from_ten_of_ten_to_five_is_caught(default_pair):
+def test_a_split_cells_share_solved_moved_from_ten_of_ten_to_four_is_caught(default_pair):
+    """Boschloo's p of 10 of 10 against 4 of 10 is 0.0032, below 0.05 over the default's 6 bimodal cells; 5 of
+    10 (p = 0.013) would be caught where at most 3 cells are bimodal (uph/seeded_comparison.py, step 3)."""
     results, reference = default_pair
     cell = {"task": "loud_copy", "model": "residual", "attention": "triple_capped"}  # 10 seeds
     for folder in default_pair:  # both: every seed solves validation
@@ -95,11 +97,11 @@ def test_a_split_cells_share_solved_moved_from_ten_of_ten_to_five_is_caught(defa
     edit(
         results,
         "attention",
-        lambda t: t.assign(val_token_acc=t["val_token_acc"].where(~(in_cell(t, cell) & (t["seed"] >= 5)), 0.5)),
+        lambda t: t.assign(val_token_acc=t["val_token_acc"].where(~(in_cell(t, cell) & (t["seed"] >= 4)), 0.5)),
     )
     lines = disagreements(results, reference)
     shares = [line for line in lines if "share of seeds solving validation" in line]
-    assert len(shares) == 1 and names(shares, cell) and "5 of 10 against 10 of 10" in shares[0]
+    assert len(shares) == 1 and names(shares, cell) and "4 of 10 against 10 of 10" in shares[0]
 
 
 def test_a_seed_dropped_a_row_twice_a_nan_and_an_edge_in_one_run_are_caught(default_pair):

@@ -24,7 +24,8 @@ steps, each of which can fail:
    has a wide interval, and the share of seeds that solve is the quantity the study reports. The two
    runs' shares are compared by Boschloo's exact test (the uniformly more powerful cousin of Fisher's,
    for two binomials with small n), Bonferroni over the cells bimodal in either run: a share that moves
-   from 10 of 10 to 5 of 10 gives p = 0.013, caught where at most three cells are bimodal.
+   from 10 of 10 to 5 of 10 gives p = 0.013, caught where at most three cells are bimodal; the default
+   holds six, where 10 of 10 to 4 of 10 (p = 0.0032) is the smallest move caught.
 4. **The protocol's own decisions.** A cell whose runs split at its chosen lr trains
    `attention.seeds_if_split` seeds; a table whose split cell holds fewer was not made by this protocol
    (two of five seeds collapsed, with nothing else changed, reads so). Seed counts must match between
