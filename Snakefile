@@ -54,10 +54,13 @@ if "--unlock" not in sys.argv:
         redate_future_files(RESULTS)
         RECORDS.note_dates()
 
+    # When the run ends: the records note the dates Snakemake gave the outputs after the jobs wrote them.
     onsuccess:
+        note_touched_outputs(RESULTS, RUN_START)
         exit_status(failed=False)
 
     onerror:
+        note_touched_outputs(RESULTS, RUN_START)
         exit_status(failed=True)
 
     rule all:

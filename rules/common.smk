@@ -1,6 +1,7 @@
 # Helpers shared by every stage: config validation, paths, targets.
 import hashlib
 import os
+import time
 from pathlib import Path
 
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
@@ -30,7 +31,7 @@ from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.io import table_files
 from uph.model_identity import IDENTITY, MODEL_CONFIG, WEIGHTS, folder_digest, read_identity
-from uph.records import Records, redate_future_files
+from uph.records import Records, note_touched_outputs, redate_future_files
 from snakemake.io import apply_wildcards
 
 
@@ -258,6 +259,7 @@ SETTINGS = {
     "provenance": {"config": computed_config(config)},
 }
 RECORDS = Records(RESULTS) if workflow.is_main_process else None  # a cluster job runs what it is sent
+RUN_START = time.time_ns()  # records written from here on are this run's (note_touched_outputs)
 
 
 def check_record(name):

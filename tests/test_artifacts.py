@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import REPO, snakemake
-from test_reliability import LM_TABLES, assert_tables_equal_the_reference, copy_study, truncate
+from test_reliability import LM_TABLES, assert_tables_equal_the_reference, copy_study, truncate, vouch_for
 
 from uph.artifacts import ATTENTION_RUN, COPY_TASK_RUN, FEEDBACK_RUN, FIT_FILE, ROLES_FILE, job_record, write_recorded
 from uph.config import EXTRACT_KEYS, job_params, validate
@@ -97,6 +97,7 @@ def test_a_foreign_basis_or_a_truncated_fits_file_stops_the_job_that_reads_it(ti
     workdir = copy_study(tiny_study, tmp_path)
     basis = workdir / "results/basis/svd.safetensors"
     keep_mtime(basis, lambda path: write_basis(tiny_model_dir("gpt2"), path))
+    vouch_for(workdir, "results/basis/svd.safetensors")  # else the svd_basis job, its record's, reruns
     run = snakemake(workdir, "--forcerun", "fit_global", *LM_TABLES)
     assert run.returncode != 0
     assert set(error_lines(run, "fit_global")) == {  # each method's job that ran says it
@@ -108,6 +109,7 @@ def test_a_foreign_basis_or_a_truncated_fits_file_stops_the_job_that_reads_it(ti
 
     workdir = copy_study(tiny_study, tmp_path / "truncated")
     keep_mtime(workdir / "results/fit/job~0/fits.parquet", truncate)
+    vouch_for(workdir, "results/fit/job~0/fits.parquet")
     run = snakemake(workdir, "--forcerun", "fit_others", *LM_TABLES)
     assert run.returncode != 0
     [line] = set(error_lines(run, "fit_others"))  # each fit_others block that ran says it

@@ -9,7 +9,15 @@ import time
 import pytest
 
 from uph.errors import ArtifactError
-from uph.records import Records, canonical, file_digest, record_path, redate_future_files, write_record
+from uph.records import (
+    Records,
+    canonical,
+    file_digest,
+    note_touched_outputs,
+    record_path,
+    redate_future_files,
+    write_record,
+)
 
 SETTINGS = {"fit": {"radii": [0.5, 5.0], "jobs": 2}, "cache": {"context": 64}}
 
@@ -117,3 +125,14 @@ def test_outputs_read_again_for_a_new_date_have_it_noted_and_are_read_once(tmp_p
     monkeypatch.setattr("uph.records.file_digest", lambda path: hashed.append(str(path)) or file_digest(path))
     assert Records(results).is_current("corpus", {}, SETTINGS) and hashed == [str(source)]
     assert Records(results).note_dates() == 0
+
+
+def test_the_dates_snakemake_gives_outputs_after_a_job_are_noted_at_the_runs_end(tmp_path):
+    results, source, made = a_job(tmp_path)
+    start = time.time_ns() - 10**9
+    os.utime(made)  # Snakemake touches a job's outputs once it ends, after the job wrote its record
+    assert note_touched_outputs(results, start) == 1
+    record = json.loads(record_path(results, "corpus", {}).read_text())
+    assert record["outputs"]["corpus/users.txt"][1] == made.stat().st_mtime_ns
+    assert note_touched_outputs(results, start) == 0
+    assert note_touched_outputs(results, time.time_ns() + 10**9) == 0  # an earlier run's records: left alone

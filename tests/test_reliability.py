@@ -251,6 +251,22 @@ def rewrite_for_another_model(shard):
     pq.write_table(pq.read_table(shard).replace_schema_metadata({b"uph": json.dumps(record).encode()}), shard)
 
 
+def vouch_for(workdir, *paths):
+    """Make every record of `workdir`'s results agree with the present bytes of `paths` (results/...): the
+    DAG build's check (uph.records) then forces no job, and what is tested is the reader's own refusal,
+    the line a folder whose records vouch for a damaged file would end in."""
+    results = workdir / "results"
+    for path in (results / "records").glob("*/*.json"):
+        record = json.loads(path.read_text())
+        for name in (str(Path(p).relative_to("results")) for p in paths):
+            stat = (results / name).stat()
+            if name in record["outputs"]:
+                record["outputs"][name] = [stat.st_size, stat.st_mtime_ns, file_digest(results / name)]
+            if name in record["inputs"]:
+                record["inputs"][name] = file_digest(results / name)
+        path.write_text(json.dumps(record))
+
+
 @pytest.mark.parametrize(
     ("shard", "damage", "problem"),
     [
@@ -264,6 +280,7 @@ def test_a_damaged_shard_stops_the_fit_job_that_reads_it(tiny_study, tmp_path, s
     stat = path.stat()
     damage(path)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # damage at rest: the file looks up to date
+    vouch_for(workdir, f"results/cache/{shard}.parquet")  # else its extract job reruns (test_a_shard_copied_over...)
     run = snakemake(workdir, "--forcerun", "fit", *LM_TABLES)
     assert run.returncode != 0
     [error] = [line.split(" fit ERROR ")[1] for line in run.stderr.splitlines() if " fit ERROR " in line]
@@ -1144,9 +1161,23 @@ ELSEWHERE = {  # edit(rule, settings) of a record: the config a folder was made 
         CONFIG_CHANGES["corpus-plays"][1],
     ),
     "fit-ds": (fit_key("ds", [8, 4]), LM_FITS),
+    "model-source": (  # the model stage's params: model.source
+        lambda rule, settings: (
+            settings["model"].update(source="tiny:gpt2") if rule in ("model", "model_candidate") else None
+        ),
+        CONFIG_CHANGES["model"][1],
+    ),
     "fit-radii": (fit_key("radii", [1.0, 10.0]), LM_FITS),
 }
-LM_RULES = {"corpus_roles", "corpus", "extract", *LM_FITS}  # what the LM tables are built from
+LM_RULES = {
+    "corpus_roles",
+    "corpus",
+    "model_candidate",
+    "model",
+    "svd_basis",
+    "extract",
+    *LM_FITS,
+}  # what the LM tables are built from
 ELSEWHERE_CASES = [  # (switch, "history" where the working directory has the study's, target: all or the LM tables)
     *((switch, "", target) for switch in ELSEWHERE for target in ("all", "table")),
     ("corpus-source", "history", "table"),
@@ -1246,6 +1277,20 @@ def test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ah
     assert_tables_equal_the_reference(workdir, tiny_study)
     again = snakemake(workdir, "-n")
     assert "Nothing to be done" in again.stdout, again.stdout[-3000:]
+
+
+def test_a_folder_of_another_model_copied_over_a_run_ends_in_the_configs_own_tables_and_summary(tiny_study, tmp_path):
+    """Followed to the end with the default target: a folder whose records say another model.source, copied
+    over the results of a working directory that ran the study (its history). The model is materialized
+    again and everything built from it reruns; the tables are the study's to the byte, and then there is
+    nothing to do."""
+    workdir = copy_study(tiny_study, tmp_path)
+    made_with(workdir, "model-source")
+    run = snakemake(workdir)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert planned_jobs(run) == CONFIG_CHANGES["model"][1]
+    assert_tables_equal_the_reference(workdir, tiny_study)
+    assert "Nothing to be done" in snakemake(workdir, "-n").stdout
 
 
 def test_a_corpus_file_replaced_by_older_dated_text_reruns_the_corpus_and_what_follows(tiny_study, tmp_path):

@@ -18,6 +18,7 @@ import yaml
 from conftest import REPO, files_under, snakemake
 
 from uph import warm
+from uph.config import validate
 
 JOB_SCRIPT = """
 import os, sys
@@ -143,13 +144,12 @@ def test_which_jobs_want_a_worker(monkeypatch, setting, gpu, slurm, rule, expect
         monkeypatch.setenv("SLURM_JOB_ID", "1")
     else:
         monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
     job = SimpleNamespace(
-        config={"warm_workers": setting},
-        rule=rule,
-        params=SimpleNamespace(device="auto"),
-        resources=SimpleNamespace(gpu=gpu),
+        config={**validate(config), "warm_workers": setting}, rule=rule, resources=SimpleNamespace(gpu=gpu)
     )
     assert warm.wants_worker(job) is expected
+    assert not warm.wants_worker(SimpleNamespace(**{**vars(job), "rule": "capacity"}))  # no device: no worker
 
 
 def test_the_study_in_warm_workers_gives_the_same_bytes(tiny_study, tmp_path):

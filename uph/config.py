@@ -71,14 +71,17 @@ def _number_only(schema: dict) -> bool:
     return "number" in types and "integer" not in types
 
 
-def _as_typed(value, schema: dict):
-    """A value as the type its schema asks for, so one setting has one spelling (and a job's params one
-    text): an integral float of an integer key as that integer (YAML reads 2.0 as a float, and JSON Schema
-    counts it as an integer: it would reach the code as a float, e.g. range(2.0)), an integer of a number
-    key as a float (radii [5, 50] are [5.0, 50.0]); a non-integral float of an integer key stays, for the
-    type check to refuse."""
+def _as_integer(value, schema: dict):
+    """An integral float where the schema asks for an integer, as that integer (YAML reads 2.0 as a float,
+    and JSON Schema counts it as an integer: it would reach the code as a float, e.g. range(2.0)); a
+    non-integral one stays, for the type check to refuse."""
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and _integer_only(schema):
         return int(value)
+    return value
+
+
+def _as_number(value, schema: dict):
+    """An integer of a number key as a float: radii [5, 50] are [5.0, 50.0], one setting, one spelling."""
     if isinstance(value, int) and not isinstance(value, bool) and _number_only(schema):
         return float(value)
     return value
@@ -93,8 +96,8 @@ def _as_set(values: list, schema: dict) -> list:
 
 
 def _with_defaults(validator_class, registry: Registry):
-    """Extend a validator so that `default` values are written into the instance, every number takes its
-    schema's type (_as_typed: an object's property or an array's items), and a set is sorted (_as_set)."""
+    """Extend a validator so that `default` values are written into the instance, and an integral float
+    of an integer key (an object's property or an array's items) becomes that integer."""
     validate_properties = validator_class.VALIDATORS["properties"]
     validate_items = validator_class.VALIDATORS["items"]
 
@@ -110,15 +113,40 @@ def _with_defaults(validator_class, registry: Registry):
                 if sub.get("type") == "object" and name not in instance and "required" not in sub:
                     instance[name] = {}
                 if name in instance:
-                    instance[name] = _as_typed(instance[name], sub)
+                    instance[name] = _as_integer(instance[name], sub)
         yield from validate_properties(validator, properties, instance, schema)
 
     def integer_items(validator, items, instance, schema):
         if isinstance(instance, list) and isinstance(items, dict):
-            instance[:] = _as_set([_as_typed(item, resolved(items)) for item in instance], schema)
+            instance[:] = [_as_integer(item, resolved(items)) for item in instance]
         yield from validate_items(validator, items, instance, schema)
 
     return jsonschema.validators.extend(validator_class, {"properties": set_defaults, "items": integer_items})
+
+
+def _normalizing(validator_class, registry: Registry):
+    """Extend a validator so that, run over a valid config, it writes every number of a number key as a
+    float (_as_number) and sorts every set (_as_set): one setting, one spelling, so the same computation has
+    the same params. Run after validation, so a refusal quotes the value as written."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+    validate_items = validator_class.VALIDATORS["items"]
+
+    def resolved(sub: dict) -> dict:
+        return registry.contents(sub["$ref"]) if "$ref" in sub else sub
+
+    def numbers(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if name in instance:
+                    instance[name] = _as_number(instance[name], resolved(sub))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    def number_items(validator, items, instance, schema):
+        if isinstance(instance, list) and isinstance(items, dict):
+            instance[:] = _as_set([_as_number(item, resolved(items)) for item in instance], schema)
+        yield from validate_items(validator, items, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": numbers, "items": number_items})
 
 
 def schema_defaults(section: str, schema_dir: Path | str = SCHEMA_DIR) -> dict:
@@ -184,6 +212,8 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
                 f"config key '{where}': {error.instance!r} is text, not a number; {_how_to_write(error.instance)}"
             )
         raise ConfigError(f"config key '{where}': {error.message}")
+    for _ in _normalizing(jsonschema.Draft202012Validator, registry)(root, registry=registry).iter_errors(config):
+        pass  # valid: the pass only writes numbers and sets in their one spelling
     config["results"] = results_folder(config["results"])
     _check_across_keys(config, gguf_dropped_for)
     return config

@@ -131,6 +131,30 @@ def redate_future_files(results: str | Path) -> list[Path]:
     return redated
 
 
+def note_touched_outputs(results: str | Path, since_ns: int) -> int:
+    """Note in the records written since `since_ns` (this run's) the dates Snakemake gave their outputs
+    when the jobs ended, after the records were written: the next DAG build then reads them by size and
+    date, not again in full. Called when the run ends (onsuccess, onerror). The number of records written."""
+    from uph.io import write_json  # pandas: only at the run's end
+
+    results, written = Path(results), 0
+    for path in sorted((results / FOLDER).glob("*/*.json")):
+        stat = _stat(path)
+        if stat is None or stat[1] < since_ns:
+            continue
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, TypeError, KeyError):
+            record = json.loads(path.read_text())
+            moved = False
+            for output, made in record["outputs"].items():
+                now = _stat(_absolute(output, results))
+                if now is not None and now[0] == made[0] and now[1] != made[1]:
+                    made[1], moved = now[1], True
+            if moved:
+                write_json(record, path)
+                written += 1
+    return written
+
+
 class Records:
     """The records of a results folder, read at DAG build, and the content digests of the files they
     name, each found once per build."""

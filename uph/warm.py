@@ -43,6 +43,7 @@ import time
 import traceback
 from pathlib import Path
 
+from uph.device import job_device
 from uph.errors import workflow_job
 
 IDLE_SECONDS = 60.0  # a worker with no job this long exits (it holds a CUDA context: ~0.5 GB of GPU memory)
@@ -56,11 +57,11 @@ _serving: dict = {}  # in a worker: its pid, how many jobs it has run, its CPU s
 
 def wants_worker(job) -> bool:
     """Whether workflow job `job` (Snakemake's `snakemake` object) runs in a warm worker: a job that sets up
-    a device (a `device` param: extraction, the fit stage, the training runs), where config `warm_workers`
+    a device (uph.device.job_device: extraction, the fit stage, the training runs), where config `warm_workers`
     is auto (default) and the job holds a GPU slot (resource gpu) outside a SLURM job, whose node is the
     job's alone; or is true (any device); false: none."""
     setting = job.config.get("warm_workers", SETTINGS[0])
-    if setting is False or getattr(job.params, "device", None) is None:
+    if setting is False or job_device(job.rule, job.config) is None:
         return False
     if setting is True:
         return True
