@@ -274,6 +274,8 @@ def check_record(name):
         params = {key: value(wildcards) if callable(value) else value for key, value in made_by.params.items()}
         outputs = [apply_wildcards(str(pattern), wildcards) for pattern in made_by.output]
         if RECORDS.needs_rerun(name, dict(wildcards.items()), params, outputs):
+            # as --forcerun would: Snakemake 9's DAG reads forcefiles when it decides which jobs run, after
+            # building them (requirements.txt pins it; tests/test_reliability.py's plans fail if that changes)
             workflow.dag.forcefiles.update(outputs)
         return []
 
