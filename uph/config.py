@@ -57,18 +57,19 @@ def _read_schemas(files: tuple) -> Registry:
     return Registry().with_resources(resources)
 
 
+def _types(schema: dict) -> list:
+    types = schema.get("type", [])
+    return [types] if isinstance(types, str) else types
+
+
 def _integer_only(schema: dict) -> bool:
     """A schema whose type is integer (or integer or null), not number."""
-    types = schema.get("type", [])
-    types = [types] if isinstance(types, str) else types
-    return "integer" in types and "number" not in types
+    return "integer" in _types(schema) and "number" not in _types(schema)
 
 
 def _number_only(schema: dict) -> bool:
     """A schema whose type is number (or number or null), not integer."""
-    types = schema.get("type", [])
-    types = [types] if isinstance(types, str) else types
-    return "number" in types and "integer" not in types
+    return "number" in _types(schema) and "integer" not in _types(schema)
 
 
 def _as_integer(value, schema: dict):
@@ -95,58 +96,36 @@ def _as_set(values: list, schema: dict) -> list:
     return values
 
 
-def _with_defaults(validator_class, registry: Registry):
-    """Extend a validator so that `default` values are written into the instance, and an integral float
-    of an integer key (an object's property or an array's items) becomes that integer."""
+def _rewriting(validator_class, registry: Registry, rewrite, *, defaults: bool = False, sets: bool = False):
+    """Extend a validator so that, as it validates, each value of an object's property and each item of an
+    array becomes rewrite(value, its schema); with `defaults`, a missing property takes its `default` (and
+    an object its {}); with `sets`, an array marked `x-set` is sorted (_as_set)."""
     validate_properties = validator_class.VALIDATORS["properties"]
     validate_items = validator_class.VALIDATORS["items"]
 
     def resolved(sub: dict) -> dict:
         return registry.contents(sub["$ref"]) if "$ref" in sub else sub
 
-    def set_defaults(validator, properties, instance, schema):
+    def properties_hook(validator, properties, instance, schema):
         if isinstance(instance, dict):
             for name, sub in properties.items():
                 sub = resolved(sub)
-                if "default" in sub and name not in instance:
+                if defaults and "default" in sub and name not in instance:
                     instance[name] = copy.deepcopy(sub["default"])  # the schema's own stays as it is
-                if sub.get("type") == "object" and name not in instance and "required" not in sub:
+                if defaults and sub.get("type") == "object" and name not in instance and "required" not in sub:
                     instance[name] = {}
                 if name in instance:
-                    instance[name] = _as_integer(instance[name], sub)
+                    instance[name] = rewrite(instance[name], sub)
         yield from validate_properties(validator, properties, instance, schema)
 
-    def integer_items(validator, items, instance, schema):
+    def items_hook(validator, items, instance, schema):
         if isinstance(instance, list) and isinstance(items, dict):
-            instance[:] = [_as_integer(item, resolved(items)) for item in instance]
+            instance[:] = [rewrite(item, resolved(items)) for item in instance]
+            if sets:
+                instance[:] = _as_set(instance, schema)
         yield from validate_items(validator, items, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults, "items": integer_items})
-
-
-def _normalizing(validator_class, registry: Registry):
-    """Extend a validator so that, run over a valid config, it writes every number of a number key as a
-    float (_as_number) and sorts every set (_as_set): one setting, one spelling, so the same computation has
-    the same params. Run after validation, so a refusal quotes the value as written."""
-    validate_properties = validator_class.VALIDATORS["properties"]
-    validate_items = validator_class.VALIDATORS["items"]
-
-    def resolved(sub: dict) -> dict:
-        return registry.contents(sub["$ref"]) if "$ref" in sub else sub
-
-    def numbers(validator, properties, instance, schema):
-        if isinstance(instance, dict):
-            for name, sub in properties.items():
-                if name in instance:
-                    instance[name] = _as_number(instance[name], resolved(sub))
-        yield from validate_properties(validator, properties, instance, schema)
-
-    def number_items(validator, items, instance, schema):
-        if isinstance(instance, list) and isinstance(items, dict):
-            instance[:] = _as_set([_as_number(item, resolved(items)) for item in instance], schema)
-        yield from validate_items(validator, items, instance, schema)
-
-    return jsonschema.validators.extend(validator_class, {"properties": numbers, "items": number_items})
+    return jsonschema.validators.extend(validator_class, {"properties": properties_hook, "items": items_hook})
 
 
 def schema_defaults(section: str, schema_dir: Path | str = SCHEMA_DIR) -> dict:
@@ -193,7 +172,8 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
     _check_finite(config)
     registry = _load_schemas(Path(schema_dir))
     root = registry.contents(ROOT_SCHEMA)
-    Validator = _with_defaults(jsonschema.Draft202012Validator, registry)
+    # defaults filled and integral floats of integer keys read as integers, as it validates
+    Validator = _rewriting(jsonschema.Draft202012Validator, registry, _as_integer, defaults=True)
     errors = sorted(
         Validator(root, registry=registry).iter_errors(config), key=lambda e: (len(e.path), key_path(e.path))
     )
@@ -212,8 +192,11 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
                 f"config key '{where}': {error.instance!r} is text, not a number; {_how_to_write(error.instance)}"
             )
         raise ConfigError(f"config key '{where}': {error.message}")
-    for _ in _normalizing(jsonschema.Draft202012Validator, registry)(root, registry=registry).iter_errors(config):
-        pass  # valid: the pass only writes numbers and sets in their one spelling
+    # valid: one more pass writes every number of a number key as a float and sorts every set, one spelling a
+    # setting, so the same computation has the same params (after validation: a refusal quotes the value as written)
+    normalizing = _rewriting(jsonschema.Draft202012Validator, registry, _as_number, sets=True)
+    for _ in normalizing(root, registry=registry).iter_errors(config):
+        pass
     config["results"] = results_folder(config["results"])
     _check_across_keys(config, gguf_dropped_for)
     return config

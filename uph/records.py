@@ -24,6 +24,8 @@ import os
 import time
 from pathlib import Path
 
+from uph.model_identity import file_sha256
+
 FOLDER = "records"  # under the results folder
 
 
@@ -49,10 +51,7 @@ def file_digest(path: str | Path) -> str:
         for item in sorted(p for p in path.rglob("*") if p.is_file()):
             digest.update(f"{item.relative_to(path).as_posix()}\0{file_digest(item)}\n".encode())
         return digest.hexdigest()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256([path])
 
 
 def job_key(wildcards: dict) -> str:
@@ -90,17 +89,39 @@ def write_record(results: str | Path, rule: str, wildcards: dict, settings: dict
     from uph.io import write_json  # pandas: only a job writes records
 
     results = Path(results)
+    known = Records(results)  # an input another job wrote is read by size and date, as its record has it
+    inputs = [_relative(path, results) for path in inputs if os.path.exists(path)]
     record = {
         "rule": rule,
         "wildcards": dict(sorted(wildcards.items())),
         "settings": json.loads(json.dumps(settings, default=str)),
         # an input the job moved away (the model candidate it installs) is no file of the folder any more
-        "inputs": {_relative(path, results): file_digest(path) for path in inputs if os.path.exists(path)},
+        "inputs": {name: known.digest(name) for name in inputs},
         "outputs": {_relative(path, results): [*_stat(path), file_digest(path)] for path in outputs},
     }
     path = record_path(results, rule, wildcards)
     write_json(record, path)
     return path
+
+
+def _note_dates(results: Path, unchanged) -> int:
+    """Write into the records the present size and date of each output that `unchanged(record file, output,
+    [size, mtime_ns] recorded, [size, mtime_ns] now)` says still holds its recorded bytes, so that the next
+    DAG build reads it by size and date, not again in full. The number of records written."""
+    from uph.io import write_json  # pandas: only when dates moved
+
+    written = 0
+    for path in sorted((results / FOLDER).glob("*/*.json")):
+        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, TypeError, KeyError, AttributeError):
+            record, moved = json.loads(path.read_text()), False
+            for output, made in record["outputs"].items():
+                now = _stat(_absolute(output, results))
+                if now is not None and now != made[:2] and unchanged(path, output, made[:2], now):
+                    made[:2], moved = now, True
+            if moved:
+                write_json(record, path)
+                written += 1
+    return written
 
 
 def redate_future_files(results: str | Path) -> list[Path]:
@@ -118,41 +139,19 @@ def redate_future_files(results: str | Path) -> list[Path]:
                 os.utime(path, ns=(now, now))
                 redated.append(path)
     moved = {_relative(str(path), results) for path in redated}
-    for path in (results / FOLDER).glob("*/*.json") if moved else ():
-        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, TypeError):
-            record = json.loads(path.read_text())
-            outputs = record["outputs"]
-            if moved & set(outputs):
-                for output in moved & set(outputs):
-                    outputs[output][1] = _stat(_absolute(output, results))[1]
-                from uph.io import write_json
-
-                write_json(record, path)
+    if moved:
+        _note_dates(results, lambda record, output, made, present: output in moved)
     return redated
 
 
 def note_touched_outputs(results: str | Path, since_ns: int) -> int:
     """Note in the records written since `since_ns` (this run's) the dates Snakemake gave their outputs
-    when the jobs ended, after the records were written: the next DAG build then reads them by size and
-    date, not again in full. Called when the run ends (onsuccess, onerror). The number of records written."""
-    from uph.io import write_json  # pandas: only at the run's end
+    when the jobs ended, after the records were written. Called when the run ends (onsuccess, onerror)."""
 
-    results, written = Path(results), 0
-    for path in sorted((results / FOLDER).glob("*/*.json")):
-        stat = _stat(path)
-        if stat is None or stat[1] < since_ns:
-            continue
-        with contextlib.suppress(OSError, ValueError, UnicodeDecodeError, TypeError, KeyError):
-            record = json.loads(path.read_text())
-            moved = False
-            for output, made in record["outputs"].items():
-                now = _stat(_absolute(output, results))
-                if now is not None and now[0] == made[0] and now[1] != made[1]:
-                    made[1], moved = now[1], True
-            if moved:
-                write_json(record, path)
-                written += 1
-    return written
+    def touched(record: Path, output, made, present) -> bool:
+        return present[0] == made[0] and (_stat(record) or [0, -1])[1] >= since_ns
+
+    return _note_dates(Path(results), touched)
 
 
 class Records:
@@ -205,21 +204,11 @@ class Records:
 
     def note_dates(self) -> int:
         """Write into the records the new dates of outputs whose bytes this build found unchanged (a folder
-        copied without its dates), so that the next build reads them by size and date, not again in full.
-        Called once a run holds Snakemake's lock (onstart). The number of records written."""
-        from uph.io import write_json  # pandas: only when dates moved
-
-        written = 0
-        for path in sorted((self.results / FOLDER).glob("*/*.json")) if self._redated else ():
-            record = self._read(path)
-            outputs = (record or {}).get("outputs", {})
-            moved = {output: _stat(_absolute(output, self.results)) for output in outputs if output in self._redated}
-            if moved:  # dated as they are now (redate_future_files may have moved them since the check)
-                for output, stat in moved.items():
-                    outputs[output][:2] = stat
-                write_json(record, path)
-                written += 1
-        return written
+        copied without its dates). Called once a run holds Snakemake's lock (onstart), after
+        redate_future_files. The number of records written."""
+        if not self._redated:
+            return 0
+        return _note_dates(self.results, lambda record, output, made, present: output in self._redated)
 
     def is_current(self, rule: str, wildcards: dict, settings: dict) -> bool:
         """Whether the job's record holds `settings` and every input and output it names holds the content
