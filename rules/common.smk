@@ -263,9 +263,9 @@ RUN_START = time.time_ns()  # records written from here on are this run's (note_
 
 
 def check_record(name):
-    """Input function of every rule (it adds no file): where a job's outputs all exist but its record
-    (uph.records) is missing or not what the config and the inputs give now, the job is forced to run,
-    and Snakemake reruns what is built from it, whatever the mtimes or the run history."""
+    """An input function that every rule lists and that adds no file. Where a job's outputs all exist
+    but its record (uph.records) is missing or not what the config and the inputs give now, the job is
+    forced to run, and Snakemake reruns what is built from it, whatever the mtimes or the run history."""
 
     def check(wildcards):
         if RECORDS is None or workflow.dag is None:
