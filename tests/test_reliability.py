@@ -1279,18 +1279,25 @@ def test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ah
     assert "Nothing to be done" in again.stdout, again.stdout[-3000:]
 
 
-def test_a_folder_of_another_model_copied_over_a_run_ends_in_the_configs_own_tables_and_summary(tiny_study, tmp_path):
-    """Followed to the end with the default target: a folder whose records say another model.source, copied
-    over the results of a working directory that ran the study (its history). The model is materialized
-    again and everything built from it reruns; the tables are the study's to the byte, and then there is
-    nothing to do."""
+@pytest.mark.parametrize(("switch", "target"), [("model-source", "all"), ("corpus-source", "table")])
+def test_a_folder_of_another_model_or_corpus_copied_over_a_run_ends_in_the_configs_own_tables(
+    tiny_study, tmp_path, switch, target
+):
+    """Followed to the end: a folder whose records say another model.source (the default target) or another
+    corpus.source (the LM tables as target), copied over the results of a working directory that ran the
+    study (its history: Snakemake alone judged it by the checksums it recorded there, "Nothing to be
+    done"). What the switch touches runs again, exactly as the dry run plans it; the tables are the study's
+    to the byte, and then there is nothing to do."""
     workdir = copy_study(tiny_study, tmp_path)
-    made_with(workdir, "model-source")
-    run = snakemake(workdir)
+    made_with(workdir, switch)
+    targets = [] if target == "all" else LM_TABLES
+    plan = ELSEWHERE[switch][1] if target == "all" else {r: n for r, n in ELSEWHERE[switch][1].items() if r in LM_RULES}
+    assert planned_jobs(snakemake(workdir, "-n", *targets)) == plan
+    run = snakemake(workdir, *targets)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert planned_jobs(run) == CONFIG_CHANGES["model"][1]
+    assert planned_jobs(run) == plan
     assert_tables_equal_the_reference(workdir, tiny_study)
-    assert "Nothing to be done" in snakemake(workdir, "-n").stdout
+    assert "Nothing to be done" in snakemake(workdir, "-n", *targets).stdout
 
 
 def test_a_corpus_file_replaced_by_older_dated_text_reruns_the_corpus_and_what_follows(tiny_study, tmp_path):
