@@ -53,6 +53,17 @@ def test_the_same_settings_in_another_spelling_are_current_and_another_setting_i
     assert canonical({"b": [1, True, None], "a": 2}) == {"a": 2.0, "b": [1.0, True, None]}
 
 
+def test_a_record_rewritten_in_another_layout_is_the_same_record(tmp_path):
+    """Re-indented, keys reordered, written by another tool: the record is read, not compared as text."""
+    results, _, made = a_job(tmp_path)
+    path = record_path(results, "corpus", {})
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps(dict(reversed(list(record.items()))), indent=8) + "\n\n")
+    assert not Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
+    path.write_text(json.dumps({**record, "settings": {**SETTINGS, "cache": {"context": 65}}}))
+    assert Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])  # the check can fail
+
+
 def test_changed_content_not_a_date_makes_a_job_stale(tmp_path):
     results, source, made = a_job(tmp_path)
     later = time.time_ns() + 3600 * 10**9
