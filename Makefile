@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
 	touch $@
 
 # gpu=$(GPU_SLOTS): the jobs that compute on a GPU (device auto where one is visible) share it, four at a
-# time (profiles/local says why four; a 16 GB GPU takes 2: README, "Slots per GPU size").
+# time (profiles/local says why four; a 16 GB GPU takes 2: docs/cluster-and-gpu.md, "Slots per GPU size").
 GPU_SLOTS ?= 4
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPU_SLOTS) --configfile config.yaml
@@ -54,7 +54,7 @@ NAME ?= default
 reference: setup
 	$(BIN)/python -m uph.compare $(RESULTS) --make-reference reference/$(NAME) $(if $(FIGURES),--with-figures)
 
-# The CUDA path against the CPU path on this machine (README: "On a GPU"): the kernels' tests, then the
+# The CUDA path against the CPU path on this machine (docs/cluster-and-gpu.md): the kernels' tests, then the
 # tiny study on CPU and on CUDA with their tables compared and timed (gpu-check/). Without a GPU: the
 # CPU half, one line, exit 0.
 gpu-check: setup
@@ -62,7 +62,7 @@ gpu-check: setup
 	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
 
 # The gates the field's workflows run: ruff (lint, format), snakefmt, and snakemake --lint with the
-# notes that do not apply here filtered out (README: "Lint").
+# notes that do not apply here filtered out (docs/extending.md).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -70,7 +70,7 @@ lint: setup
 	@mkdir -p .snakemake && $(BIN)/snakemake --lint --cores 1 > $(LINT_LOG) 2>&1 || true
 	@if grep '^    \* ' $(LINT_LOG) | grep -v '$(LINT_ALLOWED)'; then \
 		cat $(LINT_LOG); echo 'snakemake --lint: the lints above need fixing'; exit 1; fi
-	@echo "snakemake --lint: only '$(LINT_ALLOWED)' notes (README: Lint)"
+	@echo "snakemake --lint: only '$(LINT_ALLOWED)' notes (docs/extending.md)"
 
 dry-run: setup
 	$(BIN)/snakemake -n --configfile config.yaml
