@@ -8,7 +8,7 @@ RESULTS := results
 LINT_ALLOWED := Specify a conda environment or container for each rule.
 LINT_LOG := .snakemake/lint.log
 
-.PHONY: setup reproduce test compare reference gpu-check lint dry-run clean
+.PHONY: setup reproduce test compare reference gpu-check slurm lint dry-run clean
 # A failed recipe leaves no half-written target that would look up to date.
 .DELETE_ON_ERROR:
 
@@ -60,6 +60,19 @@ reference: setup
 gpu-check: setup
 	$(BIN)/pytest -q -rs tests/test_gpu.py -k on_cuda
 	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
+
+# The study on a SLURM cluster, run from its login node: every job through sbatch with profiles/slurm
+# (docs/cluster-and-gpu.md). SLURM_ACCOUNT and SLURM_PARTITION, from the environment or the command line, join
+# the profile's default-resources; a --default-resources on the command line replaces the profile's whole
+# list, so the list is read from the profile and passed again with them. CONFIG: the config files (several
+# merge); SNAKEMAKE_ARGS: anything more for snakemake (-n, a target).
+CONFIG ?= config.yaml
+SLURM_PROFILE := profiles/slurm
+SLURM_DEFAULTS = $(shell $(BIN)/python -c 'import sys, yaml; resources = yaml.safe_load(open(sys.argv[1]))["default-resources"]; print(*(f"{k}={v}" for k, v in resources.items()))' $(SLURM_PROFILE)/config.v8+.yaml)
+slurm: setup
+	$(BIN)/snakemake --profile $(SLURM_PROFILE) --configfile $(CONFIG) $(SNAKEMAKE_ARGS) \
+		--default-resources $(SLURM_DEFAULTS) $(if $(SLURM_ACCOUNT),slurm_account=$(SLURM_ACCOUNT)) \
+		$(if $(SLURM_PARTITION),slurm_partition=$(SLURM_PARTITION))
 
 # The gates the field's workflows run: ruff (lint, format), snakefmt, and snakemake --lint with the
 # notes that do not apply here filtered out (docs/extending.md).
