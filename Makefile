@@ -49,7 +49,7 @@ compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
 
 # A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, and with
-# FIGURES=1 its figures; README: "Checking a regeneration" says how the committed ones were made).
+# FIGURES=1 its figures; docs/performance.md, "Checking a regeneration", says how the committed ones were made).
 NAME ?= default
 reference: setup
 	$(BIN)/python -m uph.compare $(RESULTS) --make-reference reference/$(NAME) $(if $(FIGURES),--with-figures)
@@ -68,7 +68,9 @@ gpu-check: setup
 # merge); SNAKEMAKE_ARGS: anything more for snakemake (-n, a target).
 CONFIG ?= config.yaml
 SLURM_PROFILE := profiles/slurm
-SLURM_DEFAULTS = $(shell $(BIN)/python -c 'import sys, yaml; resources = yaml.safe_load(open(sys.argv[1]))["default-resources"]; print(*(f"{k}={v}" for k, v in resources.items()))' $(SLURM_PROFILE)/config.v8+.yaml)
+SLURM_DEFAULTS = $(shell $(BIN)/python -c 'import sys, yaml; \
+	resources = yaml.safe_load(open(sys.argv[1]))["default-resources"]; \
+	print(*(f"{k}={v}" for k, v in resources.items()))' $(SLURM_PROFILE)/config.v8+.yaml)
 slurm: setup
 	$(BIN)/snakemake --profile $(SLURM_PROFILE) --configfile $(CONFIG) $(SNAKEMAKE_ARGS) \
 		--default-resources $(SLURM_DEFAULTS) $(if $(SLURM_ACCOUNT),slurm_account=$(SLURM_ACCOUNT)) \
