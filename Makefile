@@ -8,7 +8,7 @@ RESULTS := results
 LINT_ALLOWED := Specify a conda environment or container for each rule.
 LINT_LOG := .snakemake/lint.log
 
-.PHONY: setup reproduce test compare reference gpu-check lint dry-run clean
+.PHONY: setup reproduce test compare reference gpu-check slurm lint dry-run clean
 # A failed recipe leaves no half-written target that would look up to date.
 .DELETE_ON_ERROR:
 
@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
 	touch $@
 
 # gpu=$(GPU_SLOTS): the jobs that compute on a GPU (device auto where one is visible) share it, four at a
-# time (profiles/local says why four; a 16 GB GPU takes 2: README, "Slots per GPU size").
+# time (profiles/local says why four; a 16 GB GPU takes 2: docs/cluster-and-gpu.md, "Slots per GPU size").
 GPU_SLOTS ?= 4
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPU_SLOTS) --configfile config.yaml
@@ -49,20 +49,35 @@ compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
 
 # A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, and with
-# FIGURES=1 its figures; README: "Checking a regeneration" says how the committed ones were made).
+# FIGURES=1 its figures; docs/performance.md, "Checking a regeneration", says how the committed ones were made).
 NAME ?= default
 reference: setup
 	$(BIN)/python -m uph.compare $(RESULTS) --make-reference reference/$(NAME) $(if $(FIGURES),--with-figures)
 
-# The CUDA path against the CPU path on this machine (README: "On a GPU"): the kernels' tests, then the
+# The CUDA path against the CPU path on this machine (docs/cluster-and-gpu.md): the kernels' tests, then the
 # tiny study on CPU and on CUDA with their tables compared and timed (gpu-check/). Without a GPU: the
 # CPU half, one line, exit 0.
 gpu-check: setup
 	$(BIN)/pytest -q -rs tests/test_gpu.py -k on_cuda
 	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
 
+# The study on a SLURM cluster, run from its login node: every job through sbatch with profiles/slurm
+# (docs/cluster-and-gpu.md). SLURM_ACCOUNT and SLURM_PARTITION, from the environment or the command line, join
+# the profile's default-resources; a --default-resources on the command line replaces the profile's whole
+# list, so the list is read from the profile and passed again with them. CONFIG: the config files (several
+# merge); SNAKEMAKE_ARGS: anything more for snakemake (-n, a target).
+CONFIG ?= config.yaml
+SLURM_PROFILE := profiles/slurm
+SLURM_DEFAULTS = $(shell $(BIN)/python -c 'import sys, yaml; \
+	resources = yaml.safe_load(open(sys.argv[1]))["default-resources"]; \
+	print(*(f"{k}={v}" for k, v in resources.items()))' $(SLURM_PROFILE)/config.v8+.yaml)
+slurm: setup
+	$(BIN)/snakemake --profile $(SLURM_PROFILE) --configfile $(CONFIG) $(SNAKEMAKE_ARGS) \
+		--default-resources $(SLURM_DEFAULTS) $(if $(SLURM_ACCOUNT),slurm_account=$(SLURM_ACCOUNT)) \
+		$(if $(SLURM_PARTITION),slurm_partition=$(SLURM_PARTITION))
+
 # The gates the field's workflows run: ruff (lint, format), snakefmt, and snakemake --lint with the
-# notes that do not apply here filtered out (README: "Lint").
+# notes that do not apply here filtered out (docs/extending.md).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -70,7 +85,7 @@ lint: setup
 	@mkdir -p .snakemake && $(BIN)/snakemake --lint --cores 1 > $(LINT_LOG) 2>&1 || true
 	@if grep '^    \* ' $(LINT_LOG) | grep -v '$(LINT_ALLOWED)'; then \
 		cat $(LINT_LOG); echo 'snakemake --lint: the lints above need fixing'; exit 1; fi
-	@echo "snakemake --lint: only '$(LINT_ALLOWED)' notes (README: Lint)"
+	@echo "snakemake --lint: only '$(LINT_ALLOWED)' notes (docs/extending.md)"
 
 dry-run: setup
 	$(BIN)/snakemake -n --configfile config.yaml

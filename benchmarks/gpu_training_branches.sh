@@ -7,7 +7,7 @@
 # 2. the attention, copy-task and feedback tables of the default with attention.device cuda: its 18 jobs share
 #    the GPU (--resources gpu=18), the copy task and feedback train on the 16 cores beside them;
 # 3. the same with NVIDIA MPS started (where nvidia-cuda-mps-control is installed), so the 18 processes'
-#    kernels share the GPU's SMs instead of taking turns (projected in BENCHMARKS.md, issue 48);
+#    kernels share the GPU's SMs instead of taking turns (projected in docs/performance.md, "Training branches");
 # 4. the same on the 16 cores alone (the side-by-side baseline), if time is left.
 # OUT gets walls.txt (each run's wall), the benchmark table, and each run's benchmarks, tables and logs.
 set -u

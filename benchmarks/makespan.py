@@ -66,7 +66,7 @@ device=cuda and --dag-set, at each N; its seconds as in the projection above, wh
 - a GPU rule with work that the run did not finish (2026-11-26's stopped in fit_others: no fit_others,
   cross_user* blocks) costs, per job, what a fit job of the same users costs on the GPU (fit's line): the
   nearest GPU rule, reading the same model, shards and thetas for the same users. On the CPU a fit_others
-  job of 2 users took 3.8 s against a fit job's 27 s (BENCHMARKS.md, issue 36), nearly all start-up, so
+  job of 2 users took 3.8 s against a fit job's 27 s (docs/performance.md), nearly all start-up, so
   this is an upper bound by at most fit's work part; --unfinished-as startup gives the lower bound, the
   GPU start-up alone;
 - the other rules it did not finish (headline_point, the tables, aggregate, provenance: CPU jobs) take a

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -60,6 +61,16 @@ def snakemake_command(workdir, *args, config="config/test.yaml") -> list[str]:
     ]
 
 
+def make_slurm_command(workdir, *args, config="config/test.yaml") -> list[str]:
+    """`make slurm` as docs/cluster-and-gpu.md gives it, on `config` (relative to the repository) in `workdir`,
+    with `args` for snakemake: this process's snakemake (BIN) and its environment taken as set up (-o)."""
+    snakemake_args = shlex.join(["--directory", str(workdir), "--cores", "2", *args])
+    return [
+        "make", "-C", str(REPO), "--no-print-directory", "-o", ".venv/.installed", f"BIN={Path(SNAKEMAKE).parent}",
+        "slurm", f"CONFIG={config}", f"SNAKEMAKE_ARGS={snakemake_args}",
+    ]  # fmt: skip
+
+
 def snakemake(workdir, *args, config="config/test.yaml", timeout=600, env=None):
     """Run `snakemake_command` to its end (`env`: the environment, default this process's)."""
     return subprocess.run(
@@ -108,8 +119,8 @@ class SecondRun:
 
 
 class SlurmRun:
-    """The tiny study through sbatch on a one-node SLURM cluster on localhost (tests/slurm_cluster.py), with
-    profiles/slurm and gram_resilience's first attempt failing on purpose (UPH_FAIL_ONCE), running in the
+    """The tiny study through sbatch on a one-node SLURM cluster on localhost (tests/slurm_cluster.py), by
+    `make slurm` and gram_resilience's first attempt failing on purpose (UPH_FAIL_ONCE), running in the
     background from its start until `finish` (a SecondRun)."""
 
     def __init__(self, cluster_folder: Path, workdir: Path):
@@ -120,7 +131,7 @@ class SlurmRun:
         self.cluster = SlurmCluster(cluster_folder, memory_mb=memory_mb, cpus=cpus)
         self.workdir, self.result = workdir, None
         env = {**os.environ, "SLURM_CONF": self.cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
-        command = snakemake_command(workdir, "--profile", str(SLURM_PROFILE), *SNAKEMAKE_ARGS)
+        command = make_slurm_command(workdir, *SNAKEMAKE_ARGS)
         self.logs = [cluster_folder / "snakemake.out", cluster_folder / "snakemake.err"]
         try:
             with open(self.logs[0], "w") as out, open(self.logs[1], "w") as err:

@@ -1,13 +1,15 @@
 """Cluster execution: each branch asks for a GPU where its device is cuda, the SLURM profile plans the
-cluster example, the second run of the tiny study went through sbatch on a one-node SLURM cluster on localhost
-(conftest.second_run, tests/slurm_cluster.py), and the profiles retry a job that fails once
-(UPH_FAIL_ONCE, see uph.logs)."""
+cluster example, `make slurm` adds the account and partition to the profile's resources, the second run of the
+tiny study went through sbatch by `make slurm` on a one-node SLURM cluster on localhost (conftest.second_run,
+tests/slurm_cluster.py), and the profiles retry a job that fails once (UPH_FAIL_ONCE, see uph.logs)."""
 
+import os
 import re
+import subprocess
 
 import pytest
 import yaml
-from conftest import REPO, SLURM_PROFILE, slurm_profile, snakemake
+from conftest import REPO, SLURM_PROFILE, make_slurm_command, slurm_profile, snakemake
 
 from uph.config import validate
 from uph.device import gpu_visible
@@ -129,6 +131,30 @@ def test_the_slurm_profile_plans_the_whole_cluster_example(tmp_path):
     assert all(f"runtime={policy['fit_global']['runtime']}" in line for line in resources["fit_global"])
 
 
+def test_make_slurm_adds_the_account_and_partition_to_the_profiles_resources(tmp_path):
+    """The documented command's dry run: with SLURM_ACCOUNT and SLURM_PARTITION in the environment every job asks
+    for them, beside the profile's default resources (which a --default-resources on the command line would
+    replace); without them no job names an account or a partition."""
+    defaults = slurm_profile()["default-resources"]
+    plain = {name: value for name, value in os.environ.items() if name not in ("SLURM_ACCOUNT", "SLURM_PARTITION")}
+    for env, named in [({**plain, "SLURM_ACCOUNT": "acct", "SLURM_PARTITION": "part"}, True), (plain, False)]:
+        run = subprocess.run(
+            make_slurm_command(tmp_path / str(named), "-n"), capture_output=True, text=True, timeout=300, env=env
+        )
+        assert run.returncode == 0, run.stderr[-3000:]
+        resources = planned_resources(run.stdout)
+        assert {"corpus_roles", "extract", "fit", "attention_train"} <= set(resources)
+        for rule, lines in resources.items():
+            for line in lines:
+                assert ("slurm_account=acct" in line and "slurm_partition=part" in line) == named, (rule, line)
+                assert ("slurm_account" in line or "slurm_partition" in line) == named, (rule, line)
+        # corpus_roles declares no memory or wall time: it gets the profile's defaults
+        assert all(
+            f"mem_mb={defaults['mem_mb']}," in line and f"runtime={defaults['runtime']}" in line
+            for line in resources["corpus_roles"]
+        )
+
+
 def test_a_job_that_fails_once_is_retried_by_the_local_profile(tmp_path, monkeypatch):
     monkeypatch.setenv("UPH_FAIL_ONCE", "gram_resilience")
     table = "results/tables/gram_resilience.csv"
@@ -154,6 +180,7 @@ def test_the_tiny_study_runs_through_sbatch_with_a_retry(tiny_study, second_run)
         )
     assert tiny_study.run.returncode == 0, tiny_study.run.stderr[-3000:]
     assert second_run.run.returncode == 0, second_run.run.stderr[-3000:]
+    assert second_run.run.args[0] == "make" and "slurm" in second_run.run.args  # the command the docs give
     workdir, states = second_run.workdir, second_run.slurm_jobs
 
     # Every job but the Snakefile's localrules went through sbatch: SLURM lists one job per such job

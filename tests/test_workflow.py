@@ -121,7 +121,7 @@ def test_the_dag_build_imports_neither_torch_nor_matplotlib(tiny_study, tmp_path
     seconds = time.perf_counter() - start
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Nothing to be done" in run.stdout + run.stderr
-    assert seconds < 10  # about 1.5 s on an idle 2-core machine (BENCHMARKS.md); loaded CI machines vary
+    assert seconds < 10  # about 1.5 s on an idle 2-core machine (docs/performance.md); loaded CI machines vary
 
 
 # the jobs that read tables only, with capacity and headline_point on the language-model chain's path
@@ -140,7 +140,7 @@ TORCH_FREE_SCRIPTS = (
 
 
 def test_the_jobs_that_read_tables_start_without_torch(tmp_path):
-    """A job pays its script's module-level imports before its work, torch 0.8 s of them (BENCHMARKS.md):
+    """A job pays its script's module-level imports before its work, torch 0.8 s of them (docs/performance.md):
     those of the scripts that only read tables run here, one after another in one interpreter, with torch
     unimportable (a failed import is not cached: each script that reaches torch fails); a script that
     computes with torch (fit) is refused, so the block holds."""

@@ -16,7 +16,7 @@ What "agree" means, per kind of number (TABLES below says which column is which)
   comes out of about layers x width multiply-adds (30 x 576 for the embedded model), whose rounding
   errors of 2^-24 accumulate like a random walk: sqrt(17,280) x 6e-8 = 8e-6 relative, and the exact
   solver stops anywhere within fit.tol (1e-5) of the optimum, which moves an NLL in its fifth decimal
-  (BENCHMARKS.md). So NLLs, their changes and intervals agree within NLL_RTOL = 1e-5 of the table's NLL
+  (docs/performance.md). So NLLs, their changes and intervals agree within NLL_RTOL = 1e-5 of the table's NLL
   scale (its largest |NLL|, about 5 nats: 5e-5, against effects of 1e-3 to 1e-1); theta norms within
   1e-3 relative; certificates are no worse than max(fit.tol, twice the reference's); users counted
   (improved, on the ball) within one user, who may sit within rounding of the threshold; the rest
