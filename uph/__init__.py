@@ -1,5 +1,3 @@
-"""uph: user prior heads, triple-product attention and factored feedback, as a benchmark suite."""
+"""uph: user prior heads, triple-product attention and factored feedback, as a benchmark suite.
 
-from uph.errors import quiet_interrupts
-
-quiet_interrupts()  # a workflow job stopped by Ctrl-C ends without a traceback (uph.errors)
+Importing uph, or any of its modules but uph.job_start, changes nothing outside it."""
