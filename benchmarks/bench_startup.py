@@ -19,16 +19,12 @@ the first context (a 1-element tensor on the device), use_deterministic_algorith
 (an 8x8 matmul, with CUBLAS_WORKSPACE_CONFIG set as setup_device sets it), the first large allocation
 (1 GiB) and a second one.
 
-`--warm` also times, per script, a fresh process that runs the script's imports and sets up the device
-(what a job pays before its work) against a fresh process that hands the same to a warm worker
-(uph.warm.run_in_worker: Snakemake's wrapper imports, the hand-over, and the worker's round trip).
-
 `--repos A B` measures the scripts and uph of several checkouts (e.g. an older commit's, unpacked with
 `git archive <commit> uph workflow_scripts schemas | tar -x -C /tmp/before`), run by run in turn so that machine
 noise hits them alike, and prints each one's table and the differences (B - A).
 
     .venv/bin/python benchmarks/bench_startup.py [--runs 5] [--scripts extract fit ...] [--repos . /tmp/before]
-        [--json out.json] [--warm [--device cpu|cuda]]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,11 +33,9 @@ import argparse
 import ast
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -174,45 +168,6 @@ def bench_cuda(runs: int) -> dict | None:
     return {"device": device, **{k: statistics.median(s[k] for s in samples) for k in samples[0]}}
 
 
-SET_UP = (
-    "from uph.device import setup_device; device = setup_device({device!r}); import torch; "
-    "a = torch.ones(8, 8, device=device); (a @ a).sum().item()"
-)
-HAND_OVER = (
-    "import os, sys; from pathlib import Path; from types import SimpleNamespace; from uph import warm; "
-    "sys.exit(warm.run_in_worker({script!r}, SimpleNamespace(), Path({folder!r})))"
-)
-
-
-def bench_warm(names: list[str], runs: int, device: str) -> dict[str, dict[str, float]]:
-    """{script: {"cold_s", "warm_s"}}: medians of a fresh process that runs the wrapper's imports, the
-    script's import lines and the device set-up (uph.device.setup_device and a first 8x8 matmul), against a
-    fresh process that hands the same to a warm worker (uph.warm.run_in_worker; one worker, started and
-    warmed before the timed runs, so each timed job is a worker's second or later)."""
-    folder = Path(tempfile.mkdtemp(prefix="bench-warm-"))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    results = {}
-    try:
-        for name in names:
-            body = f"{script_imports(SCRIPTS / f'{name}.py')}; {SET_UP.format(device=device)}"
-            script = folder / f"{name}.py"
-            script.write_text(f"{body}\n")
-            cold = f"{WRAPPER}; {body}"
-            warm = f"{WRAPPER}; {HAND_OVER.format(script=str(script), folder=str(folder / 'slots'))}"
-            subprocess.run([sys.executable, "-c", warm], cwd=REPO, env=env, check=True)  # start and warm it
-            samples: dict[str, list[float]] = {"cold_s": [], "warm_s": []}
-            for _ in range(runs):
-                for key, code in (("cold_s", cold), ("warm_s", warm)):
-                    start = time.perf_counter()
-                    subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True)
-                    samples[key].append(time.perf_counter() - start)
-            results[name] = {key: statistics.median(values) for key, values in samples.items()}
-    finally:
-        subprocess.run(["pkill", "-f", str(folder)], check=False)  # the worker, started with the folder in its argv
-        shutil.rmtree(folder, ignore_errors=True)
-    return results
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -220,10 +175,6 @@ def main() -> None:
     parser.add_argument("--repos", nargs="*", type=Path, help="checkouts to measure (default: this one)")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--no-cuda", action="store_true", help="skip the CUDA set-up")
-    parser.add_argument(
-        "--warm", action="store_true", help="also time each script's start-up handed to a warm worker (uph.warm)"
-    )
-    parser.add_argument("--device", default="auto", help="the device the --warm jobs set up (default auto)")
     args = parser.parse_args()
     repos = [repo.resolve() for repo in args.repos or [REPO]]
     names = args.scripts or sorted(p.stem for p in SCRIPTS.glob("*.py"))
@@ -258,16 +209,8 @@ def main() -> None:
             for step, seconds in cuda.items():
                 if step != "device":
                     print(f"  {step:<44}{seconds * 1e3:>8.0f} ms")
-    warm = None
-    if args.warm:
-        warm = bench_warm(names, args.runs, args.device)
-        print(f"\nstart-up with the device set up ({args.device}), medians of {args.runs} fresh processes, ms:")
-        print(f"{'script':<26}{'own process':>12}{'warm worker':>12}{'saved':>8}")
-        for name, r in warm.items():
-            saved = r["cold_s"] - r["warm_s"]
-            print(f"{name:<26}{r['cold_s'] * 1e3:>12.0f}{r['warm_s'] * 1e3:>12.0f}{saved * 1e3:>8.0f}")
     if args.json:
-        figures = {"runs": args.runs, "baseline": baseline, "imports": imports, "cuda": cuda, "warm": warm}
+        figures = {"runs": args.runs, "baseline": baseline, "imports": imports, "cuda": cuda}
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
 
 

@@ -7,10 +7,9 @@
 #    train tokens, then 12 default-sized users' paths one at a time, in lockstep, and stacked in two halves;
 #    and bench_attention_study.py on cuda: 8 runs of standard and triple_capped attention one at a time, at once
 #    and at once replayed from a CUDA graph (uph.attention.steps; its bit-for-bit test is in tests/test_gpu.py);
-#    bench_startup.py: each GPU stage's start-up (warm imports, then the CUDA set-up piece by piece), and a fit
-#    job's start-up in its own process against handed to a warm worker (uph.warm), on cuda;
-# 3. the default with `device: cuda` in a fresh folder, its chain's jobs in warm workers (warm_workers: auto;
-#    the makespan against issue 48's 2 minutes, and each rule's job-seconds from its benchmarks), then
+#    bench_startup.py: each GPU stage's start-up (warm imports, then the CUDA set-up piece by piece), on cuda;
+# 3. the default with `device: cuda` in a fresh folder (the makespan against issue 48's 2 minutes, and each
+#    rule's job-seconds from its benchmarks), then
 #    uph.compare against reference/default (the CPU's).
 # OUT gets machine.txt, tests.txt, lockstep.txt, attention.txt, startup.txt, default.log, wall.txt, compare.txt and the default's
 # benchmarks, tables, provenance and logs (default.tgz).
@@ -27,8 +26,6 @@ timeout 60 python benchmarks/bench_attention_study.py --device cuda --steps 20 \
   --repeats 1 --attentions standard triple_capped 2>&1 | grep -v USDT > "$out/attention.txt"
 timeout 90 python benchmarks/bench_startup.py --runs 3 --scripts extract fit_global fit_validate fit fit_others \
   fit_cross_user 2>&1 | grep -v USDT > "$out/startup.txt"
-timeout 90 python benchmarks/bench_startup.py --runs 3 --scripts fit --warm --no-cuda 2>&1 | grep -v USDT \
-  | sed -n '/start-up with the device/,$p' >> "$out/startup.txt"
 res=/tmp/res_cuda start=$(date +%s)
 timeout "${2:-300}" python -m snakemake --cores all --configfile config.yaml --config device=cuda results=$res \
   > "$out/default.log" 2>&1

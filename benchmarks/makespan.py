@@ -71,10 +71,6 @@ device=cuda and --dag-set, at each N; its seconds as in the projection above, wh
   GPU start-up alone;
 - the other rules it did not finish (headline_point, the tables, aggregate, provenance: CPU jobs) take a
   CPU run's benchmark file of the same name (--cpu-results) or --cpu-seconds RULE=S, else 0 (listed).
-- --gpu-warm-saving S projects warm workers (uph.warm, config warm_workers): a GPU job that starts while an
-  earlier GPU job's worker is idle takes S less (the interpreter, imports and CUDA set-up it does not pay
-  again: about 9 s of the H100 run's first extract job, BENCHMARKS.md); the others start a worker and pay
-  in full. Workers idling out (after a minute) are not modelled.
 GPU jobs sharing one GPU (G > 1) keep the seconds they took alone: the GPU's own contention is not modelled.
 """
 
@@ -134,13 +130,9 @@ class Job:
 # the scheduler: pure functions of the job list
 
 
-def schedule(
-    jobs: list[Job], cores: int, gpus: int | None = None, warm_saving: float = 0.0
-) -> list[tuple[float, float]]:
+def schedule(jobs: list[Job], cores: int, gpus: int | None = None) -> list[tuple[float, float]]:
     """Each job's (start, finish) under list scheduling on `cores` cores and, where `gpus` is given and not
-    0, that many GPU slots (see the module docstring); `gpus` 0 or None leaves the GPU slots out.
-    `warm_saving`: with warm workers (uph.warm), a GPU job that starts while a worker is idle (one that an
-    earlier GPU job started and finished on) takes this much less, at least nothing; the others start one."""
+    0, that many GPU slots (see the module docstring); `gpus` 0 or None leaves the GPU slots out."""
     waiting = [len(job.deps) for job in jobs]
     dependents = [[] for _ in jobs]
     for i, job in enumerate(jobs):
@@ -153,7 +145,7 @@ def schedule(
     ready = [i for i, count in enumerate(waiting) if count == 0]
     running: list[tuple[float, int]] = []  # (finish, job)
     times = [(0.0, 0.0)] * len(jobs)
-    free, free_gpus, idle_workers, now = cores, gpus or 0, 0, 0.0
+    free, free_gpus, now = cores, gpus or 0, 0.0
     while ready or running:
         ready.sort(key=lambda i: (-jobs[i].priority, jobs[i].jobid))
         for i in list(ready):
@@ -161,18 +153,13 @@ def schedule(
             if need <= free and need_gpus <= free_gpus:
                 free, free_gpus = free - need, free_gpus - need_gpus
                 ready.remove(i)
-                seconds = jobs[i].seconds
-                if need_gpus and warm_saving and idle_workers:
-                    idle_workers -= 1
-                    seconds = max(seconds - warm_saving, 0.0)
-                times[i] = (now, now + seconds)
-                heappush(running, (now + seconds, i))
+                times[i] = (now, now + jobs[i].seconds)
+                heappush(running, (now + jobs[i].seconds, i))
         now = running[0][0]
         while running and running[0][0] == now:  # every job finishing now frees its cores and slots first
             _, i = heappop(running)
             need, need_gpus = held(i)
             free, free_gpus = free + need, free_gpus + need_gpus
-            idle_workers += bool(need_gpus)
             for j in dependents[i]:
                 waiting[j] -= 1
                 if waiting[j] == 0:
@@ -583,17 +570,17 @@ def print_critical_path(jobs: list[Job]) -> None:
         print(f"  {jobs[i].rule:<28} {jobs[i].wildcards:<40} {jobs[i].seconds:>8.1f} s")
 
 
-def print_cores(jobs_at, cores_list: list[int], gpus_list: list[int] | None = None, warm_saving: float = 0.0) -> None:
+def print_cores(jobs_at, cores_list: list[int], gpus_list: list[int] | None = None) -> None:
     """The wall at each N of `cores_list` and its critical path; `jobs_at(N)`: the jobs holding the threads
     the DAG built at N cores asks. With `gpus_list`, at each G of it too (0: slots not counted), and the
-    language-model chain's wall (CHAIN); `warm_saving`: schedule's (warm workers)."""
+    language-model chain's wall (CHAIN)."""
     for cores in cores_list:
         jobs = jobs_at(cores)
         length = critical_path(jobs)[0]
         if not gpus_list:
             print(f"cores={cores} wall_s={simulate(jobs, cores):.1f} critical_path_s={length:.1f}")
         for gpus in gpus_list or []:
-            times = schedule(jobs, cores, gpus, warm_saving)
+            times = schedule(jobs, cores, gpus)
             wall, chain = max((finish for _, finish in times), default=0.0), chain_wall(jobs, times)
             print(
                 f"cores={cores} gpus={gpus or 'unlimited'} wall_s={wall:.1f} critical_path_s={length:.1f} "
@@ -706,9 +693,6 @@ def main() -> None:
     gpu.add_argument("--run-users", type=Path, help="its users table (default: --users)")
     gpu.add_argument("--gpu-startup", type=float, help="a GPU job's start-up (default: the cheapest GPU job)")
     gpu.add_argument("--gpu-work-scale", type=float, default=1.0, help="factor on GPU jobs' work part (default 1)")
-    gpu.add_argument(
-        "--gpu-warm-saving", type=float, default=0.0, help="seconds a GPU job saves in an idle warm worker (uph.warm)"
-    )
     gpu.add_argument("--unfinished-as", choices=["fit", "startup"], default="fit", help="GPU rules it did not finish")
     gpu.add_argument("--cpu-results", type=Path, help="a CPU run's results folder, for the rules it did not finish")
     gpu.add_argument("--cpu-seconds", nargs="+", metavar="RULE=S", help="a job's seconds of a rule it did not finish")
@@ -805,14 +789,7 @@ def gpu_main(args: argparse.Namespace, settings: dict, threads: dict[str, int]) 
             print(f"not measured in the run (0 s): {', '.join(missing)}")
         print_critical_path(target)
         print_rules(target, None)
-        if args.gpu_warm_saving:
-            print(f"warm workers: a GPU job that finds one idle takes {args.gpu_warm_saving:.1f} s less")
-        print_cores(
-            lambda n: with_resources(target, build(n), threads),
-            args.cores_list,
-            args.gpus or [slots],
-            args.gpu_warm_saving,
-        )
+        print_cores(lambda n: with_resources(target, build(n), threads), args.cores_list, args.gpus or [slots])
 
 
 if __name__ == "__main__":

@@ -186,7 +186,6 @@ def test_the_default_reference_is_the_committed_one_made_with_the_results_settin
     assert compare_folders(results, committed).exit_code == 0
     set_config(results, "fit", "jobs", 3)  # cuts the same computation: the same reference
     set_config(results, "device", None, "cuda")
-    set_config(results, "warm_workers", None, True)  # where the jobs run, not what they compute
     assert find_reference(results, references) == committed
     set_config(results, "fit", "alphas", [0.25])
     assert find_reference(results, references) is None

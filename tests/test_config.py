@@ -40,6 +40,7 @@ def test_shipped_configs_are_valid_and_get_defaults(config):
     [
         (lambda c: c.update(modle={}), "config key 'modle' is not known"),
         (lambda c: c["extract"].update(shard=2), "config key 'extract.shard' is not known"),
+        (lambda c: c.update(warm_workers="auto"), "config key 'warm_workers' is not known"),
         (lambda c: c["extract"].update(shards=0), "config key 'extract.shards': 0 is less than the minimum of 1"),
         (lambda c: c["extract"].update(dtype="float8"), "config key 'extract.dtype': 'float8' is not one of"),
         (

@@ -127,20 +127,6 @@ def test_gpu_slots_bind():
     assert makespan.schedule(jobs, 2, 2) == [(0, 4), (4, 7)]
 
 
-def test_warm_workers_save_their_start_up_for_every_gpu_job_but_each_slots_first():
-    # 3 GPU jobs of 10 s one after another, 2 independent ones beside, 2 slots, warm saving 4 s:
-    # a and x start the two workers and pay in full; b, c and y each find one idle
-    a, b, c = (
-        Job(n, jobid=i, seconds=10, gpus=1, deps=d) for i, (n, d) in enumerate([("a", ()), ("b", (0,)), ("c", (1,))])
-    )
-    x, y = Job("x", jobid=3, seconds=10, gpus=1), Job("y", jobid=4, seconds=10, gpus=1, deps=(3,))
-    cpu = Job("cpu", jobid=5, seconds=3, deps=(0,))  # a CPU job neither uses nor frees a worker
-    jobs = [a, b, c, x, y, cpu]
-    assert makespan.schedule(jobs, 16, 2) == [(0, 10), (10, 20), (20, 30), (0, 10), (10, 20), (10, 13)]
-    assert makespan.schedule(jobs, 16, 2, warm_saving=4) == [(0, 10), (10, 16), (16, 22), (0, 10), (10, 16), (10, 13)]
-    assert makespan.schedule(jobs, 16, 2, warm_saving=25)[1] == (10, 10)  # at least nothing
-
-
 def test_job_asking_more_threads_than_free_waits():
     # the measured H100 run's extraction: corpus (5 s) then extract (priority 10, 8 threads of 16) while 12
     # one-thread training jobs (10 s) hold 12 cores: it waits for them (4 free at 5 s), where at 2 threads

@@ -32,11 +32,9 @@ from uph.lm.engine.baselines import BASELINES
 from uph.lm.engine.heads import BASES, HEADS, HeadSettings
 from uph.lm.engine.solvers import SOLVERS, SolverSettings
 from uph.lm.jobs.fit_job import CACHES, FitConfig
-from uph.warm import SETTINGS as WARM_WORKERS
 
 REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code's registry
     ("config", "device"): DEVICES,
-    ("config", "warm_workers"): WARM_WORKERS,
     ("extract", "dtype"): DTYPES,
     ("fit", "heads"): HEADS,
     ("fit", "head"): HEADS,

@@ -8,6 +8,7 @@ uninterrupted reference the resumed runs must equal byte for byte: on CPU, confi
 CUDA the LM stages use deterministic kernels and would repeat on one GPU model; uph.device).
 """
 
+import ast
 import contextlib
 import json
 import logging
@@ -1490,14 +1491,36 @@ def test_unlock_works_whatever_the_config(tmp_path):
 
 
 def importing_torch(workdir, script: str) -> bool:
-    """Whether a job in `workdir` of workflow script `script` is loading torch's libraries: past its `uph`
-    import, which makes Ctrl-C quiet, and before its first line of work."""
+    """Whether a job in `workdir` of workflow script `script` is loading torch's libraries: past its first
+    import, uph.job_start, which makes Ctrl-C quiet, and before its first line of work."""
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
             command = (proc / "cmdline").read_bytes().decode(errors="replace")
             if str(workdir / ".snakemake" / "scripts") in command and script in command:
                 return "libtorch" in (proc / "maps").read_text()
     return False
+
+
+def test_ctrl_c_is_made_quiet_by_each_scripts_first_import_alone():
+    """Every workflow script's first import is uph.job_start; in a workflow job, importing uph and every
+    other module of it leaves SIGINT's handler as it was, and uph.job_start installs the quiet one."""
+    for script in sorted((REPO / "workflow_scripts").glob("*.py")):
+        first = next(n for n in ast.parse(script.read_text()).body if isinstance(n, ast.Import | ast.ImportFrom))
+        assert ast.unparse(first) == "import uph.job_start", script.name
+    code = (
+        "import importlib, pkgutil, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "sys.modules['__main__'].snakemake = type('Snakemake', (), {'__module__': 'snakemake.script'})()\n"
+        "import uph\n"
+        "for module in pkgutil.walk_packages(uph.__path__, 'uph.'):\n"
+        "    if module.name != 'uph.job_start':\n"
+        "        importlib.import_module(module.name)\n"
+        "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, 'changed on import'\n"
+        "import uph.job_start\n"
+        "assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler, 'not installed'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("when", ["importing", "working"])

@@ -62,10 +62,10 @@ from uph.stats import t_interval
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO / "reference"
-# Settings that cut or batch the same computation, or say where it runs: tables agree across them
-# (tests/test_reliability.py holds fit.jobs to byte-identical tables, tests/test_warm.py warm_workers;
-# extraction batches and shards, and fit.gpu_jobs' stacked rounds, move values by rounding only)
-CUTS = {"extract.batch_size", "extract.shards", "fit.jobs", "fit.gpu_jobs", "warm_workers"}
+# Settings that cut or batch the same computation: tables agree across them
+# (tests/test_reliability.py holds fit.jobs to byte-identical tables; extraction batches and shards, and
+# fit.gpu_jobs' stacked rounds, move values by rounding only)
+CUTS = {"extract.batch_size", "extract.shards", "fit.jobs", "fit.gpu_jobs"}
 NLL_RTOL = 1e-5  # of the table's NLL scale (module docstring)
 NORM_RTOL = 1e-3
 FLOAT32_RTOL = 2.0**-23

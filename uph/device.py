@@ -128,8 +128,8 @@ def setup_device(name: str, deterministic: bool = True):
     (uph.logs.rule_logging does, for every job with a `device` param). On CUDA: TF32 off for matmuls
     and cuDNN, float32 matmuls at 'highest' precision, and with `deterministic` (every job but
     TRAINING_RULES) torch's deterministic kernels (warn_only: an op without one warns and runs) with
-    cuBLAS's deterministic workspace, and without it torch's default kernels (set both ways: a warm worker,
-    uph.warm, runs one job after another). On CPU nothing changes (the CPU path's bytes stay as they were)."""
+    cuBLAS's deterministic workspace, and without it torch's default kernels. On CPU nothing changes (the
+    CPU path's bytes stay as they were)."""
     if name != "cpu":  # before CUDA makes its first cuBLAS handle
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
     device = resolve_device(name)

@@ -1,6 +1,6 @@
 """Errors about the user's input. Each message is one line naming the key, file or user at fault;
 workflow scripts print it as is, without a traceback (and a job stopped by Ctrl-C prints none:
-`quiet_interrupts`, which importing `uph` runs)."""
+`quiet_interrupts`, which every workflow script runs first, importing uph.job_start)."""
 
 import signal
 import sys

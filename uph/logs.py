@@ -34,7 +34,6 @@ from uph.device import (
 from uph.errors import UphError
 from uph.io import write_json
 from uph.records import write_record
-from uph.warm import worker_job
 
 
 @contextlib.contextmanager
@@ -54,8 +53,6 @@ def rule_logging(snakemake):
     log = logging.getLogger(f"uph.{name}")
     fail_once(snakemake, log)
     start = time.perf_counter()
-    if warm := worker_job():
-        log.info("in warm worker %(pid)d, its job %(jobs)d (its start-up paid once, uph.warm)", warm)
     try:
         record = record_device(snakemake, log)
         yield log
@@ -68,8 +65,6 @@ def rule_logging(snakemake):
             write_json({**record, **peak}, f"{snakemake.log[0]}.device.json")
     record_job(snakemake)
     log.info("done in %.1f s", time.perf_counter() - start)
-    if warm := worker_job():  # Snakemake's benchmark of a warm job measures the hand-over, not the worker
-        log.info("the job's CPU time in the warm worker: %(cpu_seconds).1f s", warm)
 
 
 def record_job(snakemake) -> None:

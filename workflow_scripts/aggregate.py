@@ -1,6 +1,7 @@
 """Rule aggregate: every figure (PNG and PDF), results/summary.md and the answers table as HTML for the
 report, from the tables and curves (torch-free: tests/test_aggregate.py runs it with torch unimportable)."""
 
+import uph.job_start
 from uph.io import atomic_path
 from uph.logs import rule_logging
 from uph.report.answers import answers, answers_html

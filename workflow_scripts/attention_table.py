@@ -10,6 +10,7 @@ attention_curves.csv: the chosen lr's curves (validation accuracy, score magnitu
 gradient norm) per seed and logged step.
 """
 
+import uph.job_start
 from uph.artifacts import ATTENTION_RUN
 from uph.attention.study_config import PROGRESS
 from uph.io import write_table

@@ -1,5 +1,6 @@
 """Rule attention_train: one task of the attention study for one (model, attention): lr sweep, seeds, tests."""
 
+import uph.job_start
 from uph.attention.study_config import AttentionStudyConfig
 from uph.attention.training import run_cell
 from uph.device import job_device, resolve_device

@@ -1,5 +1,6 @@
 """Rule gram_resilience: seed 004's resilience table, dot product vs Gram determinant."""
 
+import uph.job_start
 from uph.attention.copy_task import gram_resilience
 from uph.io import write_table
 from uph.logs import rule_logging

@@ -1,5 +1,6 @@
 """Rule copy_task_table: every (attention, seed) job's final evaluation as one table."""
 
+import uph.job_start
 from uph.artifacts import COPY_TASK_RUN
 from uph.io import write_table
 from uph.logs import rule_logging

@@ -1,5 +1,6 @@
 """Rule copy_task_train: seed 004's one-layer model on the copy task, for one (attention, seed)."""
 
+import uph.job_start
 from uph.attention.copy_task import CopyTaskConfig, train
 from uph.device import job_device, resolve_device
 from uph.io import write_parquet

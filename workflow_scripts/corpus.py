@@ -1,5 +1,6 @@
 """Rule corpus: tokenize every user, keep the largest `max_users` with >= `min_tokens`, split in time."""
 
+import uph.job_start
 from uph.artifacts import ROLES_FILE
 from uph.config import check_context
 from uph.io import write_parquet

@@ -1,5 +1,6 @@
 """Rule corpus_roles: all users' text (Shakespeare roles or a corpus file) as one parquet table."""
 
+import uph.job_start
 from uph.io import write_parquet
 from uph.lm.data.corpus import load_shakespeare_roles, read_corpus_file
 from uph.logs import rule_logging

@@ -2,6 +2,7 @@
 resolved here, on the machine that extracts, and recorded in the shard; `extract.batch_size: null` comes
 sized by the device the job asks for (rules/common.smk, uph.config.batch_windows), and is logged)."""
 
+import uph.job_start
 from uph.artifacts import USERS_FILE
 from uph.config import batch_windows
 from uph.device import job_device, resolve_device, resolve_dtype

@@ -1,5 +1,6 @@
 """Rule feedback_table: one row per (method, seed) from the training curves."""
 
+import uph.job_start
 from uph.artifacts import FEEDBACK_RUN
 from uph.feedback.comparison import summarize
 from uph.io import write_table

@@ -1,5 +1,6 @@
 """Rule feedback_train: train the character MLP with one method and seed; write its curves."""
 
+import uph.job_start
 from uph.artifacts import ROLES_FILE
 from uph.device import job_device, resolve_device
 from uph.feedback.char_lm import char_corpus

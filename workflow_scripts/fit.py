@@ -2,6 +2,7 @@
 cache baselines' arms, for the users of one fit job (each user's base distribution computed once), each refit warm
 from its validation path's ball at the chosen radius."""
 
+import uph.job_start
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.device import job_device
 from uph.lm.jobs.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines

@@ -1,6 +1,7 @@
 """Rule capacity: every arm's capacity (radius, or the unigram's lambda) chosen from the validation rows of
 fit_global and every validate job (uph.lm.engine.capacity)."""
 
+import uph.job_start
 from uph.artifacts import check_fit_inputs, job_record, write_recorded
 from uph.lm.engine.capacity import EDGES
 from uph.lm.jobs.choices import capacity_choices

@@ -4,6 +4,7 @@ point is a point of fit.cross_user (rule cross_user), or the point the summary r
 headline_point's pick; no rows when fit.cross_user lists that point already). The table job gathers the
 blocks."""
 
+import uph.job_start
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.device import job_device
 from uph.lm.engine.heads import HeadSettings

@@ -1,6 +1,7 @@
 """Rule fit_global: the global theta of one method (a head's points, or the full bias) and every solver at
 its radius chosen on validation, on all users' train tokens pooled, with the validation rows it chose from."""
 
+import uph.job_start
 from uph.artifacts import job_record, write_recorded
 from uph.device import job_device
 from uph.lm.jobs.fit_job import FitConfig, load_methods

@@ -1,6 +1,7 @@
 """Rule fit_global_neural_cache: the pooled datastore of the neural cache and its three arms' temperature
 and lambda chosen on every user's validation part (no rows when fit.baselines leaves it out)."""
 
+import uph.job_start
 from uph.artifacts import job_record, write_recorded
 from uph.device import job_device
 from uph.lm.engine.baselines import NEURAL_CACHE

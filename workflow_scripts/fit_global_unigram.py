@@ -1,6 +1,7 @@
 """Rule fit_global_unigram: the pooled unigram's counts and its three arms' lambdas chosen on every user's
 validation part (no rows when fit.baselines leaves the unigram out)."""
 
+import uph.job_start
 from uph.artifacts import job_record, write_recorded
 from uph.device import job_device
 from uph.lm.engine.baselines import UNIGRAM

@@ -2,6 +2,7 @@
 and the others control as the report picks it (uph.report.study.best_beyond_global); `listed` when
 fit.cross_user lists it already, so its cross_user_headline blocks write no rows."""
 
+import uph.job_start
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.lm.jobs.choices import Point
 from uph.lm.jobs.tables import personalization_table, read_in_user_order

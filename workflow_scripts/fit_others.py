@@ -3,6 +3,7 @@ each user's held-out text of every method (the full bias too) scored with the gl
 the other users' residual thetas, the heads on a cache with the mean of the other users' thetas on it, and
 the neural cache with a store of the same size drawn from the other users' (uph.lm.jobs.controls.others)."""
 
+import uph.job_start
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.device import job_device
 from uph.lm.jobs.controls import others, residual_thetas

@@ -2,6 +2,7 @@
 Markdown and LaTeX beside them (no timings: the tables are deterministic; wall time per job is in
 results/benchmarks)."""
 
+import uph.job_start
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record
 from uph.io import write_table
 from uph.lm.jobs.tables import (

@@ -2,6 +2,7 @@
 on a cache, fit.on_cache) on the fit parts of one fit job's users, scored on their validation parts, with every ball's
 warm start for the fit job's refits (uph.lm.jobs.validate.warm_starts)."""
 
+import uph.job_start
 from uph.artifacts import FIT_FILE, check_fit_inputs, job_record, write_recorded
 from uph.device import job_device
 from uph.lm.jobs.fit_job import FitConfig, global_thetas, job_users, load_methods, read_cache_baselines

@@ -1,5 +1,6 @@
 """Rule model: install the candidate folder that passed every admission check as results/model."""
 
+import uph.job_start
 from uph.logs import rule_logging
 from uph.model_identity import install_model_folder, read_identity
 

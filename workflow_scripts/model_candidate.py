@@ -2,6 +2,7 @@
 is written last, once the folder loaded back passes every admission check (complete weights, causal
 attention, tokenizer within the vocabulary, the suite's base log-probs the model's own)."""
 
+import uph.job_start
 from uph.config import check_against_model
 from uph.lm.data.models import materialize
 from uph.logs import rule_logging

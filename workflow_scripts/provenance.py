@@ -2,6 +2,7 @@
 seeds, the hosts and devices each rule's jobs ran on, wall time per rule). Its own benchmark file is
 left out: it is written after this job."""
 
+import uph.job_start
 from uph.io import write_json
 from uph.logs import rule_logging
 from uph.model_identity import read_identity

@@ -1,5 +1,6 @@
 """Rule svd_basis: the top singular triplets of the model's lm_head weight."""
 
+import uph.job_start
 from uph.lm.data.basis import save_basis, top_singular_triplets
 from uph.lm.data.models import read_output_layer
 from uph.logs import rule_logging
