@@ -45,7 +45,7 @@ from uph.config import CPU_BATCH, batch_windows
 from uph.device import cpu_model, setup_device
 from uph.lm.data.cache import shard_users
 from uph.lm.data.extract import extract_users, user_groups, user_windows
-from uph.lm.data.splits import temporal_split
+from uph.splits import temporal_split
 
 SMOLLM2_135M = dict(  # the shape of the embedded model (its config.json)
     vocab_size=49152,

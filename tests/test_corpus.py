@@ -6,7 +6,7 @@ import pytest
 from uph.errors import CorpusError
 from uph.lm.data.corpus import load_shakespeare_roles, parse_play, read_corpus_file, tokenize_users
 from uph.lm.data.models import byte_tokenizer
-from uph.lm.data.splits import temporal_split
+from uph.splits import temporal_split
 
 PLAY = """HAMLET, PRINCE OF DENMARK
 

@@ -8,8 +8,8 @@ from uph.errors import CacheError, ModelError
 from uph.lm.data.cache import cache_identity, read_shard, shard_manifest, shard_of, shard_writer
 from uph.lm.data.extract import extract_users, user_groups, user_windows
 from uph.lm.data.models import load_model, materialize, read_output_layer
-from uph.lm.data.splits import temporal_split
 from uph.model_identity import read_identity
+from uph.splits import temporal_split
 
 
 def _users(n_users=2, n_tokens=150, vocab=257, context=16, seed=0):

@@ -23,7 +23,7 @@ from uph.errors import ConfigError, CorpusError
 from uph.io import write_table
 from uph.lm.data.corpus import read_corpus_file, tokenize_users
 from uph.lm.data.models import byte_tokenizer
-from uph.lm.data.splits import split_lengths, temporal_split
+from uph.splits import split_lengths, temporal_split
 
 TEST_CONFIG = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
 HIDDEN = 64  # the tiny test model's

@@ -32,8 +32,8 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from uph.errors import ConfigError
-from uph.lm.data.splits import split_lengths, temporal_split
 from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, MODEL_CONFIG, check_model_folder
+from uph.splits import split_lengths, temporal_split
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
@@ -514,7 +514,7 @@ SPLIT_KEYS = {  # the keys besides a user's tokens that decide its split, and th
 
 
 def _split_problem(n_tokens: int, train_fraction: float, validation_fraction: float, context: int):
-    """Why a user of `n_tokens` tokens cannot be split (uph.lm.data.splits): ('held_out', held-out tokens)
+    """Why a user of `n_tokens` tokens cannot be split (uph.splits): ('held_out', held-out tokens)
     without a test window after the gap, ('fit_part', train tokens, why) without a fit part before the
     validation gap; None where it can."""
     split = temporal_split(n_tokens, train_fraction, context)

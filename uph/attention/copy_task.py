@@ -113,37 +113,13 @@ def train(
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     autocast = {"device_type": device.type, "dtype": getattr(torch, cfg.dtype), "enabled": cfg.dtype != "float32"}
     batches = torch.Generator().manual_seed(seed)
-    eval_sets = {
-        length: [
-            t.to(device)
-            for t in copy_batch(
-                cfg.eval_size, length, cfg.vocab, torch.Generator().manual_seed(seed * EVAL_STREAM + length)
-            )
-        ]
-        for length in eval_lengths(cfg)
-    }
-    L, every = cfg.train_len, cfg.log_every
-
-    def curve_row(step: int, train_loss: float) -> dict:
-        return {
-            "attention": attention,
-            "seed": seed,
-            "step": step,
-            "train_loss": train_loss,
-            **evaluate(model, *eval_sets[L], cfg.batch_size, autocast),
-            **{name: values[0] for name, values in attention_stats(model, eval_sets[L][0][:PROBE_SIZE]).items()},
-        }
-
-    rows, running, start = [curve_row(0, float("nan"))], [], time.perf_counter()
+    eval_sets = copy_eval_sets(cfg, seed, device)
+    L, every, run = cfg.train_len, cfg.log_every, {"attention": attention, "seed": seed}
+    rows = [{**run, **curve_row(model, eval_sets[L], cfg.batch_size, autocast, 0, float("nan"))}]
+    running, start = [], time.perf_counter()
     for step in range(1, cfg.steps + 1):
         inputs, targets = (t.to(device) for t in copy_batch(cfg.batch_size, L, cfg.vocab, batches))
-        with torch.autocast(**autocast):
-            logits = model(inputs)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        running.append(loss.detach())
+        running.append(train_step(model, optimizer, inputs, targets, autocast))
         if step % every == 0 or step == cfg.steps:
             train_loss = torch.stack(running).mean().item()
             if not math.isfinite(train_loss):
@@ -151,7 +127,7 @@ def train(
                     f"copy task with {attention} attention, seed {seed}: the training loss is {train_loss} by step "
                     f"{step}; lower config key 'copy_task.lr' ({cfg.lr})"
                 )
-            rows.append(curve_row(step, train_loss))
+            rows.append({**run, **curve_row(model, eval_sets[L], cfg.batch_size, autocast, step, train_loss)})
             running = []
             log.info(
                 "%s seed %d step %d: train loss %.4f, copy loss %.4f, token acc %.4f",
@@ -163,21 +139,62 @@ def train(
                 rows[-1]["token_acc"],
             )
     log.info("%s seed %d: %d steps in %.1f s", attention, seed, cfg.steps, time.perf_counter() - start)
+    return pd.DataFrame(rows), pd.DataFrame(final_rows(model, eval_sets, cfg, autocast, run))
+
+
+def copy_eval_sets(cfg: CopyTaskConfig, seed: int, device: torch.device) -> dict[int, list[torch.Tensor]]:
+    """eval length -> the fixed eval set (inputs, targets) of `eval_size` sequences."""
+    return {
+        length: [
+            t.to(device)
+            for t in copy_batch(
+                cfg.eval_size, length, cfg.vocab, torch.Generator().manual_seed(seed * EVAL_STREAM + length)
+            )
+        ]
+        for length in eval_lengths(cfg)
+    }
+
+
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor, autocast
+) -> torch.Tensor:
+    """One AdamW step on a batch's mean next-token cross-entropy; returns that loss, detached."""
+    with torch.autocast(**autocast):
+        logits = model(inputs)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def curve_row(model, eval_set: list[torch.Tensor], batch_size: int, autocast: dict, step: int, train_loss: float):
+    """A learning curve's row after `step` steps: the copy metrics on the eval set at train_len and the
+    attention stats on its first PROBE_SIZE sequences."""
+    return {
+        "step": step,
+        "train_loss": train_loss,
+        **evaluate(model, *eval_set, batch_size, autocast),
+        **{name: values[0] for name, values in attention_stats(model, eval_set[0][:PROBE_SIZE]).items()},
+    }
+
+
+def final_rows(model, eval_sets: dict, cfg: CopyTaskConfig, autocast: dict, run: dict) -> list[dict]:
+    """The final evaluation: one row per eval length."""
     final = []
     for length, eval_set in eval_sets.items():
         metrics = evaluate(model, *eval_set, cfg.batch_size, autocast)
         final.append(
             {
-                "attention": attention,
-                "seed": seed,
-                "train_len": L,
+                **run,
+                "train_len": cfg.train_len,
                 "eval_len": length,
                 "final_loss": metrics["loss"],
                 "token_acc": metrics["token_acc"],
                 "seq_acc": metrics["seq_acc"],
             }
         )
-    return pd.DataFrame(rows), pd.DataFrame(final)
+    return final
 
 
 def gram_resilience() -> pd.DataFrame:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
@@ -97,6 +97,18 @@ class RunResult:
     progress: dict
 
 
+@dataclass
+class RunProgress:
+    """One run of train_runs so far: its curve rows, the row of its lowest validation loss and its weights
+    there, the evaluations since without a fall of min_delta, and its RunResult once it stops."""
+
+    rows: list[dict] = field(default_factory=list)
+    best: dict | None = None
+    best_state: dict[str, torch.Tensor] | None = None
+    waited: int = 0
+    result: RunResult | None = None
+
+
 def train_runs(
     cfg: AttentionStudyConfig,
     task: str,
@@ -119,11 +131,8 @@ def train_runs(
         [make_batch(task, cfg, cfg.eval_size, L, torch.Generator().manual_seed(seed * STREAM + 1)) for seed in seeds],
         device,
     )
-    results: list[RunResult | None] = [None] * len(runs)
+    progress = [RunProgress() for _ in runs]
     active = list(range(len(runs)))  # the runs still training, in the model's run order
-    rows = [[] for _ in runs]
-    best = [None] * len(runs)  # each run's row of its lowest validation loss so far, and its weights
-    best_state, waited = [None] * len(runs), [0] * len(runs)
     running = torch.zeros(len(runs), device=device)  # the training losses' sum since the last row
     since = 0
     for step in range(1, limit + 1):
@@ -137,42 +146,10 @@ def train_runs(
         grad_norm = grad_norm.tolist()
         train_loss, since = (running / since).tolist(), 0
         running.zero_()
-        metrics = evaluate(model, val, cfg.batch_size)
-        stats = attention_stats(model, val.inputs[:, : cfg.probe_size], val.loud[:, : cfg.probe_size])
-        done = []
-        for j, i in enumerate(active):
-            finite = math.isfinite(train_loss[j])
-            rows[i].append(
-                {
-                    "lr": runs[i][0],
-                    "seed": seeds[i],
-                    "step": step,
-                    "train_loss": train_loss[j],
-                    "val_loss": metrics[j]["loss"] if finite else math.nan,
-                    "val_token_acc": metrics[j]["token_acc"] if finite else math.nan,
-                    "score_abs": stats["score_abs"][j],
-                    "attention_grad_norm": grad_norm[j],
-                }
-            )
-            if not finite:
-                progress = dict(zip(PROGRESS, (step, math.nan, math.nan, math.nan, False)))
-                results[i] = RunResult(
-                    run_state(model, j), rows[i], {"val_loss": math.nan, "val_token_acc": math.nan}, True, progress
-                )
-                done.append(j)
-                continue
-            if best[i] is None or rows[i][-1]["val_loss"] < best[i]["val_loss"] - cfg.min_delta:
-                best[i], best_state[i], waited[i] = rows[i][-1], run_state(model, j), 0
-            else:
-                waited[i] += 1
-            if waited[i] >= cfg.patience:
-                done.append(j)
+        logged = [(runs[i], progress[i]) for i in active]
+        done = log_step(cfg, model, val, step, logged, train_loss, grad_norm)
         if done:
             keep = [j for j in range(len(active)) if j not in done]
-            for j in done:
-                i = active[j]
-                if results[i] is None:
-                    results[i] = _converged(rows[i], best[i], best_state[i], step, at_step_limit=False)
             active = [active[j] for j in keep]
             if not active:
                 break
@@ -180,23 +157,71 @@ def train_runs(
             trainer.keep_runs(index)
             val, running = Batch(*(t[index] for t in val)), running[index]
     for i in active:
-        results[i] = _converged(rows[i], best[i], best_state[i], step, at_step_limit=waited[i] < cfg.patience)
+        progress[i].result = _converged(progress[i], step, at_step_limit=progress[i].waited < cfg.patience)
     if trainer.captured:
         log.info("%d of %d steps replayed from %d CUDA graph(s)", trainer.replayed, step, trainer.captured)
-    return results
+    return [run.result for run in progress]
 
 
-def _converged(rows: list[dict], best: dict, state: dict, step: int, at_step_limit: bool) -> RunResult:
+def log_step(
+    cfg: AttentionStudyConfig,
+    model: torch.nn.Module,
+    val: Batch,
+    step: int,
+    logged: list[tuple[tuple[float, int], RunProgress]],
+    train_loss: list[float],
+    grad_norm: list[float],
+) -> list[int]:
+    """A logging step of the runs still training (`logged`: each (lr, seed) and its RunProgress, in the
+    model's run order): a curve row for each, its best weights kept where its validation loss fell, and a
+    result for each run that stops here (diverged, or out of patience). Returns the stopped runs' places
+    in `logged`."""
+    metrics = evaluate(model, val, cfg.batch_size)
+    stats = attention_stats(model, val.inputs[:, : cfg.probe_size], val.loud[:, : cfg.probe_size])
+    done = []
+    for j, ((lr, seed), run) in enumerate(logged):
+        finite = math.isfinite(train_loss[j])
+        run.rows.append(
+            {
+                "lr": lr,
+                "seed": seed,
+                "step": step,
+                "train_loss": train_loss[j],
+                "val_loss": metrics[j]["loss"] if finite else math.nan,
+                "val_token_acc": metrics[j]["token_acc"] if finite else math.nan,
+                "score_abs": stats["score_abs"][j],
+                "attention_grad_norm": grad_norm[j],
+            }
+        )
+        if not finite:
+            run.result = _diverged(run, run_state(model, j), step)
+            done.append(j)
+            continue
+        if run.best is None or run.rows[-1]["val_loss"] < run.best["val_loss"] - cfg.min_delta:
+            run.best, run.best_state, run.waited = run.rows[-1], run_state(model, j), 0
+        else:
+            run.waited += 1
+        if run.waited >= cfg.patience:
+            run.result = _converged(run, step, at_step_limit=False)
+            done.append(j)
+    return done
+
+
+def _diverged(run: RunProgress, state: dict[str, torch.Tensor], step: int) -> RunResult:
+    progress = dict(zip(PROGRESS, (step, math.nan, math.nan, math.nan, False)))
+    return RunResult(state, run.rows, {"val_loss": math.nan, "val_token_acc": math.nan}, True, progress)
+
+
+def _converged(run: RunProgress, step: int, at_step_limit: bool) -> RunResult:
     progress = {
         "steps_run": step,
-        "best_step": best["step"],
-        "steps_to_90": first_step(rows, 0.9),
-        "steps_to_99": first_step(rows, 0.99),
+        "best_step": run.best["step"],
+        "steps_to_90": first_step(run.rows, 0.9),
+        "steps_to_99": first_step(run.rows, 0.99),
         "at_step_limit": at_step_limit,
     }
-    return RunResult(
-        state, rows, {"val_loss": best["val_loss"], "val_token_acc": best["val_token_acc"]}, False, progress
-    )
+    final = {"val_loss": run.best["val_loss"], "val_token_acc": run.best["val_token_acc"]}
+    return RunResult(run.best_state, run.rows, final, False, progress)
 
 
 def best_lr(sweep: pd.DataFrame) -> float | None:
@@ -271,6 +296,157 @@ def test_sets(task: str, cfg: AttentionStudyConfig, seed: int) -> dict[tuple[int
     }
 
 
+@dataclass(frozen=True)
+class Cell:
+    """What a cell trains (a task, model and attention kind under `cfg`), where, and the logger of its lines."""
+
+    cfg: AttentionStudyConfig
+    task: str
+    model_name: str
+    attention: str
+    device: torch.device
+    log: logging.Logger
+
+    @property
+    def name(self) -> str:
+        return f"{self.task} {self.model_name} {self.attention}"
+
+    @property
+    def columns(self) -> dict[str, str]:
+        return {"task": self.task, "model": self.model_name, "attention": self.attention}
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A cell's runs in the order the protocol asked for them: their curve rows, sweep rows (one a run) and
+    best weights by (lr, seed); and the runs trained ahead (`spare`), held until it asks for them."""
+
+    curves: list[dict] = field(default_factory=list)
+    sweep: list[dict] = field(default_factory=list)
+    states: dict[tuple[float, int], dict] = field(default_factory=dict)
+    spare: dict[tuple[float, int], RunResult] = field(default_factory=dict)
+
+
+def train_stage(
+    cell: Cell, recorded: Recorded, runs: list[tuple[float, int]], later: list[tuple[float, int]] = ()
+) -> Recorded:
+    """`recorded` with the runs (lr, seed) after it: those not trained ahead train at once (train_runs),
+    together with `later`, the runs a later stage will ask for."""
+    start = time.perf_counter()
+    spare = dict(recorded.spare)
+    todo = [run for run in [*runs, *later] if run not in spare]
+    if todo:
+        spare.update(zip(todo, train_runs(cell.cfg, cell.task, cell.model_name, cell.attention, todo, cell.device)))
+        cell.log.info("%s: %d runs at once in %.1f s", cell.name, len(todo), time.perf_counter() - start)
+    results = {run: spare.pop(run) for run in runs}
+    for (lr, seed), result in results.items():
+        cell.log.info(
+            "%s lr %g seed %d: val token acc %.4f%s after %d steps%s",
+            cell.name,
+            lr,
+            seed,
+            result.final["val_token_acc"],
+            ", diverged" if result.diverged else "",
+            result.progress["steps_run"],
+            ", at the step limit" if result.progress["at_step_limit"] else "",
+        )
+    return Recorded(
+        [*recorded.curves, *(row for result in results.values() for row in result.rows)],
+        [
+            *recorded.sweep,
+            *(
+                {"lr": lr, "seed": seed, **result.final, "diverged": result.diverged, **result.progress}
+                for (lr, seed), result in results.items()
+            ),
+        ],
+        {**recorded.states, **{run: result.state for run, result in results.items()}},
+        spare,
+    )
+
+
+def sweep_lrs(cell: Cell, sweep_seeds: list[int], later_seeds: list[int]) -> tuple[Recorded, list[float]]:
+    """The lr sweep on `sweep_seeds`: every lr of the config's (`later_seeds` trained ahead at each), then,
+    while the best lr is an end of those tried, one lr_step past it, up to lr_extensions times. Returns
+    the runs and the lrs tried."""
+    cfg = cell.cfg
+    tried = list(cfg.lrs)
+    runs = [(lr, seed) for lr in tried for seed in sweep_seeds]
+    recorded = train_stage(cell, Recorded(), runs, [(lr, seed) for lr in tried for seed in later_seeds])
+    for _ in range(cfg.lr_extensions):
+        chosen = best_lr(pd.DataFrame(recorded.sweep))
+        lr = None if chosen is None else extension(chosen, tried, cfg.lr_step)
+        if lr is None:
+            break
+        cell.log.info("%s: the best lr %g is an end of %s; trying %g", cell.name, chosen, tried, lr)
+        tried = [*tried, lr]
+        recorded = train_stage(cell, recorded, [(lr, seed) for seed in sweep_seeds])
+    return recorded, tried
+
+
+def chosen_lr(cell: Cell, recorded: Recorded) -> float:
+    """The cell's lr (best_lr of its sweep); TrainingDivergedError when every lr has a diverged run."""
+    chosen = best_lr(pd.DataFrame(recorded.sweep))
+    if chosen is None:
+        raise TrainingDivergedError(
+            f"{cell.task} with the {cell.model_name} model and {cell.attention} attention: every lr has a "
+            f"diverged run; lower config key 'attention.lrs' ({list(cell.cfg.lrs)})"
+        )
+    return chosen
+
+
+def add_seeds(
+    cell: Cell, recorded: Recorded, chosen: float, sweep_seeds: list[int], split_kind: bool
+) -> tuple[Recorded, list[int]]:
+    """The config's seeds the sweep left out, at the chosen lr; then, where the runs there split (split_seeds;
+    never for a kind of split_kinds, which swept on them all), the seeds added. Returns the runs and every
+    seed at the chosen lr."""
+    remaining = [seed for seed in cell.cfg.seeds if seed not in sweep_seeds]
+    if remaining:
+        recorded = train_stage(cell, recorded, [(chosen, seed) for seed in remaining])
+    seeds = [*sweep_seeds, *remaining]
+    extra = [] if split_kind else split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, cell.cfg.seeds_if_split)
+    if extra:
+        cell.log.info("%s: its seeds split at lr %g; training seeds %s", cell.name, chosen, extra)
+        recorded = train_stage(cell, recorded, [(chosen, seed) for seed in extra])
+    return recorded, [*seeds, *extra]
+
+
+def evaluation_rows(cell: Cell, recorded: Recorded, chosen: float, edge: str, seeds: list[int]) -> list[dict]:
+    """Every seed's best weights at the chosen lr on its test sets (test_sets): a row per (seed, eval length,
+    level), by seed, with the run's validation accuracy and PROGRESS; a diverged run's metrics NaN."""
+    cfg, kind = cell.cfg, KINDS[cell.attention]
+    marks = {"family": kind.family, "loudness_invariant": kind.loudness_invariant}
+    final = pd.DataFrame(recorded.sweep).set_index(["lr", "seed"])
+    states = [recorded.states[chosen, seed] for seed in seeds]
+    model = load_runs(build_model(cell.model_name, cell.attention, cfg, seeds), states).to(cell.device)
+    tests = [test_sets(cell.task, cfg, seed) for seed in seeds]
+    rows = []
+    for key in tests[0]:  # (length, level); every seed's test batch of it at once
+        metrics = evaluate(model, stacked([sets[key] for sets in tests], cell.device), cfg.batch_size)
+        for seed, seed_metrics in zip(seeds, metrics):
+            validation = final.loc[(chosen, seed)]
+            if validation["diverged"]:  # a diverged model's argmax is noise, not an accuracy
+                seed_metrics = dict.fromkeys(("loss", "token_acc", "seq_acc"), math.nan)
+            rows.append(
+                {
+                    **cell.columns,
+                    "lr": chosen,
+                    "lr_at_edge": edge,
+                    "seed": seed,
+                    "train_len": cfg.train_len,
+                    "eval_len": key[0],
+                    "level": key[1],
+                    **seed_metrics,
+                    "val_token_acc": validation["val_token_acc"],
+                    "diverged": bool(validation["diverged"]),
+                    **marks,
+                    **{name: validation[name] for name in PROGRESS},
+                }
+            )
+    rows.sort(key=lambda row: seeds.index(row["seed"]))  # by seed, then length and level, as before
+    return rows
+
+
 def run_cell(
     cfg: AttentionStudyConfig,
     task: str,
@@ -289,111 +465,26 @@ def run_cell(
     run until the protocol asks for it: the lr is still chosen on the sweep seeds alone and the tables
     hold the same runs, but a cell whose lr is chosen among the config's lrs trains in one stage, not
     three. Each run is the run it would be in its own stage, up to float32 rounding."""
-    log = log or logging.getLogger(__name__)
+    cell = Cell(cfg, task, model_name, attention, device, log or logging.getLogger(__name__))
     ahead = device.type == "cuda" if ahead is None else ahead
-    kind = KINDS[attention]
-    cell = {"task": task, "model": model_name, "attention": attention}
-    marks = {"family": kind.family, "loudness_invariant": kind.loudness_invariant}
-    curves, sweep, states = [], [], {}
-    spare: dict[tuple[float, int], RunResult] = {}  # runs trained ahead, recorded once the protocol asks
-
-    def train(runs: list[tuple[float, int]], later: list[tuple[float, int]] = ()) -> None:
-        start = time.perf_counter()
-        todo = [run for run in [*runs, *later] if run not in spare]
-        if todo:
-            spare.update(zip(todo, train_runs(cfg, task, model_name, attention, todo, device)))
-            log.info(
-                "%s %s %s: %d runs at once in %.1f s",
-                task,
-                model_name,
-                attention,
-                len(todo),
-                time.perf_counter() - start,
-            )
-        for lr, seed in runs:
-            result = spare.pop((lr, seed))
-            curves.extend(result.rows)
-            sweep.append({"lr": lr, "seed": seed, **result.final, "diverged": result.diverged, **result.progress})
-            states[lr, seed] = result.state
-            log.info(
-                "%s %s %s lr %g seed %d: val token acc %.4f%s after %d steps%s",
-                task,
-                model_name,
-                attention,
-                lr,
-                seed,
-                result.final["val_token_acc"],
-                ", diverged" if result.diverged else "",
-                result.progress["steps_run"],
-                ", at the step limit" if result.progress["at_step_limit"] else "",
-            )
-
     every_seed = [*cfg.seeds, *seeds_to_add(cfg.seeds, cfg.seeds_if_split)]
     split_kind = attention in cfg.split_kinds  # decided by the config, alike on every CPU
     sweep_seeds = every_seed if split_kind else list(cfg.seeds[: cfg.sweep_seeds])
     if split_kind:
-        log.info(
-            "%s %s %s: a kind of attention.split_kinds; every lr on seeds %s", task, model_name, attention, sweep_seeds
-        )
-    tried = list(cfg.lrs)
+        cell.log.info("%s: a kind of attention.split_kinds; every lr on seeds %s", cell.name, sweep_seeds)
     later = [seed for seed in every_seed if seed not in sweep_seeds] if ahead else []
-    train([(lr, seed) for lr in tried for seed in sweep_seeds], [(lr, seed) for lr in tried for seed in later])
-    for _ in range(cfg.lr_extensions):
-        chosen = best_lr(pd.DataFrame(sweep))
-        lr = None if chosen is None else extension(chosen, tried, cfg.lr_step)
-        if lr is None:
-            break
-        log.info("%s %s %s: the best lr %g is an end of %s; trying %g", task, model_name, attention, chosen, tried, lr)
-        tried.append(lr)
-        train([(lr, seed) for seed in sweep_seeds])
-    chosen = best_lr(pd.DataFrame(sweep))
-    if chosen is None:
-        raise TrainingDivergedError(
-            f"{task} with the {model_name} model and {attention} attention: every lr has a diverged run; "
-            f"lower config key 'attention.lrs' ({list(cfg.lrs)})"
-        )
+    recorded, tried = sweep_lrs(cell, sweep_seeds, later)
+    chosen = chosen_lr(cell, recorded)
     edge = lr_edge(chosen, tried)
-    remaining = [seed for seed in cfg.seeds if seed not in sweep_seeds]
-    if remaining:
-        train([(chosen, seed) for seed in remaining])
-    seeds = [*sweep_seeds, *remaining]
-    extra = [] if split_kind else split_seeds(pd.DataFrame(sweep), chosen, seeds, cfg.seeds_if_split)
-    if extra:
-        log.info("%s %s %s: its seeds split at lr %g; training seeds %s", task, model_name, attention, chosen, extra)
-        train([(chosen, seed) for seed in extra])
-        seeds += extra
-    final = pd.DataFrame(sweep).set_index(["lr", "seed"])
-    model = load_runs(build_model(model_name, attention, cfg, seeds), [states[chosen, seed] for seed in seeds])
-    model = model.to(device)
-    tests = [test_sets(task, cfg, seed) for seed in seeds]
-    rows = []
-    for key in tests[0]:  # (length, level); every seed's test batch of it at once
-        metrics = evaluate(model, stacked([sets[key] for sets in tests], device), cfg.batch_size)
-        for seed, seed_metrics in zip(seeds, metrics):
-            validation = final.loc[(chosen, seed)]
-            if validation["diverged"]:  # a diverged model's argmax is noise, not an accuracy
-                seed_metrics = dict.fromkeys(("loss", "token_acc", "seq_acc"), math.nan)
-            rows.append(
-                {
-                    **cell,
-                    "lr": chosen,
-                    "lr_at_edge": edge,
-                    "seed": seed,
-                    "train_len": cfg.train_len,
-                    "eval_len": key[0],
-                    "level": key[1],
-                    **seed_metrics,
-                    "val_token_acc": validation["val_token_acc"],
-                    "diverged": bool(validation["diverged"]),
-                    **marks,
-                    **{name: validation[name] for name in PROGRESS},
-                }
-            )
-    rows.sort(key=lambda row: seeds.index(row["seed"]))  # by seed, then length and level, as before
+    recorded, seeds = add_seeds(cell, recorded, chosen, sweep_seeds, split_kind)
+    rows = evaluation_rows(cell, recorded, chosen, edge, seeds)
     return (
-        pd.DataFrame(curves).assign(**cell),
-        pd.DataFrame(sweep).assign(
-            **cell, chosen=lambda d: d["lr"] == chosen, extended=lambda d: ~d["lr"].isin(cfg.lrs), lr_at_edge=edge
+        pd.DataFrame(recorded.curves).assign(**cell.columns),
+        pd.DataFrame(recorded.sweep).assign(
+            **cell.columns,
+            chosen=lambda d: d["lr"] == chosen,
+            extended=lambda d: ~d["lr"].isin(cfg.lrs),
+            lr_at_edge=edge,
         ),
         pd.DataFrame(rows),
     )

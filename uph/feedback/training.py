@@ -217,29 +217,15 @@ def train(
     rows, sums, since, update_seconds, start = [], defaultdict(float), 0, 0.0, time.perf_counter()
     for step in range(1, config.steps + 1):
         x, y = (t.to(device) for t in sample_batch(corpus.train, config.context, config.batch_size, batches))
-        _synchronize(device)
-        timer = time.perf_counter()
-        hs, z = model.forward(x)
-        batch = Batch(x, y, hs, z, output_error(z, y))
-        _synchronize(device)
-        forward_seconds = time.perf_counter() - timer
-        true = model.backprop_deltas(hs, batch.e)  # the alignment reference only: never reaches the rule
-        timer = time.perf_counter()
-        deltas, diagnostics = learn(model, rule, optimizer, batch)
-        _synchronize(device)
-        update_seconds += forward_seconds + time.perf_counter() - timer
-
-        loss = F.cross_entropy(z, y).item()
+        batch, true, deltas, diagnostics, seconds = timed_step(model, rule, optimizer, x, y, device)
+        update_seconds += seconds
+        loss = F.cross_entropy(batch.z, y).item()
         if not math.isfinite(loss):
             raise TrainingDivergedError(
                 f"feedback training with {method}, seed {seed}: the training loss is {loss} "
                 f"at step {step}; lower config key 'feedback.lr' ({config.lr})"
             )
-        sums["train_loss"] += loss
-        sums["train_acc"] += (z.argmax(-1) == y).float().mean().item()
-        for l, (delta, g) in enumerate(zip(deltas, true), 1):
-            sums[f"alignment_l{l}"] += F.cosine_similarity(delta, g, dim=1, eps=1e-12).mean().item()
-        for name, value in diagnostics.items():
+        for name, value in step_metrics(loss, batch, deltas, true, diagnostics).items():
             sums[name] += value
         since += 1
         if step % config.log_every == 0 or step == config.steps:
@@ -259,3 +245,29 @@ def train(
             )
             sums, since = defaultdict(float), 0
     return pd.DataFrame(rows)
+
+
+def timed_step(model: CharMLP, rule, optimizer: Adam, x: torch.Tensor, y: torch.Tensor, device: torch.device):
+    """The forward pass and the learning step on one batch: (Batch, backprop's deltas, the rule's deltas,
+    its diagnostics, the seconds they took). Backprop's deltas are the alignment reference only: they never
+    reach the rule, and their time is not counted."""
+    _synchronize(device)
+    timer = time.perf_counter()
+    hs, z = model.forward(x)
+    batch = Batch(x, y, hs, z, output_error(z, y))
+    _synchronize(device)
+    forward_seconds = time.perf_counter() - timer
+    true = model.backprop_deltas(hs, batch.e)
+    timer = time.perf_counter()
+    deltas, diagnostics = learn(model, rule, optimizer, batch)
+    _synchronize(device)
+    return batch, true, deltas, diagnostics, forward_seconds + time.perf_counter() - timer
+
+
+def step_metrics(loss: float, batch: Batch, deltas: list, true: list, diagnostics: dict) -> dict[str, float]:
+    """One step's training loss and accuracy, each layer's cosine between the rule's deltas and backprop's
+    (mean over the batch), and the rule's diagnostics."""
+    metrics = {"train_loss": loss, "train_acc": (batch.z.argmax(-1) == batch.y).float().mean().item()}
+    for l, (delta, g) in enumerate(zip(deltas, true), 1):
+        metrics[f"alignment_l{l}"] = F.cosine_similarity(delta, g, dim=1, eps=1e-12).mean().item()
+    return {**metrics, **diagnostics}

@@ -513,10 +513,40 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
         for ax in axes:
             ax.text(0.5, 0.5, f"{task} not run (attention.tasks)", ha="center", va="center", transform=ax.transAxes)
         return
-    styles = attention_styles(table["attention"])
     lengths = sorted(table["eval_len"].unique())
+    handles = _attention_kinds(axes, table, task)
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02)
+    _log2_axis(axes[0], lengths)
+    train_len = table.loc[table["eval_len"] == table["train_len"], "train_len"].iloc[0]
+    axes[0].axvline(train_len, color="0.4", linestyle=":", linewidth=0.8)
+    handles.append(Line2D([], [], color="0.4", linestyle=":", linewidth=0.8, label="training length"))
+    axes[0].set_xlabel("evaluation length (tokens)")
+    axes[0].set_ylabel("test token accuracy")
+    if task in LEVELS:
+        levels = sorted(table["level"].unique())
+        axes[1].set_xscale("log" if task == "loud_copy" else "linear")
+        axes[1].set_xticks(levels, [f"{level:g}" for level in levels])
+        axes[1].minorticks_off()
+        axes[1].set_xlabel(f"{LEVELS[task]} (at the training length)")
+        axes[1].set_ylabel("test token accuracy")
+    else:
+        _log2_axis(axes[1], lengths)
+        axes[1].set_xlabel("evaluation length (tokens)")
+        axes[1].set_ylabel("whole-sequence accuracy")
+    fig.legend(handles=handles, loc="outside right center")
+    fig.suptitle(
+        f"{literal(task)}: mean and 95 % Student-t interval over {seed_counts(table)}, each kind at its best validation lr"
+    )
+
+
+def _attention_kinds(axes, table: pd.DataFrame, task: str) -> list[Line2D]:
+    """Each kind's and model's intervals: test token accuracy against the evaluation length (left), and
+    against the level at the training length for a task with levels, else sequence accuracy against the
+    evaluation length (right). Returns the legend's handles: the kinds, then the models where several."""
+    styles = attention_styles(table["attention"])
     at_train = table[table["eval_len"] == table["train_len"]]
-    right = ("level", "token_acc", at_train, LEVELS[task]) if task in LEVELS else ("eval_len", "seq_acc", table, None)
+    x, metric, source = ("level", "token_acc", at_train) if task in LEVELS else ("eval_len", "seq_acc", table)
     models = ordered(table["model"], list(MODEL_MARKERS))
     markers = {model: MODEL_MARKERS.get(model, "^") if len(models) > 1 else "o" for model in models}
     handles = []
@@ -534,7 +564,6 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
             stats = over_seeds(runs, ["eval_len"], "token_acc")
             dodged = stats.assign(eval_len=stats["eval_len"] * _dodge(i, len(styles), 0.05))
             _interval(axes[0], dodged, "eval_len", **style)
-            x, metric, source, _ = right
             stats = over_seeds(source[(source["model"] == model) & (source["attention"] == attention)], [x], metric)
             if x == "eval_len":
                 stats[x] = stats[x] * _dodge(i, len(styles), 0.05)
@@ -544,29 +573,7 @@ def _attention_task(fig: Figure, study: Study, task: str) -> None:
             Line2D([], [], color="0.3", marker=markers[model], linestyle="none", label=f"{literal(model)} model")
             for model in models
         ]
-    for ax in axes:
-        ax.set_ylim(-0.02, 1.02)
-    _log2_axis(axes[0], lengths)
-    train_len = at_train["train_len"].iloc[0]
-    axes[0].axvline(train_len, color="0.4", linestyle=":", linewidth=0.8)
-    handles.append(Line2D([], [], color="0.4", linestyle=":", linewidth=0.8, label="training length"))
-    axes[0].set_xlabel("evaluation length (tokens)")
-    axes[0].set_ylabel("test token accuracy")
-    if right[0] == "level":
-        levels = sorted(table["level"].unique())
-        axes[1].set_xscale("log" if task == "loud_copy" else "linear")
-        axes[1].set_xticks(levels, [f"{level:g}" for level in levels])
-        axes[1].minorticks_off()
-        axes[1].set_xlabel(f"{right[3]} (at the training length)")
-        axes[1].set_ylabel("test token accuracy")
-    else:
-        _log2_axis(axes[1], lengths)
-        axes[1].set_xlabel("evaluation length (tokens)")
-        axes[1].set_ylabel("whole-sequence accuracy")
-    fig.legend(handles=handles, loc="outside right center")
-    fig.suptitle(
-        f"{literal(task)}: mean and 95 % Student-t interval over {seed_counts(table)}, each kind at its best validation lr"
-    )
+    return handles
 
 
 def attention_offset_copy(fig: Figure, study: Study) -> None:

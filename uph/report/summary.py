@@ -69,6 +69,17 @@ def personalization_finding(study: Study) -> list[str]:
     the cross-user diagonal dominance."""
     solver, table = heads_at_headline(study.personalization)
     best, points = best_beyond_global(study.personalization)
+    return [
+        *_headline_facts(table, best, points, solver),
+        *_baseline_facts(study, solver),
+        *_cache_head_facts(table),
+        _cross_user_fact(study, solver),
+    ]
+
+
+def _headline_facts(table: pd.DataFrame, best: pd.Series, points: int, solver: str) -> list[str]:
+    """The best personal gain of `points` and its users, how many points' intervals exclude 0, the other
+    comparisons at its point, and the best head base -> personal."""
     gains = table[table["control"] == best["control"]]
     below, above = (gains["delta_nll_ci_high"] < 0).sum(), (gains["delta_nll_ci_low"] > 0).sum()
     control = table[at_point(table, best)].set_index("control")
@@ -87,31 +98,52 @@ def personalization_finding(study: Study) -> list[str]:
             f"the others' mean residual {delta_with_ci(control.loc['others'])}"
         )
     if "capacity" in control:  # each arm's radius, chosen on validation; where its ball still binds
-        users = int(best["n_users"])
-        arms = {"global θ": "global", "personal θ": "personal", "residual θ": "global+personal"}
-        facts.append(
-            "there, radii chosen on validation: "
-            + ", ".join(f"{name} {_capacity(control.loc[arm])}" for name, arm in arms.items())
-            + f"; on the ball: personal θs {round(control.loc['personal', 'frac_on_ball'] * users)} of {users} users, "
-            f"residual θs {round(control.loc['global+personal', 'frac_on_ball'] * users)} of {users}; "
-            f"mean ‖θ_g + θ_r‖ {control.loc['global+personal', 'sum_theta_norm']:.3g}"
-        )
-    facts += [
+        facts.append(_radii_fact(control, int(best["n_users"])))
+    return facts + [
         f"there, against the frozen model: global θ {delta_with_ci(control.loc['global'])}, "
         f"personal θ {delta_with_ci(control.loc['personal'])}",
         f"base → personal, the best head: {point_label(best_personal)} {delta_with_ci(best_personal)}",
     ]
+
+
+def _cross_user_fact(study: Study, solver: str) -> str:
+    """The cross-user diagonal dominance of residual θs at the headline solver's cross-user point."""
+    cross = cross_user_at_headline(study)
+    if cross.empty:
+        return f"no cross-user point at the {solver} solver (fit.cross_user)"
+    return f"cross-user residual θs at {point_label(cross.iloc[0])}: {_dominance(cross)}"
+
+
+def _radii_fact(control: pd.DataFrame, users: int) -> str:
+    """Each arm's radius chosen on validation at the headline point, and how many users' θs its ball binds."""
+    arms = {"global θ": "global", "personal θ": "personal", "residual θ": "global+personal"}
+    return (
+        "there, radii chosen on validation: "
+        + ", ".join(f"{name} {_capacity(control.loc[arm])}" for name, arm in arms.items())
+        + f"; on the ball: personal θs {round(control.loc['personal', 'frac_on_ball'] * users)} of {users} users, "
+        f"residual θs {round(control.loc['global+personal', 'frac_on_ball'] * users)} of {users}; "
+        f"mean ‖θ_g + θ_r‖ {control.loc['global+personal', 'sum_theta_norm']:.3g}"
+    )
+
+
+def _baseline_facts(study: Study, solver: str) -> list[str]:
+    """Every baseline at `solver` in each arm: its change with interval and capacity."""
     arms = (
         ("global", "pooled"),
         ("personal", "personal"),
         ("global+personal", "beyond its pooled arm"),
         ("own vs others", "own against the same capacity from the other users"),
     )
-    for arm, what in arms:
-        facts += [
-            f"baseline {row['head']} ({row['solver']}), {what}: {delta_with_ci(row)}{_capacity_of_baseline(row)}"
-            for _, row in baselines_at(study.personalization, solver, arm).iterrows()
-        ]
+    return [
+        f"baseline {row['head']} ({row['solver']}), {what}: {delta_with_ci(row)}{_capacity_of_baseline(row)}"
+        for arm, what in arms
+        for _, row in baselines_at(study.personalization, solver, arm).iterrows()
+    ]
+
+
+def _cache_head_facts(table: pd.DataFrame) -> list[str]:
+    """Each head fitted on a cache: its change against the cache alone, and own cache θ against the others'."""
+    facts = []
     for cache, name in (("unigram", "cache"), ("neural", "neural cache")):
         for _, row in table[table["control"] == f"{name}+head"].iterrows():
             own = table[(table["control"] == f"{name} own vs others") & (table["head"] == row["head"])]
@@ -125,12 +157,6 @@ def personalization_finding(study: Study) -> list[str]:
                     else "; no others control (one user)"
                 )
             )
-    cross = cross_user_at_headline(study)
-    facts.append(
-        f"cross-user residual θs at {point_label(cross.iloc[0])}: {_dominance(cross)}"
-        if not cross.empty
-        else f"no cross-user point at the {solver} solver (fit.cross_user)"
-    )
     return facts
 
 

@@ -2,7 +2,7 @@
 
 A speech is the lines after a speaker tag up to the next tag; bracketed stage directions are
 dropped; the persons-represented list and headers before the first act are not speech. A user's
-token stream is split in time (uph.lm.data.splits.temporal_split).
+token stream is split in time (uph.splits.temporal_split).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from uph.errors import CorpusError
-from uph.lm.data.splits import temporal_split
+from uph.splits import temporal_split
 
 log = logging.getLogger(__name__)
 

@@ -444,6 +444,27 @@ def materialize(
     model, tokenizer, gguf_file = _load_source(source, gguf_file, revision, trust_remote_code)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / IDENTITY).unlink(missing_ok=True)
+    tensors = _save_folder(model, tokenizer, out_dir)
+    identity = {
+        "name": name,
+        "source": source,
+        "gguf_file": gguf_file,
+        "revision": revision,
+        "trust_remote_code": trust_remote_code,
+        **_architecture(model, tensors),
+        "logit_transform": logit_transform(model),
+        "weights_sha256": None,  # hashed beside the admission checks
+        "tokenizer_sha256": file_sha256(p for p in out_dir.iterdir() if p.name.startswith(TOKENIZER_PREFIXES)),
+    }
+    del model, tensors  # one float32 copy in memory at a time
+    _admit(identity, out_dir, tokenizer, source, trust_remote_code)
+    write_json(identity, out_dir / IDENTITY)
+    return identity
+
+
+def _save_folder(model, tokenizer, out_dir: Path) -> dict[str, torch.Tensor]:
+    """Write the model's config (less GGUF's quantization note), a trusted model's own code, the tokenizer
+    and the weights (tied ones once) into `out_dir`; returns the saved tensors by name."""
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -455,14 +476,15 @@ def materialize(
     tokenizer.save_pretrained(out_dir)
     tensors = _unique_state_dict(model)
     save_file(tensors, out_dir / WEIGHTS, metadata={"format": "pt"})
+    return tensors
+
+
+def _architecture(model, tensors: dict[str, torch.Tensor]) -> dict:
+    """identity.json's record of the model's shape: its class, widths, size and the saved names of its
+    output layer's tensors."""
     saved_as = {t.data_ptr(): key for key, t in tensors.items()}
     head = model.get_output_embeddings()
-    identity = {
-        "name": name,
-        "source": source,
-        "gguf_file": gguf_file,
-        "revision": revision,
-        "trust_remote_code": trust_remote_code,
+    return {
         "architecture": type(model).__name__,
         "hidden_size": head.weight.shape[1],
         "vocab_size": head.weight.shape[0],
@@ -471,11 +493,12 @@ def materialize(
             "weight": saved_as[head.weight.data_ptr()],
             "bias": saved_as[head.bias.data_ptr()] if getattr(head, "bias", None) is not None else None,
         },
-        "logit_transform": logit_transform(model),
-        "weights_sha256": None,  # hashed beside the checks below
-        "tokenizer_sha256": file_sha256(p for p in out_dir.iterdir() if p.name.startswith(TOKENIZER_PREFIXES)),
     }
-    del model, config, tensors, saved_as, head  # one float32 copy in memory at a time
+
+
+def _admit(identity: dict, out_dir: Path, tokenizer, source: str, trust_remote_code: bool) -> None:
+    """The admission checks on the folder loaded back as every later stage loads it (a ModelError names
+    the one that fails), beside the weights' hash: fills in identity's parity and weights_sha256."""
     with ThreadPoolExecutor(1) as hashing:  # hashlib lets go of the GIL: the weights hash beside the checks
         weights_sha256 = hashing.submit(file_sha256, [out_dir / WEIGHTS])
         reloaded = _load_folder(out_dir, torch.float32, "cpu", trust_remote_code)
@@ -484,8 +507,6 @@ def materialize(
         identity["parity"] = check_parity(reloaded, _output_layer(out_dir, identity), windows, source)
         check_causal(reloaded, windows[-1:], identity["vocab_size"], source)
         identity["weights_sha256"] = weights_sha256.result()
-    write_json(identity, out_dir / IDENTITY)
-    return identity
 
 
 def _load_folder(model_dir, dtype, device, trust_remote_code: bool):

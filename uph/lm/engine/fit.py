@@ -88,6 +88,30 @@ def fit_path(*args, **kwargs) -> list[tuple[torch.Tensor, FitResult]]:
     return run(fit_path_steps(*args, **kwargs))
 
 
+@dataclass
+class Evaluations:
+    """J's evaluations on one Objective for one fit, counted: `evaluate(theta, iteration)` requests J's Value
+    at theta from the driver (a generator: `yield from`) and raises FitDivergedError, naming the fit, at a
+    NaN or inf."""
+
+    objective: Objective
+    user: str
+    label: str
+    solver: str
+    count: int = 0
+
+    def __call__(self, theta: torch.Tensor, iteration: int):
+        self.count += 1
+        value = yield self.objective, theta
+        if not (math.isfinite(value.objective) and torch.isfinite(value.grad).all() and torch.isfinite(theta).all()):
+            raise FitDivergedError(
+                f"fit of user {self.user!r} ({self.label}, solver {self.solver}) diverged at iteration "
+                f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "
+                "lower config key 'fit.alphas' or 'fit.radii'"
+            )
+        return value
+
+
 def fit_path_steps(
     tokens: Tokens,
     head: Head,
@@ -113,34 +137,14 @@ def fit_path_steps(
         raise ValueError(f"a path of radii goes up: {list(radii)}")
     clock = time.perf_counter()
     objective = Objective(tokens, head, settings.beta, settings.lam, offset, shared)
-    evaluations = 0
-
-    def evaluate(theta: torch.Tensor, iteration: int):
-        """J's Value at theta, requested from the driver (a generator: `yield from`)."""
-        nonlocal evaluations
-        evaluations += 1
-        value = yield objective, theta
-        if not (math.isfinite(value.objective) and torch.isfinite(value.grad).all() and torch.isfinite(theta).all()):
-            raise FitDivergedError(
-                f"fit of user {user!r} ({label}, solver {solver}) diverged at iteration "
-                f"{iteration}: objective {value.objective}, |theta| {float(theta.norm())}; "
-                "lower config key 'fit.alphas' or 'fit.radii'"
-            )
-        return value
-
+    evaluate = Evaluations(objective, user, label, solver)
     path, theta, hessian, value = [], torch.zeros(head.d, dtype=objective.dtype), None, None
     if start is not None and solver == "exact":
         theta, hessian = start.theta.double(), start.model.double()
     for radius in radii:
-        certified = value is not None and solver == "exact"
-        if not (certified and projected_gradient_norm(theta, value.grad, radius) <= settings.tol):
-            if hessian is None and solver == "exact":
-                hessian = objective.curvature()
-            noise = NOISE[objective.dtype]
-            solution = yield from minimize(solver, evaluate, theta, radius, settings, hessian, noise, value)
-            theta, value, hessian, iterations = solution.theta, solution.value, solution.hessian, solution.iterations
-        else:
-            iterations = 0
+        theta, value, hessian, iterations = yield from ball_steps(
+            solver, evaluate, theta, value, hessian, radius, settings
+        )
         seconds, clock = time.perf_counter() - clock, time.perf_counter()
         result = FitResult(
             solver,
@@ -150,11 +154,25 @@ def fit_path_steps(
             value.kl,
             projected_gradient_norm(theta, value.grad, radius),
             iterations,
-            evaluations,
+            evaluate.count,
             seconds,
             float(theta.norm()),
             hessian,
         )
         path.append((theta, result))
-        evaluations = 0
+        evaluate.count = 0
     return path
+
+
+def ball_steps(solver: str, evaluate: Evaluations, theta, value: Value | None, hessian, radius, settings):
+    """One ball of a path from the last ball's (theta, value, hessian) (value None at the first): (theta,
+    value, hessian, iterations) at its minimizer, with no evaluation where exact's last theta is certified
+    inside it. A generator of evaluation requests."""
+    certified = value is not None and solver == "exact"
+    if certified and projected_gradient_norm(theta, value.grad, radius) <= settings.tol:
+        return theta, value, hessian, 0
+    if hessian is None and solver == "exact":
+        hessian = evaluate.objective.curvature()
+    noise = NOISE[evaluate.objective.dtype]
+    solution = yield from minimize(solver, evaluate, theta, radius, settings, hessian, noise, value)
+    return solution.theta, solution.value, solution.hessian, solution.iterations

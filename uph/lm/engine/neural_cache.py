@@ -18,7 +18,7 @@ float32, BLOCK_ENTRIES scores at a time (64 MB), whatever the number of queries.
 
 A datastore entry is never read for a query of the same user whose position lies within `gap`
 tokens of it (extract.context): the entry's target would be in the query's context window or be the
-query's own target. Held-out queries stand past that gap by construction (uph.lm.data.splits); the gap
+query's own target. Held-out queries stand past that gap by construction (uph.splits); the gap
 matters where a user's train tokens query a store that holds them (the base of a head fitted on the
 cache: `CacheFloor`).
 """

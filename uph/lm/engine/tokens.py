@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from uph.lm.data.models import OutputLayer
-from uph.lm.data.splits import split_lengths
+from uph.splits import split_lengths
 
 CHUNK = 256  # tokens per chunk on a CPU: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 GPU_CHUNK = 1024  # on a GPU (chunk_size)

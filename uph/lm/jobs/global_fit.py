@@ -17,7 +17,6 @@ import pandas as pd
 from tqdm import tqdm
 
 from uph.lm.data.cache import UserStates
-from uph.lm.data.splits import split_lengths
 from uph.lm.engine.baselines import arm_nll, count, hidden_of, log_unigram, model_log_probs, targets_of
 from uph.lm.engine.capacity import chosen, chosen_row
 from uph.lm.engine.evaluate import HeldOut
@@ -35,6 +34,7 @@ from uph.lm.jobs.fit_job import (
     fit_columns,
     scored_path,
 )
+from uph.splits import split_lengths
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ its choice (`fit_arms_steps`, `fit_on_cache_steps`), the dose-response (`fit_dos
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -20,7 +21,7 @@ from uph.lm.engine.lockstep import run_lockstep, user_groups
 from uph.lm.engine.neural_cache import NeuralCache
 from uph.lm.engine.objective import HeadOnTokens
 from uph.lm.engine.tokens import Tokens, prepare
-from uph.lm.jobs.choices import Point, chosen_radius
+from uph.lm.jobs.choices import ALL_TOKENS, Point, chosen_radius
 from uph.lm.jobs.fit_job import (
     ARMS,
     CACHES,
@@ -165,6 +166,26 @@ def fit_on_cache_steps(
     }
 
 
+@dataclass(frozen=True)
+class UserRefits:
+    """What one user's refits read: its train and test tokens, the radii chosen on validation (`choices`),
+    the validate job's warm starts and each cache's (train, test) on its residual arm's mixture."""
+
+    user: str
+    train: Tokens
+    test: Tokens
+    choices: pd.DataFrame
+    fit: FitConfig
+    starts: dict[tuple, WarmStart]
+    on_mixture: dict[str, tuple[Tokens, Tokens]]
+
+    def radius(self, point: Point, solver: str, arm: str, k=ALL_TOKENS) -> float:
+        return chosen_radius(self.choices, point, solver, arm, k)
+
+    def start(self, point: Point, solver: str, arm: str, radius: float, k: int | None = None) -> WarmStart | None:
+        return self.starts.get((point, solver, arm, k, self.user, float(radius)))
+
+
 def fit_user_steps(
     user: str,
     train: Tokens,
@@ -181,56 +202,19 @@ def fit_user_steps(
     The heads of fit.on_cache are also fitted on their cache's residual-arm mixture (fit_on_cache_steps).
     `starts`: the validate job's warm starts (warm_starts); a refit without one starts cold. A fit's steps
     (uph.lm.engine.lockstep): a generator of the refits' evaluation requests."""
-    starts = starts or {}
-
-    def start(point: Point, solver: str, arm: str, radius: float, k: int | None = None) -> WarmStart | None:
-        return starts.get((point, solver, arm, k, user, float(radius)))
-
-    dose_points, on_mixture = dict(fit.dose_response.points), {}
-    for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # every head on a cache shares its tokens
-        on_cache = caches.on_cache(cache, user, hidden_of(train), targets_of(train), False, gap)
-        on_mixture[cache] = (on_cache(train, own=True), on_cache(test))
+    on_mixture = cache_mixtures(user, train, test, caches, fit, gap)
+    refits = UserRefits(user, train, test, choices, fit, starts or {}, on_mixture)
     fits, dose = [], []
     user_columns = {"user": user, "train_tokens": train.n, "test_tokens": test.n}
     for point, head in heads.items():
         held_out = HeldOut(test, head)
         for solver in fit.solvers:
             theta_g = thetas_g[(point, solver)]
-            radii = tuple(chosen_radius(choices, point, solver, arm) for arm in ("personal", "residual"))
-            warm = (start(point, solver, "personal", radii[0]), start(point, solver, "residual", radii[1]))
-            arms, theta_r = yield from fit_arms_steps(
-                train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm
-            )
-            for cache in [cache for at, by, cache in fit.on_cache if (at, by) == (point, solver)]:
-                prefix = CACHES[cache]
-                radius = chosen_radius(choices, point, solver, prefix)
-                warm_cache = start(point, solver, prefix, radius)
-                tokens = on_mixture[cache]
-                arms |= yield from fit_on_cache_steps(
-                    *tokens, head, radius, solver, fit, user, point.label, warm_cache, prefix
-                )
+            arms, theta_r = yield from point_arms_steps(refits, point, head, held_out, solver, theta_g)
             fits.append({**point.columns, "solver": solver, **user_columns, "params_per_user": point.d, **arms})
-            if dose_points.get(point) == solver:
-                ks = [k for k in fit.dose_response.train_tokens if k < train.n]
-                dose_radii = {k: chosen_radius(choices, point, solver, "residual", k) for k in ks} | {train.n: radii[1]}
-                dose_starts = {k: start(point, solver, "residual", dose_radii[k], k) for k in ks}
-                dose += [
-                    {**point.columns, "solver": solver, "user": user, **row}
-                    for row in (
-                        yield from fit_dose_response_steps(
-                            train,
-                            held_out,
-                            head,
-                            theta_g,
-                            theta_r,
-                            arms["global_nll"],
-                            dose_radii,
-                            solver,
-                            fit,
-                            dose_starts,
-                        )
-                    )
-                ]
+            if dict(fit.dose_response.points).get(point) == solver:
+                rows = yield from point_dose_steps(refits, point, head, held_out, solver, theta_g, theta_r, arms)
+                dose += [{**point.columns, "solver": solver, "user": user, **row} for row in rows]
         log.info(
             "%s %s: beyond global %+.4f, personal %+.4f",
             user,
@@ -238,9 +222,71 @@ def fit_user_steps(
             fits[-1]["residual_nll"] - fits[-1]["global_nll"],
             fits[-1]["personal_nll"] - fits[-1]["base_nll"],
         )
+    return fits + cache_rows(user, train, test, caches, user_columns), dose
+
+
+def cache_mixtures(
+    user: str, train: Tokens, test: Tokens, caches: CacheBaselines, fit: FitConfig, gap: int
+) -> dict[str, tuple[Tokens, Tokens]]:
+    """cache -> the user's (train, test) on its residual arm's mixture, for each cache of fit.on_cache."""
+    on_mixture = {}
+    for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # every head on a cache shares its tokens
+        on_cache = caches.on_cache(cache, user, hidden_of(train), targets_of(train), False, gap)
+        on_mixture[cache] = (on_cache(train, own=True), on_cache(test))
+    return on_mixture
+
+
+def point_arms_steps(
+    refits: UserRefits, point: Point, head: Head, held_out: HeldOut, solver: str, theta_g: torch.Tensor
+) -> tuple[dict, torch.Tensor]:
+    """The user's three arms at one point and solver (fit_arms_steps), and its fits on the caches of
+    fit.on_cache there (fit_on_cache_steps): the row's columns, and theta_r."""
+    radii = tuple(refits.radius(point, solver, arm) for arm in ("personal", "residual"))
+    warm = (refits.start(point, solver, "personal", radii[0]), refits.start(point, solver, "residual", radii[1]))
+    train, fit, user = refits.train, refits.fit, refits.user
+    arms, theta_r = yield from fit_arms_steps(
+        train, held_out, head, theta_g, radii, solver, fit, user, point.label, warm
+    )
+    for cache in [cache for at, by, cache in fit.on_cache if (at, by) == (point, solver)]:
+        prefix = CACHES[cache]
+        radius = refits.radius(point, solver, prefix)
+        warm_cache = refits.start(point, solver, prefix, radius)
+        tokens = refits.on_mixture[cache]
+        arms |= yield from fit_on_cache_steps(*tokens, head, radius, solver, fit, user, point.label, warm_cache, prefix)
+    return arms, theta_r
+
+
+def point_dose_steps(
+    refits: UserRefits,
+    point: Point,
+    head: Head,
+    held_out: HeldOut,
+    solver: str,
+    theta_g: torch.Tensor,
+    theta_r: torch.Tensor,
+    arms: dict,
+) -> list[dict]:
+    """The dose-response at one point and solver (fit_dose_response_steps), each size at its chosen radius
+    and warm start; all train tokens at the residual arm's (its radius, theta_r; `arms`: its global NLL)."""
+    train = refits.train
+    ks = [k for k in refits.fit.dose_response.train_tokens if k < train.n]
+    radii = {k: refits.radius(point, solver, "residual", k) for k in ks} | {
+        train.n: refits.radius(point, solver, "residual")
+    }
+    starts = {k: refits.start(point, solver, "residual", radii[k], k) for k in ks}
+    return (
+        yield from fit_dose_response_steps(
+            train, held_out, head, theta_g, theta_r, arms["global_nll"], radii, solver, refits.fit, starts
+        )
+    )
+
+
+def cache_rows(user: str, train: Tokens, test: Tokens, caches: CacheBaselines, user_columns: dict) -> list[dict]:
+    """The user's rows of the cache baselines that ran (unigram, neural cache)."""
+    rows = []
     if caches.unigram is not None:
         vocab_and_lambda = train.layer.W.shape[0] + 1
-        fits.append(
+        rows.append(
             {
                 **UNIGRAM_METHOD,
                 **user_columns,
@@ -250,7 +296,7 @@ def fit_user_steps(
         )
     if caches.neural is not None:
         store = train.n * (train.layer.W.shape[1] + 1)  # the user's states and next tokens
-        fits.append(
+        rows.append(
             {
                 **NEURAL_CACHE_METHOD,
                 **user_columns,
@@ -258,7 +304,7 @@ def fit_user_steps(
                 **neural_cache_arms(user, train, test, caches.neural),
             }
         )
-    return fits, dose
+    return rows
 
 
 def fit_users(

@@ -51,44 +51,62 @@ def validate_user_steps(
     the fit part: CacheBaselines.on_cache). Returns (validation rows,
     warm-start rows: every ball's theta and BFGS model, for the refit at the radius chosen, _warm_rows).
     A fit's steps (uph.lm.engine.lockstep): a generator of the paths' evaluation requests."""
-    capacity = fit.capacity
-    fit_part, held = validation_split(train, capacity.validation_fraction, gap)
-    dose_points, ks = dict(fit.dose_response.points), [k for k in fit.dose_response.train_tokens if k < train.n]
-    rows, warm = [], []
-
-    def scored(held_out: HeldOut, path, offset, columns: dict) -> None:
-        rows.extend(scored_path(held_out, path, offset, {**columns, "user": user}))
-        warm.extend(_warm_rows(path, {**columns, "user": user}))
-
+    fit_part, held = validation_split(train, fit.capacity.validation_fraction, gap)
+    scored = []  # each path's (validation rows, warm-start rows), in the order fitted
     for point, head in heads.items():
         held_out = HeldOut(held, head)
         for solver in fit.solvers:
-            theta_g, shared = thetas_g_fit[(point, solver)], HeadOnTokens(fit_part, head)
-            personal = yield from fit_path_steps(
-                fit_part, head, solver, fit.solver, capacity.radii, None, user, point.label, shared
-            )
-            residual = yield from fit_path_steps(
-                fit_part, head, solver, fit.solver, capacity.radii, theta_g, user, point.label, shared
-            )
-            scored(held_out, personal, None, choice_columns(point, solver, "personal"))
-            scored(held_out, residual, theta_g, choice_columns(point, solver, "residual"))
-            if dose_points.get(point) != solver:
-                continue
-            for k in ks:
-                fit_k, held_k = _dose_split(train, k, capacity.validation_fraction, gap)
-                path = yield from fit_path_steps(
-                    fit_k, head, solver, fit.solver, capacity.radii, theta_g, user, point.label
-                )
-                scored(HeldOut(held_k, head), path, theta_g, choice_columns(point, solver, "residual", k))
+            theta_g = thetas_g_fit[(point, solver)]
+            paths = _point_paths_steps(user, train, fit_part, held_out, head, point, solver, theta_g, fit, gap)
+            scored += yield from paths
     for cache in dict.fromkeys(cache for _, _, cache in fit.on_cache):  # each cache's mixture once
         on_cache = caches.on_cache(cache, user, hidden_of(fit_part), targets_of(fit_part), True, gap)
         fit_cache, held_cache = on_cache(fit_part, own=True), on_cache(held)
         for point, solver in [(point, solver) for point, solver, name in fit.on_cache if name == cache]:
             path = yield from fit_path_steps(
-                fit_cache, heads[point], solver, fit.solver, capacity.radii, user=user, label=point.label
+                fit_cache, heads[point], solver, fit.solver, fit.capacity.radii, user=user, label=point.label
             )
-            scored(HeldOut(held_cache, heads[point]), path, None, choice_columns(point, solver, CACHES[cache]))
-    return rows, warm
+            columns = {**choice_columns(point, solver, CACHES[cache]), "user": user}
+            scored.append(_scored(HeldOut(held_cache, heads[point]), path, None, columns))
+    return [row for rows, _ in scored for row in rows], [row for _, warm in scored for row in warm]
+
+
+def _point_paths_steps(
+    user: str,
+    train: Tokens,
+    fit_part: Tokens,
+    held_out: HeldOut,
+    head: Head,
+    point: Point,
+    solver: str,
+    theta_g: torch.Tensor,
+    fit: FitConfig,
+    gap: int,
+) -> list[tuple[list[dict], list[dict]]]:
+    """The personal and residual paths at one point and solver on the fit part, and where the point and
+    solver are the dose-response's, each prefix k's residual path on its own fit part: each path's
+    (validation rows, warm-start rows)."""
+    radii, label = fit.capacity.radii, point.label
+    shared = HeadOnTokens(fit_part, head)
+    personal = yield from fit_path_steps(fit_part, head, solver, fit.solver, radii, None, user, label, shared)
+    residual = yield from fit_path_steps(fit_part, head, solver, fit.solver, radii, theta_g, user, label, shared)
+    scored = [
+        _scored(held_out, personal, None, {**choice_columns(point, solver, "personal"), "user": user}),
+        _scored(held_out, residual, theta_g, {**choice_columns(point, solver, "residual"), "user": user}),
+    ]
+    if dict(fit.dose_response.points).get(point) != solver:
+        return scored
+    for k in [k for k in fit.dose_response.train_tokens if k < train.n]:
+        fit_k, held_k = _dose_split(train, k, fit.capacity.validation_fraction, gap)
+        path = yield from fit_path_steps(fit_k, head, solver, fit.solver, radii, theta_g, user, label)
+        columns = {**choice_columns(point, solver, "residual", k), "user": user}
+        scored.append(_scored(HeldOut(held_k, head), path, theta_g, columns))
+    return scored
+
+
+def _scored(held_out: HeldOut, path, offset, columns: dict) -> tuple[list[dict], list[dict]]:
+    """A path's validation rows (scored_path) and warm-start rows (_warm_rows), each with `columns`."""
+    return scored_path(held_out, path, offset, columns), _warm_rows(path, columns)
 
 
 WARM_MAX_D = 128  # a warm start's BFGS model is d² doubles: 128 KB at d = 128, 2.6 MB at d = 576 (cold there)
