@@ -1,7 +1,6 @@
 # Helpers shared by every stage: config validation, paths, targets.
 import hashlib
 import os
-import time
 from pathlib import Path
 
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
@@ -31,21 +30,11 @@ from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.io import table_files
 from uph.model_identity import IDENTITY, MODEL_CONFIG, WEIGHTS, folder_digest, read_identity
-from uph.records import Records, note_touched_outputs, redate_future_files
+from uph.records import Records, gguf_dropped_for, record_check
 from uph.report.tables import TABLES
-from snakemake.io import apply_wildcards
-
-
-def gguf_dropped_for():
-    """The model.source whose results folder's model was made without config.yaml's carried-over GGUF file
-    (its record: model.gguf_file None): only the first run on that folder warns that it drops it."""
-    results = config.get("results", "results")
-    made = Records.settings_of(results, "model").get("model", {}) if isinstance(results, str) else {}
-    return made.get("source") if isinstance(made, dict) and made.get("gguf_file", "") is None else None
-
 
 try:
-    validate(config, gguf_dropped_for=gguf_dropped_for())
+    validate(config, gguf_dropped_for=gguf_dropped_for(config.get("results", "results")))
     check_results_folder(config["results"])
     claim_results_folder(config["results"], workflow.basedir)
 except UphError as error:
@@ -256,27 +245,12 @@ SETTINGS = {
     "provenance": {"config": computed_config(config)},
 }
 RECORDS = Records(RESULTS) if workflow.is_main_process else None  # a cluster job runs what it is sent
-RUN_START = time.time_ns()  # records written from here on are this run's (note_touched_outputs)
 
 
 def check_record(name):
-    """An input function that every rule lists and that adds no file. Where a job's outputs all exist
-    but its record (uph.records) is missing or not what the config and the inputs give now, the job is
-    forced to run, and Snakemake reruns what is built from it, whatever the mtimes or the run history."""
-
-    def check(wildcards):
-        if RECORDS is None or workflow.dag is None:
-            return []
-        made_by = workflow.get_rule(name)
-        params = {key: value(wildcards) if callable(value) else value for key, value in made_by.params.items()}
-        outputs = [apply_wildcards(str(pattern), wildcards) for pattern in made_by.output]
-        if RECORDS.needs_rerun(name, dict(wildcards.items()), params, outputs):
-            # as --forcerun would: Snakemake 9's DAG reads forcefiles when it decides which jobs run, after
-            # building them (requirements.txt pins it; tests/test_reliability.py's plans fail if that changes)
-            workflow.dag.forcefiles.update(outputs)
-        return []
-
-    return check
+    """The input function each job lists: forces a job whose record is missing or stale to run
+    (uph.records.record_check)."""
+    return record_check(RECORDS, workflow, name)
 
 
 def table_targets():
