@@ -16,6 +16,7 @@ How to add a table:
    `**table_outputs("<rule>")`, every table whose spec names that rule. A new rule lists
    `record=check_record("<rule>")` among its inputs, as every rule does.
 4. Where `report` is True, write its caption, report/<name>.rst.
+5. Give uph.report.study.Study its field: the aggregate stage and compare's answers read every table.
 
 Light on purpose (no pandas, no matplotlib): the DAG build reads it.
 """
@@ -48,7 +49,7 @@ class Comparison:
     metrics: tuple[str, ...] = ()  # seeded: compared over seeds
     cell: tuple[str, ...] = ()
     skipped: dict = field(default_factory=dict)  # column -> why it is not compared
-    why: str = ""  # summarized: where its rows are compared instead
+    why: str = ""  # summarized: why its rows are not compared one by one
 
 
 @dataclass(frozen=True)
