@@ -51,16 +51,15 @@ if "--unlock" not in sys.argv:
     # the records note the new dates of unchanged outputs, so the next DAG build need not read them again.
     onstart:
         noting(workflow)
-        redate_future_files(RESULTS)
-        RECORDS.note_dates()
+        RECORDS.run_started()
 
     # When the run ends: the records note the dates Snakemake gave the outputs after the jobs wrote them.
     onsuccess:
-        note_touched_outputs(RESULTS, RUN_START)
+        RECORDS.run_ended()
         exit_status(failed=False)
 
     onerror:
-        note_touched_outputs(RESULTS, RUN_START)
+        RECORDS.run_ended()
         exit_status(failed=True)
 
     rule all:

@@ -1,11 +1,11 @@
 # Aggregate: the study's figures and one-page summary from the tables and curves alone (no model,
 # no cache, so `snakemake --forcerun aggregate` redraws them anywhere), then provenance.json.
-from uph.report.catalog import FIGURES, TABLES
+from uph.report.catalog import FIGURES
 
 
 rule aggregate:
     input:
-        tables=[results("tables", f"{name}.csv") for name in TABLES],
+        tables=table_targets(),
         copy_task_curves=rules.copy_task_table.input.curves,
         feedback_curves=rules.feedback_table.input.runs,
         record=check_record("aggregate"),

@@ -34,9 +34,7 @@ rule attention_table:
         curves=attention_runs("curves.parquet"),
         record=check_record("attention_table"),
     output:
-        **table_outputs("attention", category="Attention study"),
-        **table_outputs("attention_sweep", "sweep"),
-        **table_outputs("attention_curves", "curves"),
+        **table_outputs("attention_table"),
     log:
         results("logs", "attention_table.log"),
     benchmark:

@@ -1,7 +1,6 @@
 # Helpers shared by every stage: config validation, paths, targets.
 import hashlib
 import os
-import time
 from pathlib import Path
 
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
@@ -31,20 +30,11 @@ from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.io import table_files
 from uph.model_identity import IDENTITY, MODEL_CONFIG, WEIGHTS, folder_digest, read_identity
-from uph.records import Records, note_touched_outputs, redate_future_files
-from snakemake.io import apply_wildcards
-
-
-def gguf_dropped_for():
-    """The model.source whose results folder's model was made without config.yaml's carried-over GGUF file
-    (its record: model.gguf_file None): only the first run on that folder warns that it drops it."""
-    results = config.get("results", "results")
-    made = Records.settings_of(results, "model").get("model", {}) if isinstance(results, str) else {}
-    return made.get("source") if isinstance(made, dict) and made.get("gguf_file", "") is None else None
-
+from uph.records import Records, gguf_dropped_for, record_check
+from uph.report.tables import TABLES
 
 try:
-    validate(config, gguf_dropped_for=gguf_dropped_for())
+    validate(config, gguf_dropped_for=gguf_dropped_for(config.get("results", "results")))
     check_results_folder(config["results"])
     claim_results_folder(config["results"], workflow.basedir)
 except UphError as error:
@@ -157,10 +147,6 @@ def attention_runs(name):
     )
 
 
-def attention_targets():
-    return [results("tables", f"{name}.csv") for name in ("attention", "attention_sweep", "attention_curves")]
-
-
 # Params: exactly what a job's outputs depend on (uph.config.job_params), so a config change reruns
 # exactly the jobs it affects; inputs cover files the config names.
 FIT_GLOBAL = job_params(FIT, FIT_GLOBAL_KEYS)
@@ -259,41 +245,35 @@ SETTINGS = {
     "provenance": {"config": computed_config(config)},
 }
 RECORDS = Records(RESULTS) if workflow.is_main_process else None  # a cluster job runs what it is sent
-RUN_START = time.time_ns()  # records written from here on are this run's (note_touched_outputs)
 
 
 def check_record(name):
-    """An input function that every rule lists and that adds no file. Where a job's outputs all exist
-    but its record (uph.records) is missing or not what the config and the inputs give now, the job is
-    forced to run, and Snakemake reruns what is built from it, whatever the mtimes or the run history."""
-
-    def check(wildcards):
-        if RECORDS is None or workflow.dag is None:
-            return []
-        made_by = workflow.get_rule(name)
-        params = {key: value(wildcards) if callable(value) else value for key, value in made_by.params.items()}
-        outputs = [apply_wildcards(str(pattern), wildcards) for pattern in made_by.output]
-        if RECORDS.needs_rerun(name, dict(wildcards.items()), params, outputs):
-            # as --forcerun would: Snakemake 9's DAG reads forcefiles when it decides which jobs run, after
-            # building them (requirements.txt pins it; tests/test_reliability.py's plans fail if that changes)
-            workflow.dag.forcefiles.update(outputs)
-        return []
-
-    return check
+    """The input function each job lists: forces a job whose record is missing or stale to run
+    (uph.records.record_check)."""
+    return record_check(RECORDS, workflow, name)
 
 
-def table_outputs(name, key="csv", category=None):
-    """The outputs of table `name` for its rule's `output:` (`**table_outputs(...)`): every file
-    uph.io.write_table writes for it (uph.io.table_files), the CSV as `key` (in the report under `category`,
-    captioned by report/<name>.rst, where one is given) and its companions as `md`, `tex` and `code`
-    (`<key>_md`, ... where `key` is not csv), so that a deleted one is rebuilt."""
-    files = table_files(results("tables", f"{name}.csv"))
-    csv = files.pop("csv")
-    prefix = "" if key == "csv" else f"{key}_"
-    return {
-        key: csv if category is None else report(csv, caption=f"../report/{name}.rst", category=category),
-        **{f"{prefix}{companion}": path for companion, path in files.items()},
-    }
+def table_targets():
+    """Every table's CSV (uph.report.tables.TABLES)."""
+    return [results("tables", f"{name}.csv") for name in TABLES]
+
+
+def table_outputs(made_by):
+    """The outputs of the tables rule `made_by` writes (each spec of uph.report.tables naming it), for its
+    `output:` (`**table_outputs(...)`): every file uph.io.write_table writes for each (uph.io.table_files),
+    the CSV as the spec's `output` (in the report under its branch, captioned by report/<name>.rst, where
+    the spec has it there) and its companions as `md`, `tex` and `code` (`<output>_md`, ... where `output`
+    is not csv), so that a deleted one is rebuilt."""
+    outputs = {}
+    for name, spec in TABLES.items():
+        if made_by != spec.rule:
+            continue
+        files = table_files(results("tables", f"{name}.csv"))
+        csv = files.pop("csv")
+        prefix = "" if spec.output == "csv" else f"{spec.output}_"
+        outputs[spec.output] = report(csv, caption=f"../{spec.caption}", category=spec.branch) if spec.report else csv
+        outputs.update({f"{prefix}{companion}": path for companion, path in files.items()})
+    return outputs
 
 
 def companion_targets():
@@ -301,21 +281,8 @@ def companion_targets():
     that one deleted is rebuilt (Snakemake checks only the outputs a target or a later job asks for): every
     table's companions (table_outputs) and the model folder's weights and config (its later jobs name its
     identity.json)."""
-    tables = lm_targets() + copy_task_targets() + attention_targets() + feedback_targets()
-    companions = [path for csv in tables for name, path in table_files(csv).items() if name != "csv"]
+    companions = [path for csv in table_targets() for name, path in table_files(csv).items() if name != "csv"]
     return companions + [results("model", WEIGHTS), results("model", MODEL_CONFIG)]
-
-
-def lm_targets():
-    return [results("tables", f"{name}.csv") for name in ("personalization", "capacity", "dose_response", "cross_user")]
-
-
-def copy_task_targets():
-    return [results("tables", "copy_task.csv"), results("tables", "gram_resilience.csv")]
-
-
-def feedback_targets():
-    return [results("tables", "feedback.csv")]
 
 
 def benchmark_patterns():
@@ -329,7 +296,7 @@ def aggregate_targets():
 
 
 def all_targets():
-    return lm_targets() + copy_task_targets() + attention_targets() + feedback_targets() + aggregate_targets()
+    return table_targets() + aggregate_targets()
 
 
 def intermediate_targets():

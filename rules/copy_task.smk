@@ -30,7 +30,7 @@ rule copy_task_table:
         curves=copy_task_runs("curves.parquet"),
         record=check_record("copy_task_table"),
     output:
-        **table_outputs("copy_task", category="Copy task"),
+        **table_outputs("copy_task_table"),
     log:
         results("logs", "copy_task_table.log"),
     benchmark:
@@ -43,7 +43,7 @@ rule gram_resilience:
     input:
         record=check_record("gram_resilience"),
     output:
-        **table_outputs("gram_resilience", category="Copy task"),
+        **table_outputs("gram_resilience"),
     log:
         results("logs", "gram_resilience.log"),
     benchmark:

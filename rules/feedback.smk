@@ -32,7 +32,7 @@ rule feedback_table:
         ),
         record=check_record("feedback_table"),
     output:
-        **table_outputs("feedback", category="Feedback"),
+        **table_outputs("feedback_table"),
     log:
         results("logs", "feedback_table.log"),
     benchmark:

@@ -283,11 +283,7 @@ rule personalization_table:
         model=rules.model.output.identity,
         record=check_record("personalization_table"),
     output:
-        **{
-            key: path
-            for name in ("personalization", "capacity", "dose_response", "cross_user")
-            for key, path in table_outputs(name, name, category="User prior heads").items()
-        },
+        **table_outputs("personalization_table"),
     log:
         results("logs", "personalization_table.log"),
     benchmark:

@@ -5,15 +5,19 @@ import json
 import os
 import re
 import time
+from types import SimpleNamespace
 
 import pytest
+from snakemake.iocontainers import Wildcards
 
 from uph.errors import ArtifactError
 from uph.records import (
     Records,
     canonical,
     file_digest,
+    gguf_dropped_for,
     note_touched_outputs,
+    record_check,
     record_path,
     redate_future_files,
     write_record,
@@ -147,3 +151,62 @@ def test_the_dates_snakemake_gives_outputs_after_a_job_are_noted_at_the_runs_end
     assert record["outputs"]["corpus/users.txt"][1] == made.stat().st_mtime_ns
     assert note_touched_outputs(results, start) == 0
     assert note_touched_outputs(results, time.time_ns() + 10**9) == 0  # an earlier run's records: left alone
+
+
+def test_a_run_dates_now_what_lies_in_the_future_and_notes_dates_read_again_once_it_holds_the_lock(tmp_path):
+    results, source, made = a_job(tmp_path)
+    os.utime(made, ns=(10**18, 10**18))  # copied without its dates
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(source, ns=(ahead, ahead))  # from a clock running ahead
+    records = Records(results)
+    assert records.is_current("corpus", {}, SETTINGS)  # the DAG build reads the output again
+    records.run_started()
+    assert source.stat().st_mtime_ns <= time.time_ns()
+    record = json.loads(record_path(results, "corpus", {}).read_text())
+    assert record["outputs"]["corpus/users.txt"][:2] == [5, made.stat().st_mtime_ns]
+
+
+def test_a_run_notes_at_its_end_the_dates_of_its_own_jobs_outputs_only(tmp_path):
+    results, source, made = a_job(tmp_path)  # an earlier run's job
+    records = Records(results)
+    os.utime(made)
+    assert records.run_ended() == 0  # an earlier run's record: left alone
+    time.sleep(0.05)  # file dates come from a coarser clock than time.time_ns
+    write_record(results, "corpus", {}, SETTINGS, [str(source)], [str(made)])  # this run's job
+    os.utime(made, ns=(made.stat().st_mtime_ns + 10**9,) * 2)  # Snakemake touches its outputs after
+    assert records.run_ended() == 1
+    record = json.loads(record_path(results, "corpus", {}).read_text())
+    assert record["outputs"]["corpus/users.txt"][1] == made.stat().st_mtime_ns
+
+
+def a_workflow(results, params):
+    """Enough of Snakemake's workflow for record_check: rule fit with `params`, one output per job."""
+    rule = SimpleNamespace(params=params, output=[str(results / "fit" / "job~{job}" / "fits.txt")])
+    return SimpleNamespace(get_rule={"fit": rule}.get, dag=SimpleNamespace(forcefiles=set()))
+
+
+def test_the_record_check_forces_a_stale_jobs_outputs_and_adds_no_input(tmp_path):
+    results = tmp_path / "results"
+    fits = results / "fit" / "job~0" / "fits.txt"
+    fits.parent.mkdir(parents=True)
+    fits.write_text("fits")
+    write_record(results, "fit", {"job": "0"}, SETTINGS, [], [str(fits)])
+    job = Wildcards(fromdict={"job": "0"})
+    current = a_workflow(results, {"fit": lambda wildcards: SETTINGS["fit"], "cache": SETTINGS["cache"]})
+    assert record_check(Records(results), current, "fit")(job) == [] and current.dag.forcefiles == set()
+    stale = a_workflow(results, {"fit": SETTINGS["fit"], "cache": {"context": 128}})
+    assert record_check(None, stale, "fit")(job) == [] and stale.dag.forcefiles == set()  # a cluster job
+    assert record_check(Records(results), stale, "fit")(job) == [] and stale.dag.forcefiles == {str(fits)}
+
+
+def test_a_model_made_without_the_carried_over_gguf_file_names_its_source(tmp_path):
+    results = tmp_path / "results"
+    (results / "model").mkdir(parents=True)
+    identity = results / "model" / "identity.json"
+    identity.write_text("{}")
+    assert gguf_dropped_for(str(results)) is None  # no model made yet
+    write_record(results, "model", {}, {"model": {"source": "hub/model", "gguf_file": None}}, [], [str(identity)])
+    assert gguf_dropped_for(str(results)) == "hub/model"
+    write_record(results, "model", {}, {"model": {"source": "hub/model", "gguf_file": "m.gguf"}}, [], [str(identity)])
+    assert gguf_dropped_for(str(results)) is None
+    assert gguf_dropped_for(None) is None  # no folder name: validation says so

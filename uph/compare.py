@@ -5,11 +5,12 @@
 RESULTS is a results folder; REFERENCE another, or a committed reference (reference/<name>/: its tables/,
 summary.md and provenance.json, which holds the config that made it). Without --reference, the committed
 reference made with RESULTS' config is used. Every table of
-uph.report.catalog.TABLES and every answer of the summary is compared; each disagreement is one line
+uph.report.tables.TABLES and every answer of the summary is compared; each disagreement is one line
 (table, row, column, both values, the tolerance), then a verdict. Exit 0: they agree; 1: they do not;
 2: they cannot be compared (another config, a missing table or provenance.json).
 
-What "agree" means, per kind of number (TABLES below says which column is which):
+What "agree" means, per kind of number (each table's Comparison, uph.report.tables, says which column is
+which):
 
 - **The language-model tables** (personalization, capacity, dose_response, cross_user) are float32
   computations whose kernels, and so summation order, differ across CPUs and devices. Each hidden state
@@ -48,7 +49,7 @@ from pathlib import Path
 import pandas as pd
 
 from uph.io import read_table
-from uph.report.catalog import TABLES
+from uph.report.tables import POINT, TABLES, Comparison
 from uph.seeded_comparison import (
     SeededFindings,
     duplicated_rows,
@@ -69,98 +70,6 @@ CUTS = {"extract.batch_size", "extract.shards", "fit.jobs", "fit.gpu_jobs"}
 NLL_RTOL = 1e-5  # of the table's NLL scale (module docstring)
 NORM_RTOL = 1e-3
 FLOAT32_RTOL = 2.0**-23
-
-
-@dataclass(frozen=True)
-class Table:
-    """How one table compares: `keys` name a row (over `seed` for seeded tables), `cell` the training
-    cell a seeded row belongs to (its choice of lr, its Bonferroni family), and the columns by kind."""
-
-    kind: str  # "lm", "seeded" or "exact"
-    keys: tuple[str, ...]
-    choices: tuple[str, ...] = ()
-    counts: tuple[str, ...] = ()  # users counted: within one user
-    exact: tuple[str, ...] = ()
-    norms: tuple[str, ...] = ()
-    certificates: tuple[str, ...] = ()
-    metrics: tuple[str, ...] = ()  # seeded: compared over seeds
-    cell: tuple[str, ...] = ()
-    skipped: dict = field(default_factory=dict)  # column -> why it is not compared
-
-
-POINT = ("model", "head", "alpha", "d", "solver")
-TABLE_RULES = {
-    "personalization": Table(
-        "lm",
-        (*POINT, "control", "reference"),
-        choices=("capacity", "temperature", "at_edge"),
-        counts=("n_users_improved", "frac_users_improved", "frac_on_ball"),
-        exact=("n_users", "params_per_user"),
-        norms=("sum_theta_norm",),
-        certificates=("fit_certificate_max",),
-        skipped={"sign_test_p": "a function of the users improved, compared as a count"},
-    ),
-    "capacity": Table(
-        "lm",
-        (*POINT, "arm", "train_tokens", "temperature", "capacity"),
-        choices=("chosen", "at_edge"),
-        counts=("frac_on_ball",),
-        exact=("n_users",),
-    ),
-    "dose_response": Table(
-        "lm",
-        (*POINT, "train_tokens"),
-        choices=("radius", "at_edge"),
-        counts=("n_users_improved", "frac_users_improved"),
-        exact=("n_users", "all_train_tokens"),
-        skipped={"sign_test_p": "a function of the users improved, compared as a count"},
-    ),
-    "cross_user": Table("lm", (*POINT, "theta_user", "text_user")),
-    "gram_resilience": Table("exact", ("magnitude", "dot")),
-    "attention": Table(
-        "seeded",
-        ("task", "model", "attention", "train_len", "eval_len", "level"),
-        choices=("lr",),
-        exact=("family", "loudness_invariant", "lr_at_edge"),
-        metrics=("token_acc", "seq_acc", "loss", "val_token_acc", "diverged", "steps_run", "best_step"),
-        cell=("task", "model", "attention"),
-        skipped={
-            "steps_to_90": "NaN where a seed never got there: its seeds' steps_run and accuracy are compared",
-            "steps_to_99": "NaN where a seed never got there: its seeds' steps_run and accuracy are compared",
-            "at_step_limit": "named by seed in the summary; its seeds' steps_run are compared",
-        },
-    ),
-    "attention_sweep": Table(
-        "seeded",
-        ("task", "model", "attention", "lr"),
-        exact=("chosen", "extended", "lr_at_edge"),
-        metrics=("val_token_acc", "val_loss", "diverged", "steps_run"),
-        cell=("task", "model", "attention"),
-        skipped={
-            "best_step": "its seeds' steps_run are compared",
-            "steps_to_90": "NaN where a seed never got there",
-            "steps_to_99": "NaN where a seed never got there",
-            "at_step_limit": "its seeds' steps_run are compared",
-        },
-    ),
-    "copy_task": Table(
-        "seeded",
-        ("attention", "train_len", "eval_len"),
-        metrics=("final_loss", "token_acc", "seq_acc"),
-        cell=("attention",),
-    ),
-    "feedback": Table(
-        "seeded",
-        ("method", "signal", "needs_backward", "forward_passes_per_step"),
-        exact=("steps",),
-        metrics=("final_loss", "final_acc", "mean_alignment", "final_alignment", "final_train_loss"),
-        cell=("method",),
-        skipped={"seconds_per_step": "a timing of the machine, not a result"},
-    ),
-}
-NOT_ROW_BY_ROW = {
-    "attention_curves": "training curves of runs that diverge across CPUs: their summaries are in attention"
-}
 
 
 @dataclass
@@ -229,21 +138,21 @@ def _same_columns(name: str, a: pd.DataFrame, b: pd.DataFrame, report: Report) -
     return list(a.columns) == list(b.columns)
 
 
-def _aligned(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report):
-    """The two tables' rows matched on rule.keys (NaN keys match NaN; the reference's columns suffixed
+def _aligned(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame, report: Report):
+    """The two tables' rows matched on reading.keys (NaN keys match NaN; the reference's columns suffixed
     _ref), or None where their columns differ; rows only one has are disagreements."""
     if not _same_columns(name, a, b, report):
         return None
     for frame, side in ((a, "RESULTS"), (b, "REFERENCE")):
-        report.disagreements += duplicated_rows(name, rule.keys, frame, side)
-    keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in rule.keys}) for frame in (a, b)]
+        report.disagreements += duplicated_rows(name, reading.keys, frame, side)
+    keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in reading.keys}) for frame in (a, b)]
     merged = keyed[0].merge(
-        keyed[1], on=[f"_k_{k}" for k in rule.keys], how="outer", suffixes=("", "_ref"), indicator=True
+        keyed[1], on=[f"_k_{k}" for k in reading.keys], how="outer", suffixes=("", "_ref"), indicator=True
     )
     for side, label in (("left_only", "RESULTS"), ("right_only", "REFERENCE")):
         for _, row in merged[merged["_merge"] == side].iterrows():
-            values = [row[k] if side == "left_only" else row[f"{k}_ref"] for k in rule.keys]
-            report.disagreements.append(f"{name} [{row_name(rule.keys, values)}]: a row only {label} has")
+            values = [row[k] if side == "left_only" else row[f"{k}_ref"] for k in reading.keys]
+            report.disagreements.append(f"{name} [{row_name(reading.keys, values)}]: a row only {label} has")
     return merged[merged["_merge"] == "both"]
 
 
@@ -257,47 +166,48 @@ def _differs(x, y) -> bool:
         return str(x) != str(y)
 
 
-def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: float, ties: set, report: Report):
+def compare_lm(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame, tol: float, ties: set, report: Report):
     """A language-model table (module docstring): NLLs within NLL_RTOL of the reference table's NLL
     scale, norms, certificates, counts and exact columns; rows at a near-tie point (`ties`: POINT values)
     are left out of the numeric comparison."""
-    merged = _aligned(name, rule, a, b, report)
+    merged = _aligned(name, reading, a, b, report)
     if merged is None:
         return
     nll_columns = [
         c
         for c in a.columns
-        if c not in (*rule.keys, *rule.choices, *rule.counts, *rule.exact, *rule.norms, *rule.certificates)
-        and c not in rule.skipped
+        if c
+        not in (*reading.keys, *reading.choices, *reading.counts, *reading.exact, *reading.norms, *reading.certificates)
+        and c not in reading.skipped
         and pd.api.types.is_numeric_dtype(a[c])
     ]
     scale = max((float(b[c].abs().max()) for c in nll_columns if b[c].notna().any()), default=1.0)
     n_users = merged["n_users_ref"] if "n_users" in a.columns else None
     compared = 0
     for _, row in merged.iterrows():
-        point = tuple(str(row[k]) for k in POINT if k in rule.keys)
-        where = f"{name} [{row_name(rule.keys, [row[k] for k in rule.keys])}]"
+        point = tuple(str(row[k]) for k in POINT if k in reading.keys)
+        where = f"{name} [{row_name(reading.keys, [row[k] for k in reading.keys])}]"
         if point in ties:
             continue
         for column in a.columns:
-            if column in rule.keys or column in rule.skipped:
+            if column in reading.keys or column in reading.skipped:
                 continue
             x, y = row[column], row[f"{column}_ref"]
             compared += 1
             if pd.isna(x) and pd.isna(y):
                 continue
-            if column in rule.certificates:
+            if column in reading.certificates:
                 allowed = max(tol, 2 * float(y))
                 if not float(x) <= allowed:
                     report.disagreements.append(
                         f"{where} {column}: {shown(x)} against {shown(y)} (at most max(fit.tol, 2 x reference) = {allowed:.3g})"
                     )
-            elif column in rule.norms:
+            elif column in reading.norms:
                 if not abs(float(x) - float(y)) <= NORM_RTOL * abs(float(y)):
                     report.disagreements.append(
                         f"{where} {column}: {shown(x)} against {shown(y)} (within {NORM_RTOL:g} relative)"
                     )
-            elif column in rule.counts:
+            elif column in reading.counts:
                 users = float(n_users[row.name]) if n_users is not None else 1.0
                 unit = 1.0 if column.startswith("n_") else 1.0 / users
                 if not abs(float(x) - float(y)) <= unit * (1 + 1e-5):  # a share's CSV digits (6) round it
@@ -311,7 +221,7 @@ def compare_lm(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, tol: fl
                         f"(within {NLL_RTOL:g} x {scale:.3g} = {NLL_RTOL * scale:.2g} nats)"
                     )
             elif _differs(x, y):  # a choice (a near tie's rows are skipped above: capacity_ties names it) or exact
-                what = "a choice made on validation, identical" if column in rule.choices else "identical"
+                what = "a choice made on validation, identical" if column in reading.choices else "identical"
                 report.disagreements.append(f"{where} {column}: {shown(x)} against {shown(y)} ({what})")
     report.compared[name] = compared
 
@@ -384,25 +294,25 @@ def compare_seeded(tables: dict, seeds_if_split, report: Report) -> None:
     found = SeededFindings([], [], 0, {})
     tests = []
     for name, (a, b) in tables.items():
-        rule = TABLE_RULES[name]
+        reading = TABLES[name].compared
         if _same_columns(name, a, b, report):
-            tests += structure_and_means(name, rule, a, b, found)
+            tests += structure_and_means(name, reading, a, b, found)
     judge_means(tests, found)
     if "attention" in tables:
-        shares_and_protocol(*tables["attention"], TABLE_RULES["attention"].cell, seeds_if_split, found)
+        shares_and_protocol(*tables["attention"], TABLES["attention"].compared.cell, seeds_if_split, found)
     report.disagreements += found.disagreements
     report.undetermined += found.undetermined
     report.agreed += found.agreed
     report.compared.update(found.compared)
 
 
-def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
-    merged = _aligned(name, rule, a, b, report)
+def compare_exact(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
+    merged = _aligned(name, reading, a, b, report)
     if merged is None:
         return
     for _, row in merged.iterrows():
         for column in a.columns:
-            if column in rule.keys:
+            if column in reading.keys:
                 continue
             x, y = row[column], row[f"{column}_ref"]
             number = pd.api.types.is_numeric_dtype(a[column]) and not pd.api.types.is_bool_dtype(a[column])
@@ -412,10 +322,10 @@ def compare_exact(name: str, rule: Table, a: pd.DataFrame, b: pd.DataFrame, repo
                 bad = abs(float(x) - float(y)) > FLOAT32_RTOL * abs(float(y)) if number else _differs(x, y)
             if bad:
                 report.disagreements.append(
-                    f"{name} [{row_name(rule.keys, [row[k] for k in rule.keys])}] {column}: {shown(x)} against "
+                    f"{name} [{row_name(reading.keys, [row[k] for k in reading.keys])}] {column}: {shown(x)} against "
                     f"{shown(y)} (within float32 rounding)"
                 )
-    report.compared[name] = len(merged) * (len(a.columns) - len(rule.keys))
+    report.compared[name] = len(merged) * (len(a.columns) - len(reading.keys))
 
 
 # -- answers -------------------------------------------------------------------------------------------------
@@ -547,15 +457,14 @@ def compare_folders(results: Path, reference: Path) -> Report:
     ties = capacity_ties(*tables["capacity"], report)
     lr_choices(*tables["attention"], tables["attention_sweep"][0], tables["attention_sweep"][1], report)
     for name, (a, b) in tables.items():
-        if name in NOT_ROW_BY_ROW:
-            report.notes.append(f"{name}: not compared row by row ({NOT_ROW_BY_ROW[name]})")
-            continue
-        rule = TABLE_RULES[name]
-        if rule.kind == "lm":
-            compare_lm(name, rule, a, b, float(theirs.get("fit.tol", 1e-5)), ties, report)
-        elif rule.kind == "exact":
-            compare_exact(name, rule, a, b, report)
-    seeded = {name: pair for name, pair in tables.items() if name in TABLE_RULES and TABLE_RULES[name].kind == "seeded"}
+        reading = TABLES[name].compared
+        if reading.kind == "summarized":
+            report.notes.append(f"{name}: not compared row by row ({reading.why})")
+        elif reading.kind == "lm":
+            compare_lm(name, reading, a, b, float(theirs.get("fit.tol", 1e-5)), ties, report)
+        elif reading.kind == "exact":
+            compare_exact(name, reading, a, b, report)
+    seeded = {name: pair for name, pair in tables.items() if TABLES[name].compared.kind == "seeded"}
     compare_seeded(seeded, theirs.get("attention.seeds_if_split"), report)
     mine_answers, their_answers = (study_answers({n: t[i] for n, t in tables.items()}) for i in (0, 1))
     compare_answers(mine_answers, their_answers, report)

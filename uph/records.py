@@ -5,13 +5,14 @@ what its outputs rest on besides its input files, canonical, no device), the con
 input file, and the digest, size and mtime of each output. At DAG build each job of the target's DAG is
 checked against its record (`Records.needs_rerun`): the params the config gives now, every input's
 content now, every output's content now. A job whose record disagrees, or that has none, is forced to
-run (rules/common.smk `check_record`), and Snakemake reruns what is built from it, for any target; a
-dry run plans the same, since both read the same disk, and the check writes nothing. No clock, copy or
-path history vouches for an output: a folder copied from another config brings that config's records, a
-corpus file replaced by older-dated text has another digest.
+run (`record_check`, an input function of every rule), and Snakemake reruns what is built from it, for
+any target; a dry run plans the same, since both read the same disk, and the check writes nothing. No
+clock, copy or path history vouches for an output: a folder copied from another config brings that
+config's records, a corpus file replaced by older-dated text has another digest.
 
 A file is hashed only where its size or mtime differ from what its producer's record holds (a copy
-that kept them, or a job's own output, is read once, when written). Torch- and pandas-free: the DAG
+that kept them, or a job's own output, is read once, when written); the run's hooks keep the recorded
+dates in step with the files' (Records.run_started, Records.run_ended). Torch- and pandas-free: the DAG
 build imports it.
 """
 
@@ -23,6 +24,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+from snakemake.io import apply_wildcards
 
 from uph.model_identity import file_sha256
 
@@ -168,6 +171,7 @@ class Records:
             record = self._read(path)
             for output, made in (record or {}).get("outputs", {}).items():
                 self._made[output] = made
+        self.since_ns = time.time_ns()  # records written from here on are this run's (run_ended)
 
     @staticmethod
     def settings_of(results: str | Path, rule: str, wildcards: dict | None = None) -> dict:
@@ -210,6 +214,17 @@ class Records:
             return 0
         return _note_dates(self.results, lambda record, output, made, present: output in self._redated)
 
+    def run_started(self) -> None:
+        """onstart, once a run holds Snakemake's lock: files dated in the future are dated now
+        (redate_future_files), then the new dates of outputs this build found unchanged are noted (note_dates)."""
+        redate_future_files(self.results)
+        self.note_dates()
+
+    def run_ended(self) -> int:
+        """onsuccess and onerror: the records this run's jobs wrote note the dates Snakemake gave their
+        outputs after (note_touched_outputs). The number of records written."""
+        return note_touched_outputs(self.results, self.since_ns)
+
     def is_current(self, rule: str, wildcards: dict, settings: dict) -> bool:
         """Whether the job's record holds `settings` and every input and output it names holds the content
         it recorded."""
@@ -225,3 +240,32 @@ class Records:
         """Whether a job whose outputs all exist must run again: its record is missing or not current. A
         job with a missing output runs anyway."""
         return all(os.path.exists(path) for path in outputs) and not self.is_current(rule, wildcards, settings)
+
+
+def record_check(records: Records | None, workflow, rule: str):
+    """An input function that every rule lists and that adds no file. Where a job's outputs all exist but
+    its record is missing or not what the config and the inputs give now (Records.needs_rerun), the job is
+    forced to run, and Snakemake reruns what is built from it, whatever the mtimes or the run history.
+    `records`: None in a cluster job, which runs what it is sent; `workflow`: Snakemake's."""
+
+    def check(wildcards):
+        if records is None or workflow.dag is None:
+            return []
+        made_by = workflow.get_rule(rule)
+        params = {key: value(wildcards) if callable(value) else value for key, value in made_by.params.items()}
+        outputs = [apply_wildcards(str(pattern), wildcards) for pattern in made_by.output]
+        if records.needs_rerun(rule, dict(wildcards.items()), params, outputs):
+            # as --forcerun would: Snakemake 9's DAG reads forcefiles when it decides which jobs run, after
+            # building them (requirements.txt pins it; tests/test_reliability.py's plans fail if that changes)
+            workflow.dag.forcefiles.update(outputs)
+        return []
+
+    return check
+
+
+def gguf_dropped_for(results) -> str | None:
+    """The model.source whose model in `results` was made without config.yaml's carried-over GGUF file (the
+    model job's record: model.gguf_file None), for uph.config.validate: only the first run on that folder
+    warns that it drops it. None where `results` is no folder name (validation will say so)."""
+    made = Records.settings_of(results, "model").get("model", {}) if isinstance(results, str) else {}
+    return made.get("source") if isinstance(made, dict) and made.get("gguf_file", "") is None else None

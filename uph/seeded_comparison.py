@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from uph.attention.study_config import SOLVED
+from uph.report.tables import Comparison
 from uph.stats import SIGNIFICANCE, welch_interval
 
 MARGIN = {"acc": 0.01, "loss": 0.01, "steps": 50.0}
@@ -123,20 +124,23 @@ def duplicated_rows(name: str, columns, frame: pd.DataFrame, side: str) -> list[
     ]
 
 
-def structure_and_means(name: str, rule, a: pd.DataFrame, b: pd.DataFrame, out: SeededFindings) -> list[MeanTest]:
+def structure_and_means(
+    name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame, out: SeededFindings
+) -> list[MeanTest]:
     """Steps 1 and 2 up to the family's size: structure disagreements into `out`, and the mean tests of
-    every row-metric both runs hold (their seeds with a number)."""
+    every row-metric both runs hold (their seeds with a number). `reading`: the table's comparison."""
     for frame, side in ((a, "RESULTS"), (b, "REFERENCE")):
-        out.disagreements += duplicated_rows(name, (*rule.keys, "seed"), frame, side)
-    groups = [dict(tuple(frame.groupby(list(rule.keys), dropna=False))) for frame in (a, b)]
+        out.disagreements += duplicated_rows(name, (*reading.keys, "seed"), frame, side)
+    groups = [dict(tuple(frame.groupby(list(reading.keys), dropna=False))) for frame in (a, b)]
     tests, compared = [], 0
     for key in sorted(set(groups[0]) | set(groups[1]), key=str):
-        where = f"{name} [{row_name(rule.keys, key)}]"
+        where = f"{name} [{row_name(reading.keys, key)}]"
         if key not in groups[0] or key not in groups[1]:
             out.disagreements.append(f"{where}: a row only {'RESULTS' if key in groups[0] else 'REFERENCE'} has")
             continue
         ra, rb = (
-            group.drop_duplicates([*rule.keys, "seed"]).set_index("seed") for group in (groups[0][key], groups[1][key])
+            group.drop_duplicates([*reading.keys, "seed"]).set_index("seed")
+            for group in (groups[0][key], groups[1][key])
         )
         missing, extra = sorted(set(rb.index) - set(ra.index)), sorted(set(ra.index) - set(rb.index))
         if missing or extra:
@@ -144,14 +148,14 @@ def structure_and_means(name: str, rule, a: pd.DataFrame, b: pd.DataFrame, out: 
             out.disagreements.append(
                 f"{where}: {len(ra)} seeds against {len(rb)} ({', '.join(s for s in said if s)} in RESULTS)"
             )
-        for column in rule.exact:
+        for column in reading.exact:
             compared += 1
             values = [sorted(map(str, frame[column].unique())) for frame in (ra, rb)]
             if values[0] != values[1]:
                 out.disagreements.append(
                     f"{where} {column}: {'/'.join(values[0])} against {'/'.join(values[1])} (identical)"
                 )
-        for metric in rule.metrics:
+        for metric in reading.metrics:
             compared += 1
             va, vb = (frame[metric].astype(float) for frame in (ra, rb))
             nans = int(va.isna().sum()), int(vb.isna().sum())
