@@ -31,7 +31,7 @@ from uph.errors import UphError
 from uph.io import table_files
 from uph.model_identity import IDENTITY, MODEL_CONFIG, WEIGHTS, folder_digest, read_identity
 from uph.records import Records, gguf_dropped_for, record_check
-from uph.report.tables import TABLES
+from uph.tables import TABLES
 
 try:
     validate(config, gguf_dropped_for=gguf_dropped_for(config.get("results", "results")))
@@ -254,12 +254,12 @@ def check_record(name):
 
 
 def table_targets():
-    """Every table's CSV (uph.report.tables.TABLES)."""
+    """Every table's CSV (uph.tables.TABLES)."""
     return [results("tables", f"{name}.csv") for name in TABLES]
 
 
 def table_outputs(made_by):
-    """The outputs of the tables rule `made_by` writes (each spec of uph.report.tables naming it), for its
+    """The outputs of the tables rule `made_by` writes (each spec of uph.tables naming it), for its
     `output:` (`**table_outputs(...)`): every file uph.io.write_table writes for each (uph.io.table_files),
     the CSV as the spec's `output` (in the report under its branch, captioned by report/<name>.rst, where
     the spec has it there) and its companions as `md`, `tex` and `code` (`<output>_md`, ... where `output`

@@ -1,4 +1,4 @@
-"""uph.report.tables, the one registry of the study's tables, against what reads and writes them: the rules'
+"""uph.tables, the one registry of the study's tables, against what reads and writes them: the rules'
 declared outputs, scripts and report captions (the workflow parsed by Snakemake's API on the tiny config),
 and the columns `make compare` names (the committed references' tables)."""
 
@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from uph.io import table_files
-from uph.report.tables import TABLES, Comparison
+from uph.tables import TABLES, Comparison
 
 # Parsed in its own process: reading the Snakefile sets this process's Ctrl-C handler (uph.interrupts).
 # WorkflowApi._workflow is Snakemake's parsed workflow (requirements.txt pins Snakemake).

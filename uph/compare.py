@@ -5,11 +5,11 @@
 RESULTS is a results folder; REFERENCE another, or a committed reference (reference/<name>/: its tables/,
 summary.md and provenance.json, which holds the config that made it). Without --reference, the committed
 reference made with RESULTS' config is used. Every table of
-uph.report.tables.TABLES and every answer of the summary is compared; each disagreement is one line
+uph.tables.TABLES and every answer of the summary is compared; each disagreement is one line
 (table, row, column, both values, the tolerance), then a verdict. Exit 0: they agree; 1: they do not;
 2: they cannot be compared (another config, a missing table or provenance.json).
 
-What "agree" means, per kind of number (each table's Comparison, uph.report.tables, says which column is
+What "agree" means, per kind of number (each table's Comparison, uph.tables, says which column is
 which):
 
 - **The language-model tables** (personalization, capacity, dose_response, cross_user) are float32
@@ -49,7 +49,6 @@ from pathlib import Path
 import pandas as pd
 
 from uph.io import read_table
-from uph.report.tables import POINT, TABLES, Comparison
 from uph.seeded_comparison import (
     SeededFindings,
     duplicated_rows,
@@ -60,6 +59,7 @@ from uph.seeded_comparison import (
     structure_and_means,
 )
 from uph.stats import t_interval
+from uph.tables import POINT, TABLES, Comparison
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO / "reference"

@@ -47,8 +47,8 @@ import numpy as np
 import pandas as pd
 
 from uph.attention.study_config import SOLVED
-from uph.report.tables import Comparison
 from uph.stats import SIGNIFICANCE, welch_interval
+from uph.tables import Comparison
 
 MARGIN = {"acc": 0.01, "loss": 0.01, "steps": 50.0}
 

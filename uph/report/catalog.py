@@ -1,4 +1,4 @@
-"""What the aggregate stage reads and makes, by name: the contract tables (TABLES: uph.report.tables,
+"""What the aggregate stage reads and makes, by name: the contract tables (TABLES: uph.tables,
 one spec each) and the figures with their titles, paper sizes and report categories.
 
 Light on purpose (no pandas, no matplotlib): the DAG build reads it (rules/aggregate.smk) to name
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from uph.report.tables import ATTENTION, COPY_TASK, FEEDBACK, LM, TABLES
+from uph.tables import ATTENTION, COPY_TASK, FEEDBACK, LM, TABLES
 
 __all__ = ["COLUMN_WIDTH", "FIGURES", "FULL_WIDTH", "TABLES", "FigureSpec"]  # TABLES: the tables it reads
 
