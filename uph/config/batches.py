@@ -1,3 +1,5 @@
+"""Extraction's batch size: `extract.batch_size`, or where it is null one that suits the device."""
+
 from __future__ import annotations
 
 CPU_BATCH = 16  # windows per extraction forward pass on a CPU where extract.batch_size is null

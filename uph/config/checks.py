@@ -1,17 +1,18 @@
+"""The checks `validate` runs once the schemas pass: the sweep's listed points, the attention study's
+sizes, a user's split, the corpus file, and the model's source (model_checks)."""
+
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from uph.config.model_checks import TINY_ARCHITECTURES, _drop_embedded_gguf, local_model_folder
+from uph.config.model_checks import check_model_source
 from uph.config.schema import schema_defaults
 from uph.config.sweep import sweep_points
 from uph.errors import ConfigError
-from uph.model_identity import check_model_folder
 from uph.splits import split_lengths, temporal_split
 
 
-def _check_across_keys(config: dict, gguf_dropped_for: str | None = None) -> None:
+def check_across_keys(config: dict, gguf_dropped_for: str | None = None) -> None:
     """What one key's schema cannot see: relations between keys, and named files that are missing."""
     source = config["corpus"]["source"]
     if source != "shakespeare":
@@ -21,22 +22,7 @@ def _check_across_keys(config: dict, gguf_dropped_for: str | None = None) -> Non
             )
         if not Path(source).is_file():
             raise ConfigError(f"config key 'corpus.source': corpus file '{source}' does not exist")
-    _drop_embedded_gguf(config["model"], gguf_dropped_for)
-    model = config["model"]["source"]
-    if (folder := local_model_folder(model)) is not None:
-        check_model_folder(folder, config["model"]["gguf_file"])
-    elif model.startswith(("/", ".", "~")):
-        raise ConfigError(f"config key 'model.source': model folder '{model}' does not exist")
-    elif model.startswith("tiny:") and model.removeprefix("tiny:") not in TINY_ARCHITECTURES:
-        known = ", ".join(f"tiny:{arch}" for arch in TINY_ARCHITECTURES)
-        raise ConfigError(f"config key 'model.source': unknown tiny architecture '{model}' (known: {known})")
-    elif model.startswith("package:") and importlib.util.find_spec(model.removeprefix("package:")) is None:
-        raise ConfigError(f"config key 'model.source': package '{model.removeprefix('package:')}' is not installed")
-    elif not model.startswith(("tiny:", "package:")) and model.count("/") != 1:
-        raise ConfigError(
-            f"config key 'model.source': '{model}' is none of tiny:<arch>, package:<module>, a local folder "
-            "(starting with /, . or ~) or a hub id (org/name)"
-        )
+    check_model_source(config["model"], gguf_dropped_for)
     points = set(sweep_points(config["fit"]))
     listed = {
         "cross_user": config["fit"]["cross_user"],

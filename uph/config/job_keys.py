@@ -1,3 +1,7 @@
+"""What each job reads of the config: `job_params` gives a job exactly the keys its outputs depend on
+(Snakemake reruns a job whose params change), and the *_KEYS lists name them, each beside the code
+that reads them (tests/test_registries.py checks each equals the keys its dataclass reads)."""
+
 from __future__ import annotations
 
 import dataclasses

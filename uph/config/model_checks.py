@@ -1,12 +1,17 @@
+"""The config against the model: its source is one the workflow can materialize (`check_model_source`,
+at validation), and the settings fit the materialized model's sizes (`check_against_model`,
+`check_context`: they read its folder, so the rules call them once the model job has run)."""
+
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 from pathlib import Path
 
 from uph.config.sweep import sweep_points
 from uph.errors import ConfigError
-from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, MODEL_CONFIG
+from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, MODEL_CONFIG, check_model_folder
 
 TINY_ARCHITECTURES = ("llama", "gpt2")  # model.source tiny:<arch> (uph.lm.data.models.tiny_model)
 
@@ -74,3 +79,24 @@ def _drop_embedded_gguf(model: dict, warned_for: str | None = None) -> None:
         EMBEDDED_SOURCE,
         source,
     )
+
+
+def check_model_source(model: dict, gguf_dropped_for: str | None = None) -> None:
+    """model.source names a model this machine can materialize: a local folder with its weights, a known
+    tiny architecture, an installed package, or a hub id (org/name)."""
+    _drop_embedded_gguf(model, gguf_dropped_for)
+    source = model["source"]
+    if (folder := local_model_folder(source)) is not None:
+        check_model_folder(folder, model["gguf_file"])
+    elif source.startswith(("/", ".", "~")):
+        raise ConfigError(f"config key 'model.source': model folder '{source}' does not exist")
+    elif source.startswith("tiny:") and source.removeprefix("tiny:") not in TINY_ARCHITECTURES:
+        known = ", ".join(f"tiny:{arch}" for arch in TINY_ARCHITECTURES)
+        raise ConfigError(f"config key 'model.source': unknown tiny architecture '{source}' (known: {known})")
+    elif source.startswith("package:") and importlib.util.find_spec(source.removeprefix("package:")) is None:
+        raise ConfigError(f"config key 'model.source': package '{source.removeprefix('package:')}' is not installed")
+    elif not source.startswith(("tiny:", "package:")) and source.count("/") != 1:
+        raise ConfigError(
+            f"config key 'model.source': '{source}' is none of tiny:<arch>, package:<module>, a local folder "
+            "(starting with /, . or ~) or a hub id (org/name)"
+        )

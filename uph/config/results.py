@@ -1,3 +1,5 @@
+"""The results folder: written as the rules spell their paths, writable, and written by one checkout."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,3 +1,7 @@
+"""The schemas (schemas/*.schema.yaml, one a stage) and the validator extension that rewrites a config as
+it validates: a missing key takes its schema default, an integral float of an integer key becomes that
+integer, a number key's integers become floats, and an `x-set` array is sorted (`_rewriting`)."""
+
 from __future__ import annotations
 
 import copy

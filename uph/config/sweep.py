@@ -1,3 +1,5 @@
+"""The fit stage's sweep points (head, alpha, d), and the solver a listed point names."""
+
 from __future__ import annotations
 
 

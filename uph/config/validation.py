@@ -1,3 +1,8 @@
+"""`validate(config)`: the config against the schemas, defaults filled in place, then the checks no
+schema can express (checks.py). A refusal is one line naming the key, e.g. ``config key 'extract.shards':
+0 is less than the minimum of 1`` or ``config key 'extract.shards': 2.5 is not a whole number; write an
+integer``; `results` comes back as the rules spell their paths (results.results_folder)."""
+
 from __future__ import annotations
 
 import math
@@ -6,7 +11,7 @@ from pathlib import Path
 
 import jsonschema
 
-from uph.config.checks import _check_across_keys
+from uph.config.checks import check_across_keys
 from uph.config.results import results_folder
 from uph.config.schema import (
     ROOT_SCHEMA,
@@ -61,7 +66,7 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
     for _ in normalizing(root, registry=registry).iter_errors(config):
         pass
     config["results"] = results_folder(config["results"])
-    _check_across_keys(config, gguf_dropped_for)
+    check_across_keys(config, gguf_dropped_for)
     return config
 
 
