@@ -72,20 +72,22 @@ def _as_set(values: list, schema: dict) -> list:
     return values
 
 
-def _rewriting(validator_class, registry: Registry, rewrite, *, defaults: bool = False, sets: bool = False):
+def _rewriting(validator_class, rewrite, *, defaults: bool = False, sets: bool = False):
     """Extend a validator so that, as it validates, each value of an object's property and each item of an
     array becomes rewrite(value, its schema); with `defaults`, a missing property takes its `default` (and
-    an object its {}); with `sets`, an array marked `x-set` is sorted (_as_set)."""
+    an object its {}); with `sets`, an array marked `x-set` is sorted (_as_set). A `$ref` resolves through
+    the resolver jsonschema descends with (the validator's private `_resolver`: it knows the schema file the
+    hook is in, so `#/$defs/head` is fit.schema.yaml's); every validation of a fit section exercises it."""
     validate_properties = validator_class.VALIDATORS["properties"]
     validate_items = validator_class.VALIDATORS["items"]
 
-    def resolved(sub: dict) -> dict:
-        return registry.contents(sub["$ref"]) if "$ref" in sub else sub
+    def resolved(validator, sub: dict) -> dict:
+        return validator._resolver.lookup(sub["$ref"]).contents if "$ref" in sub else sub
 
     def properties_hook(validator, properties, instance, schema):
         if isinstance(instance, dict):
             for name, sub in properties.items():
-                sub = resolved(sub)
+                sub = resolved(validator, sub)
                 if defaults and "default" in sub and name not in instance:
                     instance[name] = copy.deepcopy(sub["default"])  # the schema's own stays as it is
                 if defaults and sub.get("type") == "object" and name not in instance and "required" not in sub:
@@ -96,7 +98,7 @@ def _rewriting(validator_class, registry: Registry, rewrite, *, defaults: bool =
 
     def items_hook(validator, items, instance, schema):
         if isinstance(instance, list) and isinstance(items, dict):
-            instance[:] = [rewrite(item, resolved(items)) for item in instance]
+            instance[:] = [rewrite(item, resolved(validator, items)) for item in instance]
             if sets:
                 instance[:] = _as_set(instance, schema)
         yield from validate_items(validator, items, instance, schema)
@@ -122,5 +124,9 @@ def schema_enum(section: str, key: str, schema_dir: Path | str = SCHEMA_DIR) -> 
     """The names schemas/<section>.schema.yaml allows for `key` (its enum, or its items' enum), in their
     order: the registries of heads, attention kinds and methods, without importing the code behind them
     (tests/test_registries.py checks each equals its registry)."""
-    spec = yaml.safe_load((Path(schema_dir) / f"{section}.schema.yaml").read_text())["properties"][key]
-    return tuple(spec.get("items", spec)["enum"])
+    name = f"{section}.schema.yaml"
+    values = _load_schemas(Path(schema_dir)).contents(name)["properties"][key]
+    values = values.get("items", values)
+    if "$ref" in values:  # an enum written once under $defs
+        values = _load_schemas(Path(schema_dir)).resolver(base_uri=name).lookup(values["$ref"]).contents
+    return tuple(values["enum"])

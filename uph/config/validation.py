@@ -41,7 +41,7 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
     registry = _load_schemas(Path(schema_dir))
     root = registry.contents(ROOT_SCHEMA)
     # defaults filled and integral floats of integer keys read as integers, as it validates
-    Validator = _rewriting(jsonschema.Draft202012Validator, registry, _as_integer, defaults=True)
+    Validator = _rewriting(jsonschema.Draft202012Validator, _as_integer, defaults=True)
     errors = sorted(
         Validator(root, registry=registry).iter_errors(config), key=lambda e: (len(e.path), key_path(e.path))
     )
@@ -62,7 +62,7 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
         raise ConfigError(f"config key '{where}': {error.message}")
     # valid: one more pass writes every number of a number key as a float and sorts every set, one spelling a
     # setting, so the same computation has the same params (after validation: a refusal quotes the value as written)
-    normalizing = _rewriting(jsonschema.Draft202012Validator, registry, _as_number, sets=True)
+    normalizing = _rewriting(jsonschema.Draft202012Validator, _as_number, sets=True)
     for _ in normalizing(root, registry=registry).iter_errors(config):
         pass
     config["results"] = results_folder(config["results"])
