@@ -395,7 +395,7 @@ def test_an_attention_setting_reruns_every_attention_job_and_no_other_branch(tin
 def test_dropping_a_task_reruns_no_training_job_only_the_table(tiny_study, tmp_path):
     """A job's params leave out the lists its wildcards pick (rules/attention.smk): the other tasks' jobs
     stay done."""
-    tasks = yaml.safe_load((REPO / "config" / "test.yaml").read_text())["attention"]["tasks"]
+    tasks = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["attention"]["tasks"]
     jobs = planned_after(tiny_study, tmp_path, tasks=tasks[:-1])
     assert "attention_train" not in jobs and jobs["attention_table"] == 1
 

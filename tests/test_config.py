@@ -8,7 +8,7 @@ import torch
 import yaml
 from conftest import REPO
 
-from uph.config import results_folder, schema_defaults, validate
+from uph.config import key_path, results_folder, schema_defaults, validate
 from uph.device import (
     BRANCH_DEFAULTS,
     bfloat16_native,
@@ -78,7 +78,7 @@ def test_shipped_configs_are_valid_and_get_defaults(config):
         ),
         (
             lambda c: c["fit"].update(
-                on_cache=[{"head": c["fit"]["heads"][0], "alpha": c["fit"]["alphas"][0], "d": c["fit"]["ds"][0]}],
+                on_cache=[{"head": "cvh", "alpha": c["fit"]["alphas"][0], "d": c["fit"]["ds"][0]}],
                 baselines=["full_bias"],
             ),
             "config key 'fit.on_cache[0]': the head fits on the unigram cache; add unigram to fit.baselines",
@@ -86,9 +86,9 @@ def test_shipped_configs_are_valid_and_get_defaults(config):
         (
             lambda c: c["fit"].update(
                 on_cache=[
-                    {"head": c["fit"]["heads"][0], "alpha": c["fit"]["alphas"][0], "d": c["fit"]["ds"][0]},
+                    {"head": "cvh", "alpha": c["fit"]["alphas"][0], "d": c["fit"]["ds"][0]},
                     {
-                        "head": c["fit"]["heads"][0],
+                        "head": "cvh",
                         "alpha": c["fit"]["alphas"][0],
                         "d": c["fit"]["ds"][0],
                         "cache": "neural_cache",
@@ -155,6 +155,38 @@ def merged(path: str) -> dict:
         return base
 
     return update(yaml.safe_load((REPO / "config.yaml").read_text()), yaml.safe_load((REPO / path).read_text()))
+
+
+def written_keys(config: dict, path=()):
+    """The key paths a YAML config writes a value at (into its sections, not the sections themselves)."""
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            yield from written_keys(value, (*path, key))
+        else:
+            yield (*path, key)
+
+
+def value_at(config: dict, path) -> object:
+    for key in path:
+        config = config[key]
+    return config
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_a_shipped_config_repeats_no_default(path):
+    """The schemas hold every default, and no shipped config repeats one: config.yaml writes no key at its
+    schema default, a config/*.yaml (merged onto config.yaml) none at the value both the schemas and
+    config.yaml give it (it may set back a default config.yaml changes: test.yaml's fit.solvers)."""
+    schemas = validate({"model": {"name": "-", "source": "tiny:gpt2"}, "corpus": {}, "extract": {}})
+    schemas["model"].update(name=None, source=None)  # required: no default to repeat
+    default_study = validate(yaml.safe_load((REPO / "config.yaml").read_text()))
+    study = validate(merged(path))
+    repeated = [
+        key_path(key)
+        for key in written_keys(yaml.safe_load((REPO / path).read_text()))
+        if value_at(study, key) == value_at(default_study, key) == value_at(schemas, key)
+    ]
+    assert repeated == []
 
 
 @pytest.mark.parametrize("path", SHIPPED)
@@ -234,7 +266,7 @@ def test_an_integer_written_as_a_float_is_read_as_that_integer_and_a_fraction_is
     config["extract"]["shards"] = 2.0
     config["fit"].update(jobs=1.0, bootstrap=1000.0, ds=[float(d) for d in ds], global_max_tokens=2048.0)
     config["fit"]["dose_response"]["train_tokens"] = [256.0]
-    config["copy_task"]["seeds"] = [0.0, 1.0]
+    config.setdefault("copy_task", {})["seeds"] = [0.0, 1.0]
     validated = validate(config)
     integers = [
         validated["extract"]["shards"],

@@ -148,7 +148,7 @@ def test_schema_errors_name_the_key(change, message):
 
 
 def test_schema_defaults_are_the_embedded_default():
-    embedded = yaml.safe_load((REPO / "config.yaml").read_text())["copy_task"]
+    embedded = validate(yaml.safe_load((REPO / "config.yaml").read_text()))["copy_task"]
     config = yaml.safe_load((REPO / "config/test.yaml").read_text())
     del config["copy_task"]
     assert validate(config)["copy_task"] == embedded

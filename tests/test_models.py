@@ -25,6 +25,7 @@ from uph.lm.data.models import (
     load_model,
     materialize,
     read_output_layer,
+    tiny_config,
 )
 from uph.lm.engine.tokens import prepare
 from uph.model_identity import EMBEDDED_GGUF, EMBEDDED_SOURCE, IDENTITY
@@ -48,7 +49,7 @@ def _gemma2_with_large_logits(model):
 
 # family: (tiny config, a change to the random weights or None, what the family does after its body)
 FAMILIES = {
-    "gpt2": (tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=2, n_positions=64), None, None),
+    "gpt2": (tiny_config("gpt2", VOCAB, hidden=32), None, None),  # tiny:gpt2 at half its width
     "gpt_neox": (tf.GPTNeoXConfig(**{**SMALL, "num_key_value_heads": 2}, tie_word_embeddings=False), None, None),
     "phi": (tf.PhiConfig(**SMALL), None, None),  # lm_head bias
     "opt": (
@@ -336,7 +337,7 @@ def test_models_that_only_seem_causal_lms_are_refused_naming_the_folder_and_the_
     byte_tokenizer().save_pretrained(folder)
     with pytest.raises(ModelError, match=r"'.*bart' is a 'bart' encoder-decoder model, not a causal LM"):
         materialize("bart", str(folder), tmp_path / "out-bart")
-    small = tf.GPT2Config(vocab_size=200, n_embd=32, n_layer=1, n_head=2, n_positions=64)
+    small = tiny_config("gpt2", 200, hidden=32)
     with pytest.raises(ModelError, match=r"its tokenizer has 257 tokens but the model's vocabulary only 200 rows"):
         materialize("small", str(_save(tmp_path / "small", small)), tmp_path / "out-small")
     assert not any((tmp_path / f"out-{name}" / IDENTITY).exists() for name in ("cut", "bert", "bart", "small"))

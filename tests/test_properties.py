@@ -77,11 +77,24 @@ def test_a_config_is_either_usable_or_refused_in_one_line_naming_the_key(edits):
     assert all(1 <= d <= HIDDEN for _, _, d in sweep_points(config["fit"]))
 
 
+def _inlined(node, document: dict):
+    """`node` of a schema file `document` with each `$ref` within the file (`#/$defs/...`) replaced by what it
+    names, so that a node validates on its own."""
+    if isinstance(node, dict) and node.get("$ref", "").startswith("#/"):
+        return _inlined(functools.reduce(dict.__getitem__, node["$ref"][2:].split("/"), document), document)
+    if isinstance(node, dict):
+        return {key: _inlined(value, document) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inlined(value, document) for value in node]
+    return node
+
+
 def _schema_nodes(schema: dict, value, path=()):
     """(path, its schema) of every setting of `value` (a validated config) below `schema`: each object and
     each list whole, and each key of an object and each item of a list; a section's schema is its file's."""
     if isinstance(schema, dict) and "$ref" in schema:
-        schema = yaml.safe_load((SCHEMA_DIR / schema["$ref"]).read_text())
+        document = yaml.safe_load((SCHEMA_DIR / schema["$ref"]).read_text())
+        schema = _inlined(document, document)
     if path:
         yield path, schema
     if isinstance(value, dict):

@@ -2,6 +2,7 @@
 on, and every list of the keys a job reads (uph.config's *_KEYS) equals the keys its dataclass reads,
 so a name added in one place and not the other fails here, not in a job an hour into a run."""
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -57,21 +58,31 @@ REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code
 
 
 def schema_enums():
-    """(schema name, property, enum values) for every enum in schemas/*.schema.yaml."""
+    """(schema name, property, enum values) for every enum in schemas/*.schema.yaml, at each property
+    that uses it: an enum written once under `$defs` counts where a `$ref` names it."""
     found = []
 
-    def walk(node, name, prop):
+    def walk(node, name, prop, schema):
         if isinstance(node, dict):
+            if node.get("$ref", "").startswith("#/"):  # within the file (another file is walked as itself)
+                walk(functools.reduce(dict.__getitem__, node["$ref"][2:].split("/"), schema), name, prop, schema)
             if "enum" in node:
                 found.append((name, prop, node["enum"]))
             for key, value in node.items():
-                walk(value, name, key if key not in ("items", "properties") and not isinstance(value, list) else prop)
+                if key != "$defs":
+                    walk(
+                        value,
+                        name,
+                        key if key not in ("items", "properties") and not isinstance(value, list) else prop,
+                        schema,
+                    )
         elif isinstance(node, list):
             for value in node:
-                walk(value, name, prop)
+                walk(value, name, prop, schema)
 
     for path in sorted(Path(REPO / "schemas").glob("*.schema.yaml")):
-        walk(yaml.safe_load(path.read_text()), path.name.removesuffix(".schema.yaml"), None)
+        schema = yaml.safe_load(path.read_text())
+        walk(schema, path.name.removesuffix(".schema.yaml"), None, schema)
     return found
 
 

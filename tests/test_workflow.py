@@ -169,7 +169,9 @@ def test_dry_run_of_the_default_config_lists_the_stages(tmp_path):
 
 def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / "config/test.yaml").read_text().replace("shards: 2", "shards: -1"))
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+    config["extract"]["shards"] = -1
+    bad.write_text(yaml.safe_dump(config))
     run = subprocess.run(
         [SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(bad), "-n"],
         capture_output=True,

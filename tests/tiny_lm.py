@@ -4,24 +4,17 @@ tests: its final hidden states, lm_head, and text sampled from it with a planted
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
+
+from uph.lm.data.models import tiny_config
 
 VOCAB, HIDDEN = 97, 32
 
 
 def tiny_llama(folder, dtype: torch.dtype = torch.float64):
-    """Random weights; initializer_range 0.15 gives logits of a trained model's spread (std ~1)."""
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        initializer_range=0.15,
-    )
+    """tiny:llama's architecture (uph.lm.data.models.tiny_config) at half its width, its lm_head its own;
+    initializer_range 0.15 gives logits of a trained model's spread (std ~1)."""
+    config = tiny_config("llama", VOCAB, hidden=HIDDEN, tie_word_embeddings=False, initializer_range=0.15)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return AutoModelForCausalLM.from_pretrained(folder).to(dtype).eval()

@@ -51,38 +51,39 @@ def byte_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
-def tiny_model(arch: str, vocab_size: int, seed: int = 0):
-    """A small random causal LM of a real architecture (weights from a seeded init)."""
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+def tiny_config(arch: str, vocab_size: int, hidden: int = 64, **changes):
+    """The transformers config of tiny:<arch>, a small causal LM of a real architecture: 2 layers of 4 heads
+    (Llama: 2 key-value heads, an MLP twice as wide), `hidden` wide; `changes` in the config class's own
+    keys (a test's initializer_range, untied embeddings)."""
+    from transformers import GPT2Config, LlamaConfig
 
-    if arch == "llama":
-        config = LlamaConfig(
-            vocab_size=vocab_size,
-            hidden_size=64,
-            intermediate_size=128,
+    sizes = {
+        "llama": dict(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,
             max_position_embeddings=1024,
             tie_word_embeddings=True,
-            bos_token_id=vocab_size - 1,
-            eos_token_id=vocab_size - 1,
-        )
-    elif arch == "gpt2":
-        config = GPT2Config(
-            vocab_size=vocab_size,
-            n_embd=64,
-            n_layer=2,
-            n_head=4,
-            n_positions=1024,
-            bos_token_id=vocab_size - 1,
-            eos_token_id=vocab_size - 1,
-        )
-    else:
-        from uph.config import TINY_ARCHITECTURES  # jsonschema and yaml: only for this message
+        ),
+        "gpt2": dict(n_embd=hidden, n_layer=2, n_head=4, n_positions=1024),
+    }
+    if arch in sizes:
+        ends = dict(bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1)
+        config_class = {"llama": LlamaConfig, "gpt2": GPT2Config}[arch]
+        return config_class(vocab_size=vocab_size, **{**sizes[arch], **ends, **changes})
+    from uph.config import TINY_ARCHITECTURES  # jsonschema and yaml: only for this message
 
-        known = ", ".join(f"tiny:{name}" for name in TINY_ARCHITECTURES)
-        raise ModelError(f"config key 'model.source': unknown tiny architecture 'tiny:{arch}' (known: {known})")
+    known = ", ".join(f"tiny:{name}" for name in TINY_ARCHITECTURES)
+    raise ModelError(f"config key 'model.source': unknown tiny architecture 'tiny:{arch}' (known: {known})")
+
+
+def tiny_model(arch: str, vocab_size: int, seed: int = 0):
+    """tiny:<arch>'s model: weights from a seeded init."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(arch, vocab_size)
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config)
 
