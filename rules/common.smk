@@ -202,7 +202,8 @@ def extract_settings():
 
 
 # What each rule's outputs rest on besides their input files: its params (a rule's own
-# `params: **SETTINGS[rule]`), never the device; for a table the config keys that list what it gathers.
+# `params: **SETTINGS[rule]`), never the device; for the personalization table, the config keys that list what
+# it gathers (the other tables' inputs name every run they read, and a record holds its inputs' digests).
 # A job records them with its outputs, and the DAG build checks each job's record (check_record).
 SETTINGS = {
     "corpus_roles": {"source": config["corpus"]["source"], "plays": config["corpus"]["plays"]},
@@ -236,11 +237,8 @@ SETTINGS = {
         "gathers": {"jobs": FIT_JOBS, "cross_user": FIT["cross_user"]},
     },
     "copy_task_train": {"copy_task": job_settings(COPY_TASK, "attentions", "seeds")},
-    "copy_task_table": {"gathers": job_params(COPY_TASK, ("attentions", "seeds"))},
     "attention_train": {"attention": job_settings(ATTENTION, "models", "attentions", "tasks")},
-    "attention_table": {"gathers": job_params(ATTENTION, ("models", "attentions", "tasks"))},
     **{f"feedback_train-{method}": {"feedback": feedback_settings(method)} for method in config["feedback"]["methods"]},
-    "feedback_table": {"gathers": job_params(config["feedback"], ("methods", "seeds"))},
     "aggregate": {"copy_task_vocab": COPY_TASK["vocab"]},
     "provenance": {"config": computed_config(config)},
 }
