@@ -6,7 +6,7 @@
 A step is one of uph.attention.training.train_runs (uph.attention.steps.TrainSteps): each run's fresh
 loud_copy batch, forward, cross-entropy, backward, per-run gradient clipping, AdamW. For each kind of
 the config's attention.attentions (and its models), `runs` runs train `steps` steps one at a time (R
-one-run models, the way the study trained before issue 43) and as one model of R runs, and on a GPU as
+one-run models, the straightforward way) and as one model of R runs, and on a GPU as
 one model of R runs replayed from a CUDA graph (one launch a step, as train_runs steps there); repeats
 interleave the kinds and the ways, so machine load hits all alike. Printed: the median ms per step of
 the R runs each way, their ratios, and ms per run-step against standard attention's.

@@ -1,6 +1,6 @@
 """The capacity path's cost against the landed single fit, side by side on the same users.
 
-Reference (the fit stage before issue 23): each arm fitted once, cold, at seed 002's radius 5 on all of
+Reference (the fit stage before the capacity path): each arm fitted once, cold, at seed 002's radius 5 on all of
 the user's train tokens. Now (uph.lm.jobs.validate, uph.lm.jobs.refit): each arm's path over fit.radii on the user's fit part
 (warm, uph.lm.engine.fit.fit_path; the validate job), then one refit on all train tokens (the fit job) at the
 grid's middle radius (a stand-in: the choice needs every user). Both run here on the same cached users of a finished study, one thread, the personal and

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The default regenerated on a lent GPU machine's 16 CPU cores (`device: cpu`), for `make compare` against
-# reference/default/ made on another CPU (issue 47), from the project's root once the bundle's env.sh is
+# The default regenerated on a GPU machine's 16 CPU cores (`device: cpu`), for `make compare` against
+# reference/default/ made on another CPU, from the project's root once the bundle's env.sh is
 # sourced (../shared/device/README.md):
 #     benchmarks/device_default.sh OUT [SECONDS]
 # OUT gets machine.txt (CPU, cores, torch), snakemake.log, wall.txt and results.tgz (the results folder less

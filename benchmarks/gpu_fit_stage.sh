@@ -1,5 +1,5 @@
 #!/bin/bash
-# The language-model fit stage on a lent GPU machine (issue 48 items 1 and 6), from the project's root once the
+# The language-model fit stage on a GPU machine, from the project's root once the
 # bundle's env.sh is sourced (../shared/device/README.md); about 10 minutes:
 #     benchmarks/gpu_fit_stage.sh OUT [DEFAULT_SECONDS]
 # 1. the engine's CUDA tests (the stacked round and the halves' alternation, the engine against its CPU path);
@@ -8,7 +8,7 @@
 #    and bench_attention_study.py on cuda: 8 runs of standard and triple_capped attention one at a time, at once
 #    and at once replayed from a CUDA graph (uph.attention.steps; its bit-for-bit test is in tests/test_gpu.py);
 #    bench_startup.py: each GPU stage's start-up (warm imports, then the CUDA set-up piece by piece), on cuda;
-# 3. the default with `device: cuda` in a fresh folder (the makespan against issue 48's 2 minutes, and each
+# 3. the default with `device: cuda` in a fresh folder (its makespan, and each
 #    rule's job-seconds from its benchmarks), then
 #    uph.compare against reference/default (the CPU's).
 # OUT gets machine.txt, tests.txt, lockstep.txt, attention.txt, startup.txt, default.log, wall.txt, compare.txt and the default's

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The default's three training branches on a GPU machine (issue 43), from the project's root once the bundle's
+# The default's three training branches on a GPU machine, from the project's root once the bundle's
 # env.sh is sourced (../shared/device/README.md):
 #     benchmarks/gpu_training_branches.sh OUT [GPU_SECONDS] [CPU_SECONDS]
 # 1. bench_attention_study.py on cuda: 8 runs one at a time against at once per kind (and at once replayed

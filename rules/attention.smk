@@ -1,4 +1,4 @@
-# Attention study (issue 13): one training job per (model, attention, task) runs the task's lr sweep
+# Attention study: one training job per (model, attention, task) runs the task's lr sweep
 # and seeds (uph.attention.training); one table rule gathers them. Independent of the LM branch.
 
 

@@ -97,3 +97,35 @@ def test_the_patterns_catch_what_they_are_for():
     assert flagged == diary and passed == ordinary
     assert slug("On SLURM, in one command") == "on-slurm-in-one-command"
     assert slug("`config/full.yaml` run to the end") == "configfullyaml-run-to-the-end"
+
+
+CODE_DIARY = [  # DIARY's patterns that read as diary in code too (code names /tmp, lends memory, draws figures)
+    r"\bthis VM\b",
+    r"\b(this|last|previous|next|that) session\b",
+    r"\bissues? \d+",
+    r"\blent (a |the )?(GPU|machine|device)|\b(GPU|machine|device) (was )?lent\b",
+    r"\bI (measured|ran|found|tried|stopped|timed)\b",
+]
+CODE = [  # every tracked text file a reader of the code reads, less the data of measurements and references
+    path
+    for pattern in ("Snakefile", "Makefile", "*.yaml", "rules/*.smk", "report/*.rst", "schemas/*.yaml", "profiles/*/*")
+    for path in sorted(REPO.glob(pattern))
+] + [
+    path
+    for folder in ("uph", "workflow_scripts", "tests", "benchmarks", "config")
+    for path in sorted((REPO / folder).rglob("*"))
+    if path.suffix in (".py", ".sh", ".yaml") and "measured" not in path.parts and path.name != "test_docs.py"
+]
+
+
+def test_no_diary_in_the_code():
+    """Comments and docstrings say what the code does and why, not who changed it under which work item."""
+    assert len(CODE) > 100
+    found = [
+        f"{page_id(path)}:{number}: {line.strip()}"
+        for path in CODE
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for pattern in CODE_DIARY
+        if re.search(pattern, line, re.IGNORECASE)
+    ]
+    assert found == []

@@ -310,9 +310,9 @@ def hamlet():
 TINY_RUN = dict(context=8, hidden=(32, 32), batch_size=32, lr=3e-3, log_every=20, eval_windows=256, rank=8)
 
 
-def test_the_oracle_reproduces_the_learned_method_before_issue_17(hamlet):
-    """Until issue 17 `feedback_learned` trained U on the true gradient; these are its curves on this
-    run at commit f84eb23. The oracle must reproduce them (feedback_frozen ends at 3.7167, so they
+def test_the_oracle_reproduces_the_learned_method_of_commit_f84eb23(hamlet):
+    """Up to commit f84eb23 `feedback_learned` trained U on the true gradient; these are its curves on this
+    run there. The oracle must reproduce them (feedback_frozen ends at 3.7167, so they
     tell the two apart)."""
     run = train(hamlet, "feedback_learned_oracle", 3, settings(steps=60, **TINY_RUN))
     assert run["step"].tolist() == [20, 40, 60]

@@ -100,7 +100,7 @@ def drawn_problems(fig: Figure, style: dict = STYLE) -> list[str]:
 
 
 def test_the_check_finds_raw_mathtext_text_off_the_canvas_overlaps_and_a_covering_legend():
-    landed = {**STYLE, "text.parse_math": False}  # the style before issue 33: log ticks drawn as raw $...$
+    landed = {**STYLE, "text.parse_math": False}  # the earlier style: log ticks drawn as raw $...$
     with mpl.rc_context(landed):
         fig = Figure(figsize=(3, 2), dpi=100, layout="constrained")
         ax = fig.subplots()

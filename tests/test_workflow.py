@@ -193,7 +193,7 @@ def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, se
     first, second = files_under(tiny_study.workdir), files_under(second_run.workdir)
     assert sorted(first) == sorted(second)
     assert sum(path.endswith(".csv") for path in first) == len(TABLES)
-    # feedback.csv measures each method's seconds per step in the run (issue 17): all else is identical
+    # feedback.csv measures each method's seconds per step in the run: all else is identical
     timed = {f"results/tables/feedback{suffix}" for suffix in (".csv", ".md", ".tex")}
     assert [path for path in first if first[path] != second[path] and path not in timed] == []
     tables = [
