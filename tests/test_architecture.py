@@ -150,6 +150,26 @@ def test_imports_run_down_the_layers_only():
     assert not offending, "imports against the layers (LAYERS):\n" + "\n".join(offending)
 
 
+def private_imports() -> list[str]:
+    """Each `from uph.x import _name` in a module other than uph.x: a private helper used outside its module."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "uph" and node.module != name:
+                found += [
+                    f"{name} (line {node.lineno}) imports {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_") and not alias.name.startswith("__")
+                ]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name used outside its module is part of that module's interface: it is named without a leading _."""
+    found = private_imports()
+    assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
 def test_the_checks_see_a_cycle_and_imports_against_the_layers():
     """The checks on graphs made to fail: a cycle and a self-import found; the engine importing the jobs
     (upward), one study another's (sideways), while the jobs may import the engine and any module the

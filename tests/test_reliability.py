@@ -959,7 +959,7 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
         ),
         {},
     ),
-    "radii-as-integers-in-another-order": (  # a set, its numbers floats (uph.config.schema._as_number, _as_set)
+    "radii-as-integers-in-another-order": (  # a set, its numbers floats (uph.config.schema.as_number, _as_set)
         lambda c: c["fit"].update(radii=[50, 5, 0.5]),
         {},
     ),

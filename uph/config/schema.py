@@ -1,6 +1,6 @@
 """The schemas (schemas/*.schema.yaml, one a stage) and the validator extension that rewrites a config as
 it validates: a missing key takes its schema default, an integral float of an integer key becomes that
-integer, a number key's integers become floats, and an `x-set` array is sorted (`_rewriting`)."""
+integer, a number key's integers become floats, and an `x-set` array is sorted (`rewriting`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 ROOT_SCHEMA = "config.schema.yaml"
 
 
-def _load_schemas(schema_dir: Path) -> Registry:
+def load_schemas(schema_dir: Path) -> Registry:
     """The schemas of `schema_dir`, read once per content (their files' sizes and mtimes): reading the YAML
     is most of what a validation costs."""
     files = sorted(Path(schema_dir).glob("*.schema.yaml"))
@@ -38,7 +38,7 @@ def _types(schema: dict) -> list:
     return [types] if isinstance(types, str) else types
 
 
-def _integer_only(schema: dict) -> bool:
+def integer_only(schema: dict) -> bool:
     """A schema whose type is integer (or integer or null), not number."""
     return "integer" in _types(schema) and "number" not in _types(schema)
 
@@ -48,16 +48,16 @@ def _number_only(schema: dict) -> bool:
     return "number" in _types(schema) and "integer" not in _types(schema)
 
 
-def _as_integer(value, schema: dict):
+def as_integer(value, schema: dict):
     """An integral float where the schema asks for an integer, as that integer (YAML reads 2.0 as a float,
     and JSON Schema counts it as an integer: it would reach the code as a float, e.g. range(2.0)); a
     non-integral one stays, for the type check to refuse."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and _integer_only(schema):
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and integer_only(schema):
         return int(value)
     return value
 
 
-def _as_number(value, schema: dict):
+def as_number(value, schema: dict):
     """An integer of a number key as a float: radii [5, 50] are [5.0, 50.0], one setting, one spelling."""
     if isinstance(value, int) and not isinstance(value, bool) and _number_only(schema):
         return float(value)
@@ -72,7 +72,7 @@ def _as_set(values: list, schema: dict) -> list:
     return values
 
 
-def _rewriting(validator_class, rewrite, *, defaults: bool = False, sets: bool = False):
+def rewriting(validator_class, rewrite, *, defaults: bool = False, sets: bool = False):
     """Extend a validator so that, as it validates, each value of an object's property and each item of an
     array becomes rewrite(value, its schema); with `defaults`, a missing property takes its `default` (and
     an object its {}); with `sets`, an array marked `x-set` is sorted (_as_set). A `$ref` resolves through
@@ -125,8 +125,8 @@ def schema_enum(section: str, key: str, schema_dir: Path | str = SCHEMA_DIR) -> 
     order: the registries of heads, attention kinds and methods, without importing the code behind them
     (tests/test_registries.py checks each equals its registry)."""
     name = f"{section}.schema.yaml"
-    values = _load_schemas(Path(schema_dir)).contents(name)["properties"][key]
+    values = load_schemas(Path(schema_dir)).contents(name)["properties"][key]
     values = values.get("items", values)
     if "$ref" in values:  # an enum written once under $defs
-        values = _load_schemas(Path(schema_dir)).resolver(base_uri=name).lookup(values["$ref"]).contents
+        values = load_schemas(Path(schema_dir)).resolver(base_uri=name).lookup(values["$ref"]).contents
     return tuple(values["enum"])

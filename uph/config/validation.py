@@ -16,11 +16,11 @@ from uph.config.results import results_folder
 from uph.config.schema import (
     ROOT_SCHEMA,
     SCHEMA_DIR,
-    _as_integer,
-    _as_number,
-    _integer_only,
-    _load_schemas,
-    _rewriting,
+    as_integer,
+    as_number,
+    integer_only,
+    load_schemas,
+    rewriting,
 )
 from uph.errors import ConfigError
 
@@ -38,10 +38,10 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
     `gguf_dropped_for`: the model.source whose carried-over GGUF file name an earlier run already dropped
     with a warning (the results folder's record): dropped again without one."""
     _check_finite(config)
-    registry = _load_schemas(Path(schema_dir))
+    registry = load_schemas(Path(schema_dir))
     root = registry.contents(ROOT_SCHEMA)
     # defaults filled and integral floats of integer keys read as integers, as it validates
-    Validator = _rewriting(jsonschema.Draft202012Validator, _as_integer, defaults=True)
+    Validator = rewriting(jsonschema.Draft202012Validator, as_integer, defaults=True)
     errors = sorted(
         Validator(root, registry=registry).iter_errors(config), key=lambda e: (len(e.path), key_path(e.path))
     )
@@ -62,7 +62,7 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
         raise ConfigError(f"config key '{where}': {error.message}")
     # valid: one more pass writes every number of a number key as a float and sorts every set, one spelling a
     # setting, so the same computation has the same params (after validation: a refusal quotes the value as written)
-    normalizing = _rewriting(jsonschema.Draft202012Validator, _as_number, sets=True)
+    normalizing = rewriting(jsonschema.Draft202012Validator, as_number, sets=True)
     for _ in normalizing(root, registry=registry).iter_errors(config):
         pass
     config["results"] = results_folder(config["results"])
@@ -86,7 +86,7 @@ def _is_quoted_number(error: jsonschema.ValidationError) -> bool:
 
 def _is_fraction_for_integer(error: jsonschema.ValidationError) -> bool:
     """An integer key holding a float with a fractional part (an integral one became its integer)."""
-    return error.validator == "type" and isinstance(error.instance, float) and _integer_only(error.schema)
+    return error.validator == "type" and isinstance(error.instance, float) and integer_only(error.schema)
 
 
 def _how_to_write(text: str) -> str:
