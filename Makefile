@@ -8,7 +8,7 @@ RESULTS := results
 LINT_ALLOWED := Specify a conda environment or container for each rule.
 LINT_LOG := .snakemake/lint.log
 
-.PHONY: setup reproduce test compare reference gpu-check slurm lint dry-run clean
+.PHONY: setup reproduce test test-fast compare reference gpu-check slurm lint dry-run clean
 # A failed recipe leaves no half-written target that would look up to date.
 .DELETE_ON_ERROR:
 
@@ -40,6 +40,11 @@ AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX
 test: setup
 	$(BIN)/pytest -q
 	$(AVX2_KERNELS) $(BIN)/pytest -q -p no:cacheprovider -m numerical
+
+# A developer's loop: every test but those marked slow (a stage of the tiny study, or the whole study, run
+# again: pyproject.toml), and no AVX2-kernel pass. CI and a change's last check run `make test`.
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow"
 
 # Does a regeneration agree with the study? RESULTS (default results/) against REFERENCE (default: the
 # committed reference/<name>/ made with the settings RESULTS records); make exits 0 when they agree (python -m

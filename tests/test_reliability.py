@@ -177,6 +177,7 @@ def unlock(workdir):
     assert snakemake(workdir, "--unlock").returncode == 0
 
 
+@pytest.mark.slow
 def test_killed_during_extraction_then_during_the_fit_sweep_the_study_resumes_each_time(tiny_study, tmp_path):
     """Each resume runs exactly the unfinished jobs and keeps every output finished before a kill;
     the last one's tables equal the uninterrupted run's."""
@@ -431,6 +432,7 @@ def test_a_shard_copied_over_another_is_rebuilt_by_its_extract_job(tiny_study, t
     )
 
 
+@pytest.mark.slow
 def test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run(tiny_study, tmp_path):
     """Followed to the end with the LM tables as the target. A results folder made with other radii, copied
     alone (no history): a run with a third set of radii plans the whole fit stage and nothing before it
@@ -456,6 +458,7 @@ def test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tabl
     assert_tables_equal_the_reference(workdir, tiny_study)
 
 
+@pytest.mark.slow
 def test_shards_the_hash_leaves_empty_and_no_baselines_run_to_the_summary(tiny_study, tmp_path):
     """extract.shards 6 and fit.jobs 5 for 4 users (several shards and a job hold nobody) with fit.baselines
     [], fit.on_cache [] and no dose-response points (the schema allows each): every per-shard and per-user
@@ -1259,6 +1262,7 @@ def test_a_folder_made_with_another_corpus_or_fit_setting_reruns_what_the_config
     assert planned_jobs(run) == (plan if target == "all" else {r: n for r, n in plan.items() if r in LM_RULES})
 
 
+@pytest.mark.slow
 def test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ahead_ends_in_its_own_tables(
     tiny_study, tmp_path
 ):
@@ -1280,6 +1284,7 @@ def test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ah
     assert "Nothing to be done" in again.stdout, again.stdout[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("switch", "target"), [("model-source", "all"), ("corpus-source", "table")])
 def test_a_folder_of_another_model_or_corpus_copied_over_a_run_ends_in_the_configs_own_tables(
     tiny_study, tmp_path, switch, target

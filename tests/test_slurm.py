@@ -169,6 +169,7 @@ def test_a_job_that_fails_once_is_retried_by_the_local_profile(tmp_path, monkeyp
     assert (tmp_path / "retry" / table).is_file()
 
 
+@pytest.mark.slow
 def test_the_tiny_study_runs_through_sbatch_with_a_retry(tiny_study, second_run):
     """The second run of the tiny study (conftest.second_run) went through sbatch, every job but the
     localrules, and retried the one that failed once. Its tables, figures and summary equal the local run's

@@ -183,6 +183,7 @@ def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_two_clean_runs_give_identical_tables_figures_and_summary(tiny_study, second_run):
     """On CPU (config/test.yaml's device) two runs give the same bytes, the second through sbatch where SLURM
     is installed (conftest.second_run). On CUDA (uph.device) the LM tables would repeat bit for bit only with
