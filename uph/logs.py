@@ -80,8 +80,9 @@ def record_job(snakemake) -> None:
 
 
 def record_device(snakemake, log: logging.Logger) -> dict:
-    """Set up the job's device (a job with one: uph.device.setup_device, once, before any work), log what the job runs on in one line and write it to `<log>.device.json`, then how long the
-    set-up took. Torch is imported only by a job with a device."""
+    """Set up the job's device (a job with one: uph.device.setup_device, once, before any work), log what
+    the job runs on in one line and write it to `<log>.device.json`, then how long the set-up took. Torch
+    is imported only by a job with a device."""
     configured = job_device(snakemake.rule, snakemake.config)
     start = time.perf_counter()
     if configured is None:

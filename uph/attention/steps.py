@@ -4,7 +4,8 @@
                  + update (the device's: each run's mean loss, backward, clipping, RunAdamW.apply)
 
 A step of the study's small models is 1,100-1,500 kernels of a few microseconds (docs/performance.md,
-"Training branches"): on a GPU it costs its launches (10-17 ms), not its arithmetic. TrainSteps runs uph.attention.training.train_runs' steps:
+"Training branches"): on a GPU it costs its launches (10-17 ms), not its arithmetic. TrainSteps runs
+uph.attention.training.train_runs' steps:
 
 - on a CPU, each is train_step, as it always was;
 - on a GPU, the device's part of a step (update) is captured once as a CUDA graph, after WARMUP eager steps on a side stream, and each
