@@ -37,14 +37,17 @@ $(RESULTS)/report.html: $(RESULTS)/summary.md $(RESULTS)/provenance.json
 # The second pass: the numerical tests (tests/conftest.py: NUMERICAL) on the kernels an AVX2-only CPU runs,
 # so a tolerance must hold on another CPU's summation order, not this machine's alone.
 AVX2_KERNELS := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+# The tests run on every core (pytest-xdist): the shared studies start with the session, in the background
+# (tests/shared_runs.py), and the tests of a module-scoped fixture share a worker (tests/conftest.py).
+PYTEST := $(BIN)/pytest -q -n auto --dist loadgroup
 test: setup
-	$(BIN)/pytest -q
-	$(AVX2_KERNELS) $(BIN)/pytest -q -p no:cacheprovider -m numerical
+	$(PYTEST)
+	$(AVX2_KERNELS) $(PYTEST) -p no:cacheprovider -m numerical
 
 # A developer's loop: every test but those marked slow (a stage of the tiny study, or the whole study, run
 # again: pyproject.toml), and no AVX2-kernel pass. CI and a change's last check run `make test`.
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # Does a regeneration agree with the study? RESULTS (default results/) against REFERENCE (default: the
 # committed reference/<name>/ made with the settings RESULTS records); make exits 0 when they agree (python -m

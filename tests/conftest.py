@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from shared_runs import SharedRun, run_root
 from slurm_cluster import SNAKEMAKE_ARGS, SlurmCluster, missing_programs
 from tiny_lm import final_hidden, tiny_llama
 
@@ -102,12 +104,102 @@ class Run:
     run: subprocess.CompletedProcess  # `rule all`
 
 
+def local_study(folder: Path):
+    """A SharedRun launch: the tiny study in `folder`/study, its output in `folder`/stdout and stderr."""
+    workdir = folder / "study"
+    with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+        process = subprocess.Popen(snakemake_command(workdir), stdout=out, stderr=err, start_new_session=True)
+
+    def finish() -> dict:
+        return {"args": process.args, "returncode": process.wait(timeout=1200), "through_slurm": False, "jobs": []}
+
+    def stop() -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+    return finish, stop
+
+
+def slurm_study(folder: Path):
+    """A SharedRun launch: the tiny study through sbatch on a one-node SLURM cluster on localhost
+    (tests/slurm_cluster.py), by `make slurm`, gram_resilience's first attempt failing on purpose
+    (UPH_FAIL_ONCE). It waits on SLURM's polls and start-ups more than it computes."""
+    profile = slurm_profile()
+    requests = [profile["default-resources"], *profile["set-resources"].values()]
+    # twice the CPUs it has: a tiny job waits on sbatch, polls and start-ups as much as it computes
+    memory_mb, cpus = max(r.get("mem_mb", 0) for r in requests), 2 * os.cpu_count()
+    (folder / "cluster").mkdir()
+    cluster = SlurmCluster(folder / "cluster", memory_mb=memory_mb, cpus=cpus)
+    env = {**os.environ, "SLURM_CONF": cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
+    command = make_slurm_command(folder / "study", *SNAKEMAKE_ARGS)
+    try:
+        with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+            process = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
+    except BaseException:
+        cluster.stop()
+        raise
+
+    def finish() -> dict:
+        try:
+            returncode = process.wait(timeout=1200)
+            listed = cluster.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout
+        finally:
+            stop()
+        jobs = [line.split("|") for line in listed.splitlines()]
+        return {"args": command, "returncode": returncode, "through_slurm": True, "jobs": jobs}
+
+    def stop() -> None:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        cluster.stop()
+
+    return finish, stop
+
+
+# The whole-study runs tests share (tests/shared_runs.py): the tiny study, and the second run that
+# tests/test_workflow.py holds to it byte for byte, through sbatch where SLURM is installed (which
+# tests/test_slurm.py checks), else locally. Each is started once, in the background, when the session starts.
+SHARED_RUNS = {
+    "tiny_study": ("tiny-study", lambda: local_study),
+    "second_run": ("second-run", lambda: local_study if missing_programs() else slurm_study),
+}
+INTERRUPTED = []  # a Ctrl-C ended the session (pytest_keyboard_interrupt)
+
+
+def pytest_keyboard_interrupt():
+    INTERRUPTED.append(True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_runs(request, tmp_path_factory) -> dict[str, SharedRun]:
+    """fixture name -> its SharedRun; those a collected test asks for start with the session's first test,
+    so the tests that need neither run beside them (pytest_collection_modifyitems puts those first). At the
+    end, a run this process started is waited for (another worker may read it) or, in a session that stops
+    early or alone, stopped."""
+    root = run_root(tmp_path_factory.getbasetemp())
+    runs = {fixture: SharedRun(root, name) for fixture, (name, _) in SHARED_RUNS.items()}
+    for fixture, (_, launch) in SHARED_RUNS.items():
+        if any(fixture in item.fixturenames for item in request.session.items):
+            runs[fixture].start(launch())
+    yield runs
+    alone = not os.environ.get("PYTEST_XDIST_WORKER")
+    for run in runs.values():
+        run.end(stop=alone or bool(INTERRUPTED) or bool(request.session.shouldstop or request.session.shouldfail))
+
+
+def shared_study(run: SharedRun) -> tuple[Path, subprocess.CompletedProcess, dict]:
+    result = run.result()
+    out, err = ((run.folder / name).read_text() for name in ("stdout", "stderr"))
+    return run.folder / "study", subprocess.CompletedProcess(result["args"], result["returncode"], out, err), result
+
+
 @pytest.fixture(scope="session")
-def tiny_study(tmp_path_factory) -> Run:
+def tiny_study(shared_runs) -> Run:
     """One clean run of the whole DAG on config/test.yaml, shared by every test that reads its outputs.
     Read it, never write to it: tests that perturb a run make their own."""
-    workdir = tmp_path_factory.mktemp("tiny-study")
-    return Run(workdir, snakemake(workdir))
+    workdir, run, _ = shared_study(shared_runs["tiny_study"])
+    return Run(workdir, run)
 
 
 @dataclass
@@ -118,81 +210,12 @@ class SecondRun:
     slurm_jobs: list[tuple[str, str]]  # (state, comment) of each job SLURM listed after the run
 
 
-class SlurmRun:
-    """The tiny study through sbatch on a one-node SLURM cluster on localhost (tests/slurm_cluster.py), by
-    `make slurm` and gram_resilience's first attempt failing on purpose (UPH_FAIL_ONCE), running in the
-    background from its start until `finish` (a SecondRun)."""
-
-    def __init__(self, cluster_folder: Path, workdir: Path):
-        profile = slurm_profile()
-        requests = [profile["default-resources"], *profile["set-resources"].values()]
-        # twice the CPUs it has: a tiny job waits on sbatch, polls and start-ups as much as it computes
-        memory_mb, cpus = max(r.get("mem_mb", 0) for r in requests), 2 * os.cpu_count()
-        self.cluster = SlurmCluster(cluster_folder, memory_mb=memory_mb, cpus=cpus)
-        self.workdir, self.result = workdir, None
-        env = {**os.environ, "SLURM_CONF": self.cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
-        command = make_slurm_command(workdir, *SNAKEMAKE_ARGS)
-        self.logs = [cluster_folder / "snakemake.out", cluster_folder / "snakemake.err"]
-        try:
-            with open(self.logs[0], "w") as out, open(self.logs[1], "w") as err:
-                self.process = subprocess.Popen(command, stdout=out, stderr=err, env=env)
-        except BaseException:
-            self.cluster.stop()
-            raise
-
-    def finish(self) -> SecondRun:
-        """Wait for the run, list what SLURM ran, stop the cluster (once)."""
-        if self.result is None:
-            try:
-                returncode = self.process.wait(timeout=1200)
-                listed = self.cluster.run("squeue", "--states=all", "--noheader", "--format=%T|%k").stdout
-            finally:
-                self.stop()
-            out, err = (path.read_text() for path in self.logs)
-            run = subprocess.CompletedProcess(self.process.args, returncode, out, err)
-            jobs = [tuple(line.split("|")) for line in listed.splitlines()]
-            self.result = SecondRun(self.workdir, run, True, jobs)
-        return self.result
-
-    def stop(self) -> None:
-        """End the run where it is (a session that no longer needs it) and stop the cluster."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.cluster.stop()
-
-
-@pytest.fixture(scope="session", autouse=True)
-def slurm_run(request, tmp_path_factory):
-    """Where SLURM is installed and a collected test asks for second_run, its run through sbatch starts with
-    the session's first test (a SlurmRun): it waits on SLURM's polls and start-ups more than it computes, so
-    the tests before the first that needs it run beside it instead of after it. A cluster that does not
-    start fails second_run's tests, not every test; a session that ends first stops the run."""
-    if missing_programs() or not any("second_run" in item.fixturenames for item in request.session.items):
-        yield None
-        return
-    try:
-        run = SlurmRun(tmp_path_factory.mktemp("slurm"), tmp_path_factory.mktemp("second-run"))
-    except Exception as error:  # handed to second_run, which raises it
-        yield error
-        return
-    yield run
-    if run.result is None:
-        run.stop()
-
-
 @pytest.fixture(scope="session")
-def second_run(slurm_run, tmp_path_factory) -> SecondRun:
-    """The tiny study once more in a fresh folder, whose bytes tests/test_workflow.py holds to the first
-    run's (the tiny_study fixture): through sbatch where SLURM is installed (slurm_run), which
-    tests/test_slurm.py checks, else locally. One run serves both questions, since each is a whole study
-    (about 80 s locally, 240 s through sbatch on 2 cores)."""
-    if isinstance(slurm_run, Exception):
-        raise slurm_run
-    if slurm_run is not None:
-        return slurm_run.finish()
-    workdir = tmp_path_factory.mktemp("second-run")
-    return SecondRun(workdir, snakemake(workdir), False, [])
+def second_run(shared_runs) -> SecondRun:
+    """The tiny study once more in a fresh folder (SHARED_RUNS): about 80 s locally, 240 s through sbatch
+    on 2 cores, since each is a whole study."""
+    workdir, run, result = shared_study(shared_runs["second_run"])
+    return SecondRun(workdir, run, result["through_slurm"], [tuple(job) for job in result["jobs"]])
 
 
 @pytest.fixture(autouse=True)
@@ -255,7 +278,20 @@ def lm(model):
 
 
 def pytest_collection_modifyitems(items):
-    """Mark `numerical` the tests of NUMERICAL's modules that start no workflow (no tiny_study)."""
+    """Mark `numerical` the tests of NUMERICAL's modules that start no workflow (no tiny_study). Put the
+    tests that wait for a shared run (SHARED_RUNS) last, the slow ones first among them, so the others run
+    while the runs do and the longest are not left to the end. Under pytest-xdist (`-n`, with
+    --dist loadgroup), the tests of a module-scoped fixture share a worker, which builds it once."""
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in NUMERICAL and "tiny_study" not in item.fixturenames:
             item.add_marker(pytest.mark.numerical)
+        module_scoped = [
+            name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module"
+        ]
+        if module_scoped:
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{module_scoped[0]}"))
+
+    def waits(item) -> tuple[bool, bool]:
+        return any(name in item.fixturenames for name in SHARED_RUNS), item.get_closest_marker("slow") is None
+
+    items.sort(key=waits)
