@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -104,11 +105,18 @@ class Run:
     run: subprocess.CompletedProcess  # `rule all`
 
 
-def local_study(folder: Path):
-    """A SharedRun launch: the tiny study in `folder`/study, its output in `folder`/stdout and stderr."""
+def local_study(folder: Path, niceness: int = 0):
+    """A SharedRun launch: the tiny study in `folder`/study, its output in `folder`/stdout and stderr, at
+    `niceness` (19: it takes the CPU only where nothing else wants it)."""
     workdir = folder / "study"
     with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
-        process = subprocess.Popen(snakemake_command(workdir), stdout=out, stderr=err, start_new_session=True)
+        process = subprocess.Popen(
+            snakemake_command(workdir),
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=lambda: os.nice(niceness),
+        )
 
     def finish() -> dict:
         return {"args": process.args, "returncode": process.wait(timeout=1200), "through_slurm": False, "jobs": []}
@@ -160,9 +168,10 @@ def slurm_study(folder: Path):
 # The whole-study runs tests share (tests/shared_runs.py): the tiny study, and the second run that
 # tests/test_workflow.py holds to it byte for byte, through sbatch where SLURM is installed (which
 # tests/test_slurm.py checks), else locally. Each is started once, in the background, when the session starts.
+# A local second run yields the CPU to everything else: most tests wait for the tiny study, and one for it.
 SHARED_RUNS = {
     "tiny_study": ("tiny-study", lambda: local_study),
-    "second_run": ("second-run", lambda: local_study if missing_programs() else slurm_study),
+    "second_run": ("second-run", lambda: partial(local_study, niceness=19) if missing_programs() else slurm_study),
 }
 INTERRUPTED = []  # a Ctrl-C ended the session (pytest_keyboard_interrupt)
 
@@ -281,15 +290,19 @@ def pytest_collection_modifyitems(items):
     """Mark `numerical` the tests of NUMERICAL's modules that start no workflow (no tiny_study). Put the
     tests that wait for a shared run (SHARED_RUNS) last, the slow ones first among them, so the others run
     while the runs do and the longest are not left to the end. Under pytest-xdist (`-n`, with
-    --dist loadgroup), the tests of a module-scoped fixture share a worker, which builds it once."""
+    --dist loadgroup), the tests that read a test module's session-scoped fixture (a dry run of each case,
+    say) share a worker, which builds it once: session-scoped, since a worker runs other modules' tests
+    between them, and a module's fixture would be built again after each."""
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in NUMERICAL and "tiny_study" not in item.fixturenames:
             item.add_marker(pytest.mark.numerical)
-        module_scoped = [
-            name for name, defs in item._fixtureinfo.name2fixturedefs.items() if defs[-1].scope == "module"
+        built_once = [  # a test module's session-scoped fixtures: what several of its tests read
+            f"{defs[-1].baseid}::{name}"
+            for name, defs in item._fixtureinfo.name2fixturedefs.items()
+            if defs[-1].scope == "session" and defs[-1].baseid.endswith(".py")
         ]
-        if module_scoped:
-            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{module_scoped[0]}"))
+        if built_once:
+            item.add_marker(pytest.mark.xdist_group(built_once[0]))
 
     def waits(item) -> tuple[bool, bool]:
         return any(name in item.fixturenames for name in SHARED_RUNS), item.get_closest_marker("slow") is None

@@ -45,7 +45,7 @@ SHARED = 2.0 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.G
 OWN = 2.5 * F.normalize(torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(21)), dim=0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def planted(tmp_path_factory):
     """Two users whose text the tiny model wrote with theta* = shared ± own: the global theta should find
     the shared part, each residual theta its user's own part."""

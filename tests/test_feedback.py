@@ -302,7 +302,7 @@ def test_backprop_free_methods_learn_without_any_backward_pass(method, no_backwa
     assert method in ("dfa", "feedback_frozen", "feedback_learned")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hamlet():
     return char_corpus("\n".join(load_shakespeare_roles(["hamlet"])["text"]), 0.1, 8)
 

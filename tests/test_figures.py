@@ -151,7 +151,7 @@ def test_a_data_label_is_drawn_as_itself():
 # --- every figure, from the tiny study's tables and from tables that reach its branches --------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_tables(tiny_study) -> Study:
     results = tiny_study.workdir / "results"
     return load_study(

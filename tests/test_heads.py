@@ -15,7 +15,7 @@ D, ALPHA, GAMMA = 8, 0.3, 0.5
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lm(tmp_path_factory):
     """(h [n, H], W, b, (U, S, Vh)) in float64 from a tiny real Llama; b is an added random bias."""
     model = tiny_llama(tmp_path_factory.mktemp("tiny-llama"))

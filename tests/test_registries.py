@@ -110,7 +110,7 @@ def keys_read(build, section: dict) -> set:
     return read
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def config():
     return validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))
 

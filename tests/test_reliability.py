@@ -433,32 +433,6 @@ def test_a_shard_copied_over_another_is_rebuilt_by_its_extract_job(tiny_study, t
 
 
 @pytest.mark.slow
-def test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run(tiny_study, tmp_path):
-    """Followed to the end with the LM tables as the target. A results folder made with other radii, copied
-    alone (no history): a run with a third set of radii plans the whole fit stage and nothing before it
-    (Snakemake alone had "Nothing to be done"); killed once its first global fit is written, it is run
-    again in place with the study's radii (a record once refused this legitimate rerun): every fit job
-    reruns, those the killed run finished too, and nothing upstream. That run cuts the 4 users into
-    fit.jobs 2 jobs (config/test.yaml: 1), and every LM table is the study's to the byte: a user's rows do
-    not depend on the job that holds it, and the tables read the users in one order."""
-    workdir = tmp_path / "elsewhere"
-    shutil.copytree(tiny_study.workdir / "results", workdir / "results")  # a backup restored, say
-    made_with(workdir, "fit-radii")
-    other = config_file(tmp_path, lambda c: c["fit"].update(radii=[2.0, 20.0]))
-    killed = kill_when(workdir, lambda output: "(Rule: fit_global)" in output, config=other)
-    assert planned_jobs(killed) == LM_FITS
-    unlock(workdir)
-    config = config_file(tmp_path, lambda c: c["fit"].update(jobs=2))
-    tables = [*LM_TABLES, "results/tables/capacity.csv", "results/tables/dose_response.csv"]
-    run = snakemake(workdir, "--rerun-incomplete", *tables, config=config)
-    assert run.returncode == 0, run.stderr[-3000:]
-    per_user = {"validate", "fit", "fit_others", "cross_user", "cross_user_headline"}
-    assert planned_jobs(run) == {**LM_FITS, **dict.fromkeys(per_user, 2)}
-    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 2
-    assert_tables_equal_the_reference(workdir, tiny_study)
-
-
-@pytest.mark.slow
 def test_shards_the_hash_leaves_empty_and_no_baselines_run_to_the_summary(tiny_study, tmp_path):
     """extract.shards 6 and fit.jobs 5 for 4 users (several shards and a job hold nobody) with fit.baselines
     [], fit.on_cache [] and no dose-response points (the schema allows each): every per-shard and per-user
@@ -642,7 +616,7 @@ BAD_CONFIGS = {  # edit(config, tmp), the line naming the key or file ({tmp}: th
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bad_config_runs(tiny_study, tmp_path_factory):
     """case -> (its folder, its run on a copy of the study, the copy's results before and after)."""
 
@@ -970,7 +944,7 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dry_runs(tiny_study, tmp_path_factory):
     """change -> a dry run after it, on a copy of the study (a dry run writes Snakemake's own caches)."""
 
@@ -1143,8 +1117,8 @@ def test_a_switch_to_a_wider_model_is_checked_against_that_model_not_the_install
 # config reruns the jobs whose records differ, and what follows them, for any target, with or without
 # Snakemake history, whatever the mtimes. "Made with other settings" is a copy of the study whose records
 # hold the other config's settings (what decides the plan); followed to the end, such a folder ends in the
-# study's own tables (test_a_copied_folder_of_other_radii_run_interrupted_and_rerun_gives_the_tables_of_a_fresh_run,
-# test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ahead_ends_in_its_own_tables).
+# study's own tables (test_a_folder_of_other_radii_copied_over_a_run_with_history_and_clocks_ahead_killed_and_rerun_ends_in_its_tables,
+# test_a_folder_of_another_model_or_corpus_copied_over_a_run_ends_in_the_configs_own_tables).
 
 ALL_TABLES = [*LM_TABLES, "results/tables/copy_task.csv", "results/tables/attention.csv", "results/tables/feedback.csv"]
 
@@ -1216,7 +1190,7 @@ def records_stamps(workdir) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def elsewhere_runs(tiny_study, tmp_path_factory):
     """(switch, history, target) -> a dry run of the study's config on a folder made with the switch's
     config, copied alone (no history) or over the study's working directory (its history); "same" -> the
@@ -1263,24 +1237,36 @@ def test_a_folder_made_with_another_corpus_or_fit_setting_reruns_what_the_config
 
 
 @pytest.mark.slow
-def test_a_folder_of_another_config_copied_over_a_run_with_history_and_clocks_ahead_ends_in_its_own_tables(
+def test_a_folder_of_other_radii_copied_over_a_run_with_history_and_clocks_ahead_killed_and_rerun_ends_in_its_tables(
     tiny_study, tmp_path
 ):
-    """Followed to the end, with the LM tables as the target: a folder whose records say another fit.radii,
-    copied over the results of a working directory that ran the study (its history: Snakemake once judged
-    by the checksum it recorded there, "Nothing to be done"), every file dated an hour ahead. The dry run
-    plans the fit stage and nothing else, the run does the same (Snakemake once failed every job reading a
-    file dated in the future), its tables are the study's to the byte, and then there is nothing to do."""
+    """Followed to the end with the LM tables as the target: a folder whose records say other radii, copied
+    over the results of a working directory that ran the study (its history: Snakemake once judged by the
+    checksum it recorded there, "Nothing to be done"), every file dated an hour ahead (Snakemake once failed
+    every job reading a file dated in the future). The dry run plans the fit stage and nothing else. A run
+    with a third set of radii plans the same; killed once its first global fit is written, it is run again
+    in place with the study's radii (a record once refused this legitimate rerun): every fit job reruns,
+    those the killed run finished too, and nothing upstream. That run cuts the 4 users into fit.jobs 2 jobs
+    (config/test.yaml: 1), and every LM table is the study's to the byte: a user's rows do not depend on the
+    job that holds it, and the tables read the users in one order. Then there is nothing to do."""
     workdir = copy_study(tiny_study, tmp_path)
     made_with(workdir, "fit-radii")
     date_ahead(workdir / "results", 3600)
     plan = snakemake(workdir, "-n", *LM_TABLES)
     assert planned_jobs(plan) == LM_FITS, plan.stdout[-3000:]
-    run = snakemake(workdir, *LM_TABLES)
+    other = config_file(tmp_path, lambda c: c["fit"].update(radii=[2.0, 20.0]))
+    killed = kill_when(workdir, lambda output: "(Rule: fit_global)" in output, config=other)
+    assert planned_jobs(killed) == LM_FITS
+    unlock(workdir)
+    config = config_file(tmp_path, lambda c: c["fit"].update(jobs=2))
+    tables = [*LM_TABLES, "results/tables/capacity.csv", "results/tables/dose_response.csv"]
+    run = snakemake(workdir, "--rerun-incomplete", *tables, config=config)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert planned_jobs(run) == LM_FITS
+    per_user = {"validate", "fit", "fit_others", "cross_user", "cross_user_headline"}
+    assert planned_jobs(run) == {**LM_FITS, **dict.fromkeys(per_user, 2)}
+    assert len(list((workdir / "results/fit").glob("job~*/fits.parquet"))) == 2
     assert_tables_equal_the_reference(workdir, tiny_study)
-    again = snakemake(workdir, "-n")
+    again = snakemake(workdir, "-n", *tables, config=config)
     assert "Nothing to be done" in again.stdout, again.stdout[-3000:]
 
 
@@ -1450,7 +1436,7 @@ RESULTS_SPELLINGS = {  # case -> (config key results, a target of the copy-task 
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spelled_runs(tiny_study, tmp_path_factory):
     """case -> (the folder as the rules name it, a dry run of the default target, one of the copy-task table),
     each on a copy of the study with one copy-task run file deleted (so that every spelling has jobs to plan)."""

@@ -44,7 +44,7 @@ print(json.dumps(rules))
 CSV = "results/tables/{}.csv"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rules(tmp_path_factory):
     """rule name -> its script, outputs (name -> [path, report caption, report category]) and named inputs."""
     workdir = tmp_path_factory.mktemp("parsed")
