@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 
 import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import REPO, SNAKEMAKE
+from conftest import REPO
 
 from uph.attention.copy_task import (
     CopyTaskConfig,
@@ -154,43 +153,26 @@ def test_schema_defaults_are_the_embedded_default():
     assert validate(config)["copy_task"] == embedded
 
 
-def test_snakemake_runs_the_copy_task_stage_on_the_test_config(tmp_path):
-    """`results` written as an absolute path under the working directory is `results` there (uph.config.
-    results_folder): the targets name it so."""
+def test_the_tiny_study_runs_the_copy_task_stage_on_the_test_config(tiny_study):
+    """The copy-task stage's tables, run files, companions, benchmark and log, as the tiny study wrote them
+    (`results` written as an absolute path plans the same jobs: tests/test_reliability.py's
+    test_the_results_folder_written_any_way_plans_the_same_jobs_without_warnings)."""
+    workdir, run = tiny_study.workdir, tiny_study.run
     targets = [f"results/tables/{name}.csv" for name in ("copy_task", "gram_resilience")]
-    run = subprocess.run(
-        [
-            SNAKEMAKE,
-            "-s",
-            str(REPO / "Snakefile"),
-            "--directory",
-            str(tmp_path),
-            "--configfile",
-            str(REPO / "config/test.yaml"),
-            "--config",
-            f"results={tmp_path}/results",
-            "--cores",
-            "2",
-            *targets,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
     assert run.returncode == 0, run.stderr[-3000:]
     cfg = yaml.safe_load((REPO / "config/test.yaml").read_text())["copy_task"]
-    table = pd.read_csv(tmp_path / targets[0])
+    table = pd.read_csv(workdir / targets[0])
     assert list(table.columns) == ["attention", "seed", "train_len", "eval_len", "final_loss", "token_acc", "seq_acc"]
     lengths = sorted({cfg["train_len"], *cfg["eval_lens"]})
     assert len(table) == len(cfg["attentions"]) * len(cfg["seeds"]) * len(lengths)
     assert set(table["attention"]) == set(cfg["attentions"]) and set(table["eval_len"]) == set(lengths)
     for attention in cfg["attentions"]:
         for seed in cfg["seeds"]:
-            curves = pd.read_parquet(tmp_path / f"results/copy_task/attention~{attention}/seed~{seed}/curves.parquet")
+            curves = pd.read_parquet(workdir / f"results/copy_task/attention~{attention}/seed~{seed}/curves.parquet")
             assert curves["step"].iloc[-1] == cfg["steps"] and (curves["attention"] == attention).all()
-    resilience = pd.read_csv(tmp_path / targets[1])
+    resilience = pd.read_csv(workdir / targets[1])
     assert list(zip(resilience["magnitude"], resilience["dot"], resilience["gram"])) == SEED_TABLE
-    assert (tmp_path / "results/tables/copy_task.md").exists() and (tmp_path / "results/tables/copy_task.tex").exists()
-    assert (tmp_path / "results/benchmarks/copy_task_table.tsv").exists()
-    assert "Loud Mismatch" in (tmp_path / "results/logs/gram_resilience.log").read_text()
-    assert not list((tmp_path / "results").rglob(".tmp-*"))
+    assert (workdir / "results/tables/copy_task.md").exists() and (workdir / "results/tables/copy_task.tex").exists()
+    assert (workdir / "results/benchmarks/copy_task_table.tsv").exists()
+    assert "Loud Mismatch" in (workdir / "results/logs/gram_resilience.log").read_text()
+    assert not list((workdir / "results").rglob(".tmp-*"))
