@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -75,10 +79,35 @@ def make_slurm_command(workdir, *args, config="config/test.yaml") -> list[str]:
 
 
 def snakemake(workdir, *args, config="config/test.yaml", timeout=600, env=None):
-    """Run `snakemake_command` to its end (`env`: the environment, default this process's)."""
-    return subprocess.run(
-        snakemake_command(workdir, *args, config=config), capture_output=True, text=True, timeout=timeout, env=env
-    )
+    """Run `snakemake_command` to its end (`env`: the environment, default this process's): a dry run (-n)
+    in this process where it can be (`dry_run_here`), anything else in its own."""
+    command = snakemake_command(workdir, *args, config=config)
+    if "-n" in args and env is None and threading.current_thread() is threading.main_thread():
+        return dry_run_here(command)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def dry_run_here(command: list[str]) -> subprocess.CompletedProcess:
+    """`command`, a dry run, through Snakemake's own command line (snakemake.cli.main) in this process: the
+    output `snakemake -n` prints, without its second of start-up. In the main thread, since the Snakefile
+    sets the Ctrl-C handler (uph.interrupts), which is restored after it, as is the working directory that
+    --directory changes. The root logger has no handlers while it runs, as in a process of its own, so a
+    uph module's warning goes to stderr (logging's last resort), not to pytest's log capture."""
+    from snakemake import cli
+
+    out, err, cwd, handler = io.StringIO(), io.StringIO(), os.getcwd(), signal.getsignal(signal.SIGINT)
+    root, returncode = logging.getLogger(), 0
+    handlers, root.handlers = root.handlers, []
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main(command[1:])
+    except SystemExit as exit:
+        returncode = exit.code if isinstance(exit.code, int) else 1
+    finally:
+        os.chdir(cwd)
+        signal.signal(signal.SIGINT, handler)
+        root.handlers = handlers
+    return subprocess.CompletedProcess(command, returncode, out.getvalue(), err.getvalue())
 
 
 def without_modules(folder: Path, *names: str, where: str) -> dict:
@@ -286,6 +315,7 @@ def lm(model):
     return h, ids[:, 1:].reshape(-1), W, b, torch.linalg.svd(W, full_matrices=False)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     """Mark `numerical` the tests of NUMERICAL's modules that start no workflow (no tiny_study). Put the
     tests that wait for a shared run (SHARED_RUNS) last, the slow ones first among them, so the others run

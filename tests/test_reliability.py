@@ -141,9 +141,15 @@ def started_rules(run) -> set:
 
 
 def two_at_a_time(run_case, cases) -> dict:
-    """case -> run_case(case), two at once: each is one single-threaded snakemake that builds its DAG."""
+    """case -> run_case(case), two at once: each is one single-threaded snakemake that builds its DAG (a
+    dry run, which runs in this process, runs one at a time: each_case)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
         return dict(zip(cases, pool.map(run_case, cases)))
+
+
+def each_case(run_case, cases) -> dict:
+    """case -> run_case(case), one after another in this thread (conftest.dry_run_here)."""
+    return {case: run_case(case) for case in cases}
 
 
 def assert_tables_equal_the_reference(workdir, tiny_study):
@@ -952,7 +958,7 @@ def dry_runs(tiny_study, tmp_path_factory):
         tmp = tmp_path_factory.mktemp(change)
         return snakemake(copy_study(tiny_study, tmp), "-n", config=config_file(tmp, CONFIG_CHANGES[change][0]))
 
-    return two_at_a_time(dry_run_on_a_copy, CONFIG_CHANGES)
+    return each_case(dry_run_on_a_copy, CONFIG_CHANGES)
 
 
 @pytest.mark.parametrize("change", CONFIG_CHANGES)
@@ -1215,7 +1221,7 @@ def elsewhere_runs(tiny_study, tmp_path_factory):
         assert switch == "no-records" or records_stamps(workdir) == before  # a dry run writes none of them
         return run
 
-    return two_at_a_time(plan, [*ELSEWHERE_CASES, ("same", "", "all"), ("no-records", "", "table")])
+    return each_case(plan, [*ELSEWHERE_CASES, ("same", "", "all"), ("no-records", "", "table")])
 
 
 def test_a_copied_results_folder_with_its_own_config_has_nothing_to_do(elsewhere_runs):
@@ -1452,7 +1458,7 @@ def spelled_runs(tiny_study, tmp_path_factory):
         runs = [snakemake(workdir, "-n", *targets, "--config", f"results={results}") for targets in ([], [target])]
         return folder, *runs
 
-    return two_at_a_time(dry_runs, RESULTS_SPELLINGS)
+    return each_case(dry_runs, RESULTS_SPELLINGS)
 
 
 def planned_outputs(run, folder: str) -> list[str]:
