@@ -220,6 +220,8 @@ def shared_runs(request, tmp_path_factory) -> dict[str, SharedRun]:
     for fixture, (_, launch) in SHARED_RUNS.items():
         if any(fixture in item.fixturenames for item in request.session.items):
             runs[fixture].start(launch())
+    if any("tiny_study" in item.fixturenames for item in request.session.items):
+        os.nice(5)  # this process, and what it starts, yield to the tiny study: most of what is left waits for it
     yield runs
     alone = not os.environ.get("PYTEST_XDIST_WORKER")
     for run in runs.values():
