@@ -136,15 +136,15 @@ class Run:
 
 def local_study(folder: Path, niceness: int = 0):
     """A SharedRun launch: the tiny study in `folder`/study, its output in `folder`/stdout and stderr, at
-    `niceness` (19: it takes the CPU only where nothing else wants it)."""
+    `niceness` (19: it takes the CPU only where nothing else wants it). In a process group of its own (which
+    stop() kills), not a session: Linux's autogroups share the CPU between sessions, whatever their niceness."""
     workdir = folder / "study"
     with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
         process = subprocess.Popen(
             snakemake_command(workdir),
             stdout=out,
             stderr=err,
-            start_new_session=True,
-            preexec_fn=lambda: os.nice(niceness),
+            preexec_fn=lambda: (os.setpgid(0, 0), os.nice(niceness)),
         )
 
     def finish() -> dict:
@@ -171,7 +171,7 @@ def slurm_study(folder: Path):
     command = make_slurm_command(folder / "study", *SNAKEMAKE_ARGS)
     try:
         with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
-            process = subprocess.Popen(command, stdout=out, stderr=err, env=env, start_new_session=True)
+            process = subprocess.Popen(command, stdout=out, stderr=err, env=env, preexec_fn=lambda: os.setpgid(0, 0))
     except BaseException:
         cluster.stop()
         raise
