@@ -134,27 +134,31 @@ class Run:
     run: subprocess.CompletedProcess  # `rule all`
 
 
-def local_study(folder: Path, niceness: int = 0):
-    """A SharedRun launch: the tiny study in `folder`/study, its output in `folder`/stdout and stderr, at
-    `niceness` (19: it takes the CPU only where nothing else wants it). In a process group of its own (which
-    stop() kills), not a session: Linux's autogroups share the CPU between sessions, whatever their niceness."""
-    workdir = folder / "study"
+def in_background(folder: Path, command: list[str], env=None, niceness: int = 0) -> subprocess.Popen:
+    """`command` started with its output in `folder`/stdout and stderr, at `niceness`, in a process group of
+    its own (which `kill_group` ends), not a session: Linux's autogroups share the CPU between sessions,
+    whatever their niceness."""
     with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
-        process = subprocess.Popen(
-            snakemake_command(workdir),
-            stdout=out,
-            stderr=err,
-            preexec_fn=lambda: (os.setpgid(0, 0), os.nice(niceness)),
+        return subprocess.Popen(
+            command, stdout=out, stderr=err, env=env, preexec_fn=lambda: (os.setpgid(0, 0), os.nice(niceness))
         )
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def local_study(folder: Path, niceness: int = 0):
+    """A SharedRun launch: the tiny study in `folder`/study, at `niceness` (19: it takes the CPU only where
+    nothing else wants it)."""
+    process = in_background(folder, snakemake_command(folder / "study"), niceness=niceness)
 
     def finish() -> dict:
         return {"args": process.args, "returncode": process.wait(timeout=1200), "through_slurm": False, "jobs": []}
 
-    def stop() -> None:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-
-    return finish, stop
+    return finish, lambda: kill_group(process)
 
 
 def slurm_study(folder: Path):
@@ -170,8 +174,7 @@ def slurm_study(folder: Path):
     env = {**os.environ, "SLURM_CONF": cluster.env["SLURM_CONF"], "UPH_FAIL_ONCE": "gram_resilience"}
     command = make_slurm_command(folder / "study", *SNAKEMAKE_ARGS)
     try:
-        with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
-            process = subprocess.Popen(command, stdout=out, stderr=err, env=env, preexec_fn=lambda: os.setpgid(0, 0))
+        process = in_background(folder, command, env=env)
     except BaseException:
         cluster.stop()
         raise
@@ -186,9 +189,7 @@ def slurm_study(folder: Path):
         return {"args": command, "returncode": returncode, "through_slurm": True, "jobs": jobs}
 
     def stop() -> None:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        kill_group(process)
         cluster.stop()
 
     return finish, stop
@@ -217,10 +218,11 @@ def shared_runs(request, tmp_path_factory) -> dict[str, SharedRun]:
     early or alone, stopped."""
     root = run_root(tmp_path_factory.getbasetemp())
     runs = {fixture: SharedRun(root, name) for fixture, (name, _) in SHARED_RUNS.items()}
+    wanted = {fixture for item in request.session.items for fixture in SHARED_RUNS if fixture in item.fixturenames}
     for fixture, (_, launch) in SHARED_RUNS.items():
-        if any(fixture in item.fixturenames for item in request.session.items):
+        if fixture in wanted:
             runs[fixture].start(launch())
-    if any("tiny_study" in item.fixturenames for item in request.session.items):
+    if "tiny_study" in wanted:
         os.nice(5)  # this process, and what it starts, yield to the tiny study: most of what is left waits for it
     yield runs
     alone = not os.environ.get("PYTEST_XDIST_WORKER")

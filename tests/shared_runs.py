@@ -28,6 +28,11 @@ def run_root(base_temp: Path) -> Path:
     return base_temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else base_temp
 
 
+def failure(error: Exception) -> dict:
+    """The result of a run that raised `error`: `SharedRun.result` raises it again, in every reader."""
+    return {"error": f"{type(error).__name__}: {error}"}
+
+
 class SharedRun:
     """One run of the pytest run, by its name."""
 
@@ -44,14 +49,14 @@ class SharedRun:
         try:
             finish, stop = launch(self.folder)
         except Exception as error:  # a cluster that does not start: its tests fail, not every test
-            self._write({"error": f"{type(error).__name__}: {error}"})
+            self._write(failure(error))
             return
 
         def wait() -> None:
             try:
                 self._write(finish())
             except Exception as error:
-                self._write({"error": f"{type(error).__name__}: {error}"})
+                self._write(failure(error))
 
         thread = threading.Thread(target=wait, name=f"shared run {self.folder.name}", daemon=True)
         thread.start()
