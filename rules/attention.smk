@@ -17,6 +17,7 @@ rule attention_train:
         model="|".join(ATTENTION["models"]),
         attention="|".join(ATTENTION["attentions"]),
         task="|".join(ATTENTION["tasks"]),
+    priority: attention_priority
     threads: 1
     resources:
         gpu=gpus("attention"),
