@@ -136,7 +136,7 @@ def copy_task_runs(name):
 ATTENTION = config["attention"]
 ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}", "task~{task}")
 # A cell of attention.split_kinds trains every lr on seeds_if_split seeds, about three times the runs of
-# another cell: the default's longest jobs (300 to 580 s on a core against 45 to 100 s). Where cores are
+# another cell: the default's longest jobs (260 to 630 s on an AMD EPYC core, against 45 to 100 s). Where cores are
 # few they start before the rest of the training branches, so none is left running alone at the end.
 SPLIT_KIND_PRIORITY = 5
 
