@@ -27,20 +27,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from uph.attention.training import best_lr, extension
-from uph.stats import SIGNIFICANCE, welch_interval
+from uph.attention.training import best_lr, extension, separated
 
 
 def best_so_far(curves: pd.DataFrame, step: int) -> pd.Series:
     """(lr, seed) -> the best validation token accuracy of the rows at or before `step`."""
     return curves[curves["step"] <= step].groupby(["lr", "seed"])["val_token_acc"].max()
-
-
-def behind(leader, runs, margin: float) -> bool:
-    """best_lr's separation, at `margin` instead of TIE."""
-    if min(len(leader), len(runs)) < 2:
-        return leader.mean() - runs.mean() > margin
-    return welch_interval(leader, runs, 1 - 2 * SIGNIFICANCE)[1] > margin
 
 
 def stopped_lrs(curves, sweep_seeds, lrs, rungs, margin) -> dict[float, int]:
@@ -55,7 +47,7 @@ def stopped_lrs(curves, sweep_seeds, lrs, rungs, margin) -> dict[float, int]:
             continue
         leader = accuracy[max(accuracy, key=lambda lr: accuracy[lr].mean())]
         for lr, runs in accuracy.items():
-            if behind(leader, runs, margin):
+            if separated(leader, runs, margin):
                 stopped[lr] = rung
     return stopped
 

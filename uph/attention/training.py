@@ -241,14 +241,17 @@ def best_lr(sweep: pd.DataFrame) -> float | None:
         return None
     accuracy = {lr: runs["val_token_acc"].to_numpy() for lr, runs in ok.groupby("lr")}
     best = accuracy[max(accuracy, key=lambda lr: accuracy[lr].mean())]
-
-    def separated(runs) -> bool:
-        if min(len(best), len(runs)) < 2:
-            return best.mean() - runs.mean() > TIE
-        return welch_interval(best, runs, 1 - 2 * SIGNIFICANCE)[1] > TIE
-
-    tied = sorted(lr for lr, runs in accuracy.items() if not separated(runs))
+    tied = sorted(lr for lr, runs in accuracy.items() if not separated(best, runs))
     return float(tied[len(tied) // 2])
+
+
+def separated(best, runs, margin: float = TIE) -> bool:
+    """Whether the seeds put the accuracies `runs` more than `margin` below `best` with 95 % confidence: the
+    lower end of Welch's 90 % interval of mean(best) - mean(runs) above `margin`; with one seed a side, the
+    difference itself."""
+    if min(len(best), len(runs)) < 2:
+        return best.mean() - runs.mean() > margin
+    return welch_interval(best, runs, 1 - 2 * SIGNIFICANCE)[1] > margin
 
 
 def split_seeds(sweep: pd.DataFrame, lr: float, seeds: list[int], wanted: int | None) -> list[int]:
