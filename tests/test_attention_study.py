@@ -292,6 +292,29 @@ def test_a_cell_whose_seeds_split_trains_more_seeds_at_its_lr():
     assert sorted(evaluation["seed"].unique()) == [0, 1, 2] and evaluation["lr"].nunique() == 1
 
 
+@pytest.mark.parametrize("split_on", ["sweep seeds", "every seed"])
+def test_seeds_added_where_the_sweep_seeds_split_train_in_the_remaining_seeds_stage(split_on):
+    """Runs that split on the sweep seeds split on every seed, so the seeds a split adds train with the
+    remaining seeds, in one stage; a split that only the remaining seeds show adds them in a stage after.
+    Either way the same seeds at the chosen lr, in the same order."""
+    cell = dataclasses.replace(
+        CELL, seeds=(0, 1, 2), sweep_seeds=1, seeds_if_split=4, lrs=(0.01,), lr_extensions=0, max_steps=4, log_every=2
+    )
+    seen = 1 if split_on == "sweep seeds" else 3  # the seeds whose runs first show the split
+
+    def split(sweep, lr, seeds, wanted):
+        return uph.attention.training.seeds_to_add(seeds, wanted) if sweep["seed"].nunique() >= seen else []
+
+    stages, train_runs = [], uph.attention.training.train_runs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(uph.attention.training, "split_seeds", split)
+        patch.setattr(uph.attention.training, "train_runs", lambda *a: stages.append(a[4]) or train_runs(*a))
+        _, sweep, evaluation = run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"))
+    later = [[(0.01, 1), (0.01, 2), (0.01, 3)]] if seen == 1 else [[(0.01, 1), (0.01, 2)], [(0.01, 3)]]
+    assert stages == [[(0.01, 0)], *later]
+    assert sweep["seed"].tolist() == [0, 1, 2, 3] and evaluation["seed"].unique().tolist() == [0, 1, 2, 3]
+
+
 def test_a_cell_trained_ahead_holds_the_runs_its_stages_hold_in_one_call():
     """On a GPU run_cell trains the later seeds at every lr within the sweep (`ahead`): the same lr chosen
     on the sweep seed, the same runs in the same rows, each within the float32 rounding that runs at once

@@ -29,11 +29,12 @@ the mean training loss since the last row, the validation loss and token accurac
 (score_abs, mean over layers) and the L2 norm of the gradient of all attention weights at that
 step before clipping (attention_grad_norm); the row of step s reads the model after s updates. A NaN or inf training loss ends the run as diverged.
 
-The runs of a stage (the sweep's lrs x sweep seeds, an extension's sweep seeds, the remaining seeds)
-train at once as one model of R runs (train_runs, uph.attention.runs): each keeps its own initial
-weights, batches, lr, Adam moments, clipping, early stopping and best weights, so it is the run it
-would be alone up to float32 rounding; a run that stops leaves the batch. On a GPU, a step other than
-a logging one is one launch of a CUDA graph (uph.attention.steps).
+The runs of a stage (the sweep's lrs x sweep seeds, an extension's sweep seeds, the remaining seeds and,
+where the sweep seeds already split, the added ones) train at once as one model of R runs (train_runs,
+uph.attention.runs): each keeps its own initial weights, batches, lr, Adam moments, clipping, early
+stopping and best weights, so it is the run it would be alone up to float32 rounding; a run that stops
+leaves the batch. On a GPU, a step other than a logging one is one launch of a CUDA graph
+(uph.attention.steps).
 """
 
 from __future__ import annotations
@@ -401,14 +402,21 @@ def add_seeds(
     cell: Cell, recorded: Recorded, chosen: float, sweep_seeds: list[int], split_kind: bool
 ) -> tuple[Recorded, list[int]]:
     """The config's seeds the sweep left out, at the chosen lr; then, where the runs there split (split_seeds;
-    never for a kind of split_kinds, which swept on them all), the seeds added. Returns the runs and every
-    seed at the chosen lr."""
+    never for a kind of split_kinds, which swept on them all), the seeds added. Runs that split on the sweep
+    seeds split on every seed, so there the added seeds train in the remaining seeds' stage (one stage less);
+    elsewhere the split is read once the remaining seeds are in. Returns the runs and every seed at the chosen
+    lr."""
     remaining = [seed for seed in cell.cfg.seeds if seed not in sweep_seeds]
-    if remaining:
-        recorded = train_stage(cell, recorded, [(chosen, seed) for seed in remaining])
-    seeds = [*sweep_seeds, *remaining]
-    extra = [] if split_kind else split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, cell.cfg.seeds_if_split)
-    if extra:
+    seeds, wanted = [*sweep_seeds, *remaining], None if split_kind else cell.cfg.seeds_if_split
+    early = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)
+    if early:
+        cell.log.info(
+            "%s: its sweep seeds split at lr %g; training seeds %s with %s", cell.name, chosen, early, remaining
+        )
+    if remaining or early:
+        recorded = train_stage(cell, recorded, [(chosen, seed) for seed in [*remaining, *early]])
+    extra = early or split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)
+    if extra and not early:
         cell.log.info("%s: its seeds split at lr %g; training seeds %s", cell.name, chosen, extra)
         recorded = train_stage(cell, recorded, [(chosen, seed) for seed in extra])
     return recorded, [*seeds, *extra]
@@ -461,7 +469,8 @@ def run_cell(
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation).
     Each stage trains its runs at once (train_runs): the sweep's lrs x sweep seeds, each extension's
-    sweep seeds, the remaining seeds, a split's added seeds.
+    sweep seeds, the remaining seeds with a split's added seeds where the sweep seeds split (add_seeds), else
+    the added seeds after them.
 
     `ahead` (default: on a GPU, which pays little for more runs a step) trains the later seeds (the
     remaining ones and those a split would add) at every lr of the first sweep within it, and keeps each
