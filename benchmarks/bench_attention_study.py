@@ -1,7 +1,7 @@
 """Training steps of the attention study's model per kind: R runs one at a time against R runs at once.
 
     .venv/bin/python benchmarks/bench_attention_study.py [--config config.yaml] [--runs 8] [--steps 20]
-        [--repeats 3] [--threads 1] [--device cpu] [--profile | --batches]
+        [--repeats 3] [--threads 1] [--device cpu] [--profile | --batches | --compiled]
 
 A step is one of uph.attention.training.train_runs (uph.attention.steps.TrainSteps): each run's fresh
 loud_copy batch, forward, cross-entropy, backward, per-run gradient clipping, AdamW. For each kind of
@@ -15,6 +15,10 @@ the R runs each way, their ratios, and ms per run-step against standard attentio
 generator, as train_runs does before every step, then host_batch's stacking into one [R, ...] batch, not
 pinned), for each of the config's tasks: microseconds a run, the median of `repeats` x `steps` steps of
 `runs` runs. On a GPU this is the host's part of a replayed step, beside the device's.
+
+--compiled instead trains each kind's R runs eagerly and with the model under torch.compile (Inductor's
+fused C++ on a CPU, forward and backward; the optimizer stays eager), side by side with repeats interleaved:
+ms a run-step each way, their ratio, and the compile with its first step, paid once per kind and shape.
 
 --profile instead prints a step profile per kind, one run alone and R at once (torch.profiler over
 `steps` steps, per step and per run): aten ops launched, their self time by kind of op (products,
@@ -210,6 +214,21 @@ def batch_draws(cfg: AttentionStudyConfig, task: str, runs: int, steps: int, rep
     return statistics.median(times)
 
 
+def compiled_times(cfg: AttentionStudyConfig, cell: tuple[str, str], runs: int, steps: int, repeats: int, device):
+    """(eager, compiled) seconds a step of `runs` runs, medians over `repeats` interleaved, and the seconds the
+    compile and its first step took."""
+    eager, compiled = Runs(cfg, *cell, range(runs), device), Runs(cfg, *cell, range(runs), device)
+    start = time.perf_counter()
+    compiled.steps.model = torch.compile(compiled.steps.model)
+    compiled.step()
+    compile_seconds = time.perf_counter() - start
+    times = defaultdict(list)
+    for _ in range(repeats):
+        for way, group in (("eager", eager), ("compiled", compiled)):
+            times[way].append(step_time([group], steps))
+    return statistics.median(times["eager"]), statistics.median(times["compiled"]), compile_seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", default=["config.yaml"], help="config files, merged in order")
@@ -221,6 +240,7 @@ def main() -> None:
     parser.add_argument("--attentions", nargs="*", help="only these kinds (default: the config's)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--batches", action="store_true", help="the host's batch draws a step, per task")
+    parser.add_argument("--compiled", action="store_true", help="eager against torch.compile, side by side")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -237,6 +257,20 @@ def main() -> None:
         print(f"host's batch draws a step, {args.runs} runs, median of {args.repeats} x {args.steps} steps")
         for task in section["tasks"]:
             print(f"{task}: {batch_draws(cfg, task, args.runs, args.steps, args.repeats):.0f} us a run")
+        return
+    if args.compiled:
+        print(f"median of {args.repeats} x {args.steps} steps of all {args.runs} runs, eager and compiled interleaved")
+        print(
+            "| model | attention | eager ms a run-step | compiled ms a run-step | compiled / eager | compile and first step s |"
+        )
+        print("| --- | --- | ---: | ---: | ---: | ---: |")
+        for cell in cells:
+            eager, compiled, seconds = compiled_times(cfg, cell, args.runs, args.steps, args.repeats, device)
+            per_run = 1e3 / args.runs
+            print(
+                f"| {cell[0]} | {cell[1]} | {eager * per_run:.2f} | {compiled * per_run:.2f} | {compiled / eager:.2f} | "
+                f"{seconds:.1f} |"
+            )
         return
     if args.profile:
         kinds = ("products", "elementwise", "reductions", "copies and views", "other")
