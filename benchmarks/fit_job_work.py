@@ -31,13 +31,18 @@ counts = Counter()
 mm, addmm_, matmul, mul = torch.mm, torch.Tensor.addmm_, torch.Tensor.__matmul__, torch.mul
 
 
-def counted_mm(a, b, **options):
+def count_product(a, b) -> None:
+    """2 m k n FLOPs of a [m, k] x [k, n] product."""
     counts["product FLOPs"] += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+
+def counted_mm(a, b, **options):
+    count_product(a, b)
     return mm(a, b, **options)
 
 
 def counted_addmm_(self, a, b, **options):
-    counts["product FLOPs"] += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    count_product(a, b)
     return addmm_(self, a, b, **options)
 
 

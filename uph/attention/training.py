@@ -408,17 +408,18 @@ def add_seeds(
     lr."""
     remaining = [seed for seed in cell.cfg.seeds if seed not in sweep_seeds]
     seeds, wanted = [*sweep_seeds, *remaining], None if split_kind else cell.cfg.seeds_if_split
-    early = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)
-    if early:
+    extra = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)  # split on the sweep seeds already
+    if extra:
         cell.log.info(
-            "%s: its sweep seeds split at lr %g; training seeds %s with %s", cell.name, chosen, early, remaining
+            "%s: its sweep seeds split at lr %g; training seeds %s with %s", cell.name, chosen, extra, remaining
         )
-    if remaining or early:
-        recorded = train_stage(cell, recorded, [(chosen, seed) for seed in [*remaining, *early]])
-    extra = early or split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)
-    if extra and not early:
-        cell.log.info("%s: its seeds split at lr %g; training seeds %s", cell.name, chosen, extra)
-        recorded = train_stage(cell, recorded, [(chosen, seed) for seed in extra])
+    if remaining or extra:
+        recorded = train_stage(cell, recorded, [(chosen, seed) for seed in [*remaining, *extra]])
+    if remaining and not extra:  # a split the remaining seeds show
+        extra = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)
+        if extra:
+            cell.log.info("%s: its seeds split at lr %g; training seeds %s", cell.name, chosen, extra)
+            recorded = train_stage(cell, recorded, [(chosen, seed) for seed in extra])
     return recorded, [*seeds, *extra]
 
 
