@@ -153,7 +153,33 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-KERNEL_SETTINGS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")  # cap the CPU kernels
+# Config key `cpu_kernels`: the vector instructions torch's CPU kernels may use. `native`: what the CPU has
+# (AVX512 on most of our machines); `avx2`: at most AVX2, for ATen's own kernels, MKL (its instructions, and
+# its conditional numerical reproducibility, which fixes its code path and so its summation order) and
+# oneDNN, the kernels every x86 CPU of the last decade runs alike, so that runs on two vendors' CPUs can be
+# held to the same bytes (uph.compare's exact mode). Set in a job's environment before torch is imported.
+CPU_KERNEL_CAPS = {
+    "native": {},
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "MKL_CBWR": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+    },
+}
+KERNEL_SETTINGS = tuple(CPU_KERNEL_CAPS["avx2"])  # the environment variables that cap the CPU kernels
+
+
+def cap_cpu_kernels(config: dict) -> None:
+    """Set the environment that caps torch's CPU kernels as config `cpu_kernels` says; a job runs it before
+    it imports torch (uph.job_start), and its jobs' processes inherit it. `native` leaves the environment as
+    it is (a cap set there by hand stays, and is recorded)."""
+    os.environ.update(CPU_KERNEL_CAPS[config.get("cpu_kernels", "native")])
+
+
+def kernel_settings() -> str:
+    """The caps in this process's environment (KERNEL_SETTINGS), as 'NAME=value ...'; 'none' without any."""
+    return " ".join(f"{name}={os.environ[name]}" for name in KERNEL_SETTINGS if name in os.environ) or "none"
 
 
 def cpu_description() -> str:
@@ -167,11 +193,30 @@ def cpu_description() -> str:
     return f"{cpu_model()} ({', '.join(vector) or 'no AVX2'})"
 
 
+def cpu_identity() -> str:
+    """The CPU's vendor, family, model and stepping (/proc/cpuinfo): what tells two CPU generations apart
+    where a virtual machine names both alike ('AMD EPYC'); 'unknown' where not readable."""
+    cpuinfo = Path("/proc/cpuinfo")
+    fields = {}
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            name, _, value = line.partition(":")
+            if not line.strip():
+                break  # the first CPU's block
+            fields.setdefault(name.strip(), value.strip())
+    wanted = ("vendor_id", "cpu family", "model", "stepping")
+    if not all(key in fields for key in wanted):
+        return "unknown"
+    return "{} family {} model {} stepping {}".format(*(fields[key] for key in wanted))
+
+
 def machine_record() -> dict:
-    """The machine a run's record is written on: its CPU and vector extensions, logical cores, and the
-    settings that cap torch's CPU kernels below what the CPU has (KERNEL_SETTINGS, where set)."""
+    """The machine a run's record is written on: its CPU and vector extensions, its vendor, family, model and
+    stepping, logical cores, and the settings that cap torch's CPU kernels below what the CPU has
+    (KERNEL_SETTINGS, where set)."""
     return {
         "cpu": cpu_description(),
+        "cpu_identity": cpu_identity(),
         "logical_cores": os.cpu_count(),
         "kernel_settings": {name: os.environ[name] for name in KERNEL_SETTINGS if name in os.environ},
     }
@@ -189,8 +234,12 @@ def device_record(device, dtype=None) -> dict:
     import torch
 
     record = {**host_record(), "device": device.type, "float32_matmul_precision": torch.get_float32_matmul_precision()}
-    if device.type == "cpu":  # the kernels torch dispatches to (AVX512, AVX2, ...) and its threads
-        record.update(cpu_capability=torch.backends.cpu.get_cpu_capability(), threads=torch.get_num_threads())
+    if device.type == "cpu":  # the kernels torch dispatches to (AVX512, AVX2, ...), their caps and its threads
+        record.update(
+            cpu_capability=torch.backends.cpu.get_cpu_capability(),
+            kernel_settings=kernel_settings(),
+            threads=torch.get_num_threads(),
+        )
     if device.type == "cuda":
         record.update(
             device_name=torch.cuda.get_device_name(device),

@@ -29,12 +29,13 @@ def job_params(section: dict, keys=None) -> dict:
 
 def computed_config(config: dict) -> dict:
     """The config as what the study computes from it (provenance's settings): not where the results go,
-    nor any `device` key (a device moves rounding only, uph.device.job_device)."""
+    nor any `device` key nor `cpu_kernels` (a device or a kernel cap moves rounding only,
+    uph.device.job_device)."""
     return job_params(
         {
             key: {k: v for k, v in value.items() if k != "device"} if isinstance(value, dict) else value
             for key, value in config.items()
-            if key not in ("results", "device")
+            if key not in ("results", "device", "cpu_kernels")
         }
     )
 
