@@ -50,8 +50,9 @@ test-fast: setup
 	$(PYTEST) -m "not slow"
 
 # Does a regeneration agree with the study? RESULTS (default results/) against REFERENCE (default: the
-# committed reference/<name>/ made with the settings RESULTS records); make exits 0 when they agree (python -m
-# uph.compare gives 0 agree, 1 not, 2 cannot compare; make turns any failure into 2).
+# committed reference/<name>/ made with the settings RESULTS records), exactly where both recorded the same
+# numerics, else statistically. python -m uph.compare gives 0 agree, 1 not, 2 cannot compare; GNU make exits 2
+# on any failed recipe, its error line naming the module's code ("Error 1"): scripts call the module.
 # Tolerances and what they rest on: uph/compare.py. README: "Checking a regeneration".
 compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))

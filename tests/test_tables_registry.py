@@ -113,9 +113,11 @@ def test_each_spec_has_its_compare_reading_naming_columns_its_table_has(referenc
             *reading.certificates,
             *reading.metrics,
             *reading.cell,
+            *reading.runs,
+            *reading.timings,
             *reading.skipped,
         ]
         assert reading.keys and set(named) <= set(columns(reference, name)), name
-        assert set(reading.cell) <= set(reading.keys)
+        assert set(reading.cell) <= set(reading.keys) and set(reading.runs) <= set(reading.keys)
         if reading.kind == "seeded":
             assert reading.metrics and reading.cell and "seed" in columns(reference, name)

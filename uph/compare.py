@@ -4,13 +4,21 @@
 
 RESULTS is a results folder; REFERENCE another, or a committed reference (reference/<name>/: its tables/,
 summary.md and provenance.json, which holds the config that made it). Without --reference, the committed
-reference made with RESULTS' config is used. Every table of
-uph.tables.TABLES and every answer of the summary is compared; each disagreement is one line
-(table, row, column, both values, the tolerance), then a verdict. Exit 0: they agree; 1: they do not;
-2: they cannot be compared (another config, a missing table or provenance.json).
+reference made with RESULTS' config is used. Each disagreement is one line (table, row, column, both
+values, the tolerance), then a verdict. Exit 0: they agree; 1: they do not; 2: they cannot be compared, one
+line a reason, each naming its file (another config; a provenance.json missing, damaged or without its
+config; a table missing, extra, unreadable or with other columns).
 
-What "agree" means, per kind of number (each table's Comparison, uph.tables, says which column is
-which):
+Two modes (--mode; auto picks):
+- **exact**, where both runs' provenance records the same numerics: CPU model and extensions, torch, kernel
+  caps, CPU kernels, threads, dtypes, every job on the CPU (uph.exact_comparison). The study repeats bit for
+  bit there, so every table, seeded ones included, must be the same text, cell by cell (timings aside); the
+  verdict names the first differing row and column of each table.
+- **statistical** otherwise, and the verdict names which numerics differ. Every table of uph.tables.TABLES
+  and every answer of the summary is compared as below.
+
+What "agree" means in the statistical mode, per kind of number (each table's Comparison, uph.tables, says
+which column is which):
 
 - **The language-model tables** (personalization, capacity, dose_response, cross_user) are float32
   computations whose kernels, and so summation order, differ across CPUs and devices. Each hidden state
@@ -28,11 +36,14 @@ which):
   is a disagreement. An attention cell's lr that differs is a disagreement, its margin (the two lrs'
   paired validation accuracies over the sweep seeds) shown: the lr decides every number of the cell.
 - **Seeded training** (attention, attention_sweep, copy_task, feedback): uph.seeded_comparison. Each
-  row reads agree, differ or undetermined by a Welch interval of its seeds' means against the metric's
-  margin (Bonferroni over every row-metric); the shares of seeds that solve a bimodal cell are compared
-  by an exact test; rows, seeds, NaNs and the protocol's seed counts must match. Undetermined rows are
-  named and counted and do not fail the comparison. Training curves (attention_curves) are not compared
-  row by row: their summaries are, in attention.
+  row, and each run's rows averaged per seed, reads agree, differ or undetermined by a Welch interval of
+  its seeds' means against the metric's margin (Bonferroni over every test), a bimodal cell's solving and
+  stalling seeds apart; the shares of seeds that solve a bimodal cell are compared by an exact test; rows,
+  seeds, NaNs, every row's lr and exact columns, the seeds' spread (no seed repeating another's values)
+  and the protocol's seed counts must match, and each run's tables must agree with one another (its
+  attention rows are its sweep's chosen runs). Undetermined rows are named with the smallest shift they
+  would catch and do not fail the comparison. Training curves (attention_curves) are not compared row by
+  row: their summaries are, in attention.
 - **Exact tables** (gram_resilience): within float32's relative rounding.
 - **Answers**: identical (yes, no, not shown, untested), question by question.
 """
@@ -48,9 +59,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from uph.exact_comparison import exact_differences, numerics, numerics_differences, read_text_table
 from uph.io import read_table
 from uph.seeded_comparison import (
     SeededFindings,
+    consistent_runs,
     duplicated_rows,
     judge_means,
     row_name,
@@ -72,19 +85,27 @@ NORM_RTOL = 1e-3
 FLOAT32_RTOL = 2.0**-23
 
 
+class CannotCompare(Exception):
+    """A run that cannot be compared as it stands: the message is one line naming the file."""
+
+
 @dataclass
 class Report:
     """What a comparison found: disagreements (one line each), near ties (named, not counted), the
     seeded row-metrics that agree and those undetermined (named, not counted), notes (what was compared
-    how), and whether the two could be compared at all."""
+    how), the mode (exact or statistical) with the numerics that kept it from exact, and whether the two
+    could be compared at all."""
 
     disagreements: list[str] = field(default_factory=list)
     near_ties: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     undetermined: list[str] = field(default_factory=list)  # seeded rows with metrics too few seeds tell apart
+    power: list[str] = field(default_factory=list)  # per seeded table and metric, the smallest shift caught
     agreed: int = 0  # seeded row-metrics that agree within their margin
     incomparable: list[str] = field(default_factory=list)
     compared: dict = field(default_factory=dict)  # table -> values compared
+    mode: str = ""  # "exact" or "statistical", once the runs could be compared
+    numerics: list[str] = field(default_factory=list)  # why not exact (uph.exact_comparison)
 
     @property
     def exit_code(self) -> int:
@@ -94,18 +115,38 @@ class Report:
 # -- which config made a folder ------------------------------------------------------------------------------
 
 
-def settings(folder: Path) -> dict | None:
-    """'section.key' -> value of the config that made the folder (its provenance.json), less where the
-    results go, the devices (rounding only, as CUTS) and CUTS; None without provenance.json."""
+def read_provenance(folder: Path) -> dict:
+    """`folder`'s provenance.json, which must hold the config that made the folder; CannotCompare where it
+    is missing, damaged or without it."""
     path = folder / "provenance.json"
     if not path.is_file():
-        return None
+        raise CannotCompare(f"{path}: no such file: which config made '{folder}'?")
+    try:
+        provenance = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CannotCompare(f"{path}: not JSON ({error})") from None
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("config"), dict):
+        raise CannotCompare(f"{path}: holds no 'config' (the config that made the run)")
+    return provenance
+
+
+def flat_settings(provenance: dict) -> dict:
+    """'section.key' -> value of the config in a provenance, less where the results go, the devices and
+    kernel caps (rounding only, as CUTS) and CUTS."""
     flat = {}
-    for section, value in json.loads(path.read_text())["config"].items():
+    for section, value in provenance["config"].items():
         items = value.items() if isinstance(value, dict) else [(None, value)]
         flat.update({section if key is None else f"{section}.{key}": item for key, item in items})
-    cut = CUTS | {"results", "device"}
+    cut = CUTS | {"results", "device", "cpu_kernels"}
     return {key: value for key, value in sorted(flat.items()) if key not in cut and not key.endswith(".device")}
+
+
+def settings(folder: Path) -> dict | None:
+    """flat_settings of the config that made the folder; None where its provenance cannot say."""
+    try:
+        return flat_settings(read_provenance(folder))
+    except CannotCompare:
+        return None
 
 
 def setting_differences(a: dict, b: dict) -> list[str]:
@@ -118,10 +159,9 @@ def setting_differences(a: dict, b: dict) -> list[str]:
 
 
 def find_reference(results: Path, references: Path = REFERENCES) -> Path | None:
-    """The committed reference (a folder of `references`) made with `results`' config."""
-    own = settings(results)
-    if own is None:
-        return None
+    """The committed reference (a folder of `references`) made with `results`' config; CannotCompare where
+    `results`' provenance cannot say which config that is."""
+    own = flat_settings(read_provenance(results))
     for folder in sorted(path for path in references.glob("*") if path.is_dir()):
         if settings(folder) == own:
             return folder
@@ -131,18 +171,9 @@ def find_reference(results: Path, references: Path = REFERENCES) -> Path | None:
 # -- language-model tables -----------------------------------------------------------------------------------
 
 
-def _same_columns(name: str, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> bool:
-    """Whether the two tables have the same columns in order; where not, they cannot be compared."""
-    if list(a.columns) != list(b.columns):
-        report.incomparable.append(f"{name}: columns differ ({', '.join(a.columns)} against {', '.join(b.columns)})")
-    return list(a.columns) == list(b.columns)
-
-
 def _aligned(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame, report: Report):
     """The two tables' rows matched on reading.keys (NaN keys match NaN; the reference's columns suffixed
-    _ref), or None where their columns differ; rows only one has are disagreements."""
-    if not _same_columns(name, a, b, report):
-        return None
+    _ref); rows only one has are disagreements. Their columns are the same (read_tables checked)."""
     for frame, side in ((a, "RESULTS"), (b, "REFERENCE")):
         report.disagreements += duplicated_rows(name, reading.keys, frame, side)
     keyed = [frame.assign(**{f"_k_{k}": frame[k].map(str) for k in reading.keys}) for frame in (a, b)]
@@ -171,8 +202,6 @@ def compare_lm(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame,
     scale, norms, certificates, counts and exact columns; rows at a near-tie point (`ties`: POINT values)
     are left out of the numeric comparison."""
     merged = _aligned(name, reading, a, b, report)
-    if merged is None:
-        return
     nll_columns = [
         c
         for c in a.columns
@@ -266,9 +295,11 @@ def lr_choices(a: pd.DataFrame, b: pd.DataFrame, sweep_a, sweep_b, report: Repor
     cell), with its margin in each run, the paired differences of validation token accuracy between the
     two lrs over the sweep seeds both trained (mean and 95 % t interval)."""
     cell = ["task", "model", "attention"]
-    lrs = [frame.groupby(cell)["lr"].first() for frame in (a, b)]
+    lrs = [frame.groupby(cell)["lr"].unique() for frame in (a, b)]  # more than one: a structure disagreement
     for key in sorted(set(lrs[0].index) & set(lrs[1].index)):
-        la, lb = float(lrs[0][key]), float(lrs[1][key])
+        if len(lrs[0][key]) != 1 or len(lrs[1][key]) != 1:
+            continue
+        la, lb = float(lrs[0][key][0]), float(lrs[1][key][0])
         if la == lb:
             continue
         margins = []
@@ -289,27 +320,31 @@ def lr_choices(a: pd.DataFrame, b: pd.DataFrame, sweep_a, sweep_b, report: Repor
 
 
 def compare_seeded(tables: dict, seeds_if_split, report: Report) -> None:
-    """The seeded tables (uph.seeded_comparison): structure, means per row-metric at Bonferroni's level
-    over all of them, the bimodal cells' shares solved and the protocol's seed counts."""
-    found = SeededFindings([], [], 0, {})
+    """The seeded tables of `tables` (uph.seeded_comparison; the curves are read for each run's consistency
+    alone): structure, each run's tables against one another, means
+    per row-metric and per run at Bonferroni's level over all of them, the bimodal cells' shares solved and
+    the protocol's seed counts."""
+    found = SeededFindings([], [], 0, {}, [])
     tests = []
     for name, (a, b) in tables.items():
-        reading = TABLES[name].compared
-        if _same_columns(name, a, b, report):
-            tests += structure_and_means(name, reading, a, b, found)
+        if TABLES[name].compared.kind == "seeded":
+            tests += structure_and_means(name, TABLES[name].compared, a, b, found)
+    for side, index in (("RESULTS", 0), ("REFERENCE", 1)):
+        found.disagreements += consistent_runs(
+            tables["attention"][index], tables["attention_sweep"][index], tables["attention_curves"][index], side
+        )
     judge_means(tests, found)
-    if "attention" in tables:
-        shares_and_protocol(*tables["attention"], TABLES["attention"].compared.cell, seeds_if_split, found)
+    shares_and_protocol(*tables["attention"], TABLES["attention"].compared.cell, seeds_if_split, found)
     report.disagreements += found.disagreements
     report.undetermined += found.undetermined
+    report.power += found.power
     report.agreed += found.agreed
     report.compared.update(found.compared)
 
 
-def compare_exact(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
+def compare_float32(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame, report: Report) -> None:
+    """A table of exact arithmetic (Comparison kind "exact"): each value within float32's relative rounding."""
     merged = _aligned(name, reading, a, b, report)
-    if merged is None:
-        return
     for _, row in merged.iterrows():
         for column in a.columns:
             if column in reading.keys:
@@ -435,25 +470,58 @@ def write_answers(folder: Path) -> None:
 # -- the whole comparison ------------------------------------------------------------------------------------
 
 
-def compare_folders(results: Path, reference: Path) -> Report:
-    """Every table and answer of `results` against `reference` (module docstring)."""
-    report = Report()
-    mine, theirs = settings(results), settings(reference)
-    for folder, recorded in ((results, mine), (reference, theirs)):
-        if recorded is None:
-            report.incomparable.append(f"'{folder}' holds no provenance.json: which config made it?")
-    if mine is not None and theirs is not None:
-        report.incomparable += [f"another config: {line}" for line in setting_differences(mine, theirs)]
+def read_tables(results: Path, reference: Path, reader) -> dict:
+    """name -> (RESULTS' table, REFERENCE's) of every table of TABLES, read with `reader`; CannotCompare
+    for the first table missing, unreadable, extra (a CSV TABLES does not name) or with other columns."""
     tables = {}
+    for folder in (results, reference):
+        extra = sorted({path.stem for path in (folder / "tables").glob("*.csv")} - set(TABLES))
+        if extra:
+            raise CannotCompare(f"{folder / 'tables' / extra[0]}.csv: a table the study does not make")
     for name in TABLES:
-        paths = [folder / "tables" / f"{name}.csv" for folder in (results, reference)]
-        missing = [str(path) for path in paths if not path.is_file()]
-        if missing:
-            report.incomparable.append(f"{name}: no table {' nor '.join(missing)}")
-        else:
-            tables[name] = tuple(read_table(path) for path in paths)
-    if report.incomparable:
-        return report
+        pair = []
+        for folder in (results, reference):
+            path = folder / "tables" / f"{name}.csv"
+            if not path.is_file():
+                raise CannotCompare(f"{path}: no such table")
+            try:
+                pair.append(reader(path))
+            except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as error:
+                raise CannotCompare(f"{path}: not a readable table ({str(error).splitlines()[0]})") from None
+        if list(pair[0].columns) != list(pair[1].columns):
+            changed = [f"{x} against {y}" for x, y in zip(pair[0].columns, pair[1].columns) if x != y]
+            said = ", ".join(changed) or f"{len(pair[0].columns)} columns against {len(pair[1].columns)}"
+            raise CannotCompare(f"{results / 'tables' / name}.csv: other columns than the reference's ({said})")
+        tables[name] = tuple(pair)
+    return tables
+
+
+def compare_folders(results: Path, reference: Path, mode: str = "auto") -> Report:
+    """Every table of `results` against `reference` (module docstring); `mode`: auto, exact or statistical."""
+    report = Report()
+    try:
+        provenances = [read_provenance(folder) for folder in (results, reference)]
+        theirs = flat_settings(provenances[1])
+        report.incomparable += [
+            f"another config: {line}" for line in setting_differences(flat_settings(provenances[0]), theirs)
+        ]
+        if report.incomparable:
+            return report
+        report.numerics = numerics_differences(*(numerics(p) for p in provenances))
+        report.mode = "exact" if mode == "exact" or (mode == "auto" and not report.numerics) else "statistical"
+        if report.mode == "exact":
+            for name, (a, b) in read_tables(results, reference, read_text_table).items():
+                report.disagreements += exact_differences(name, a, b)
+                report.compared[name] = a.size
+            return report
+        compare_statistically(read_tables(results, reference, read_table), theirs, report)
+    except CannotCompare as error:
+        report.incomparable.append(str(error))
+    return report
+
+
+def compare_statistically(tables: dict, theirs: dict, report: Report) -> None:
+    """The statistical mode (module docstring) on the two runs' tables; `theirs`: the reference's settings."""
     ties = capacity_ties(*tables["capacity"], report)
     lr_choices(*tables["attention"], tables["attention_sweep"][0], tables["attention_sweep"][1], report)
     for name, (a, b) in tables.items():
@@ -463,36 +531,47 @@ def compare_folders(results: Path, reference: Path) -> Report:
         elif reading.kind == "lm":
             compare_lm(name, reading, a, b, float(theirs.get("fit.tol", 1e-5)), ties, report)
         elif reading.kind == "exact":
-            compare_exact(name, reading, a, b, report)
-    seeded = {name: pair for name, pair in tables.items() if TABLES[name].compared.kind == "seeded"}
-    compare_seeded(seeded, theirs.get("attention.seeds_if_split"), report)
+            compare_float32(name, reading, a, b, report)
+    compare_seeded(tables, theirs.get("attention.seeds_if_split"), report)
     mine_answers, their_answers = (study_answers({n: t[i] for n, t in tables.items()}) for i in (0, 1))
     compare_answers(mine_answers, their_answers, report)
-    return report
 
 
 def verdict(report: Report, results: Path, reference: Path) -> str:
-    """The one-screen verdict: what was compared, the near ties, and agree / disagree / incomparable."""
+    """The one-screen verdict: the mode, what was compared, the near ties and undetermined rows, and agree /
+    disagree / incomparable."""
+    if report.incomparable:  # one line a reason, each naming its file or setting
+        return "\n".join(f"compare: cannot compare (exit 2): {line}" for line in report.incomparable)
     lines = [f"compare: {results} against {reference}"]
-    if report.incomparable:
-        lines += [f"  cannot compare: {line}" for line in report.incomparable]
-        return "\n".join([*lines, "verdict: CANNOT BE COMPARED (exit 2)"])
+    if report.mode == "exact":
+        lines.append(
+            "  mode: exact (the same numerics: CPU, torch, kernel caps, dtypes, threads): every table to the byte"
+        )
+    else:
+        lines.append(
+            "  mode: statistical, as numerics differ:" if report.numerics else "  mode: statistical (asked for)"
+        )
+        lines += [f"    {line}" for line in report.numerics]
     lines += [f"  {name}: {n} values compared" for name, n in report.compared.items()]
     lines += [f"  near tie: {line}" for line in report.near_ties]
     lines += [f"  undetermined: {line}" for line in report.undetermined]
+    lines += [f"  power: {line}" for line in report.power]
     if report.agreed or report.undetermined:
         lines.append(
-            f"  seeded: {report.agreed} row-metrics agree within their margin; {len(report.undetermined)} rows hold "
-            "undetermined ones (too few seeds to tell: named above, not counted against)"
+            f"  seeded: {report.agreed} tests agree within their margin; {len(report.undetermined)} rows hold "
+            "undetermined ones (too few seeds to tell: named above with the smallest shift each would catch)"
         )
     lines += [f"  note: {line}" for line in report.notes[:10]]
     if len(report.notes) > 10:
         lines.append(f"  ... and {len(report.notes) - 10} more notes")
     if report.disagreements:
-        return "\n".join([*lines, f"verdict: DISAGREE: {len(report.disagreements)} values beyond tolerance (exit 1)"])
+        what = "cells differ" if report.mode == "exact" else "values beyond tolerance"
+        return "\n".join([*lines, f"verdict: DISAGREE ({report.mode}): {len(report.disagreements)} {what} (exit 1)"])
+    if report.mode == "exact":
+        return "\n".join([*lines, "verdict: AGREE (exact): every table the same to the byte (exit 0)"])
     ties = f", {len(report.near_ties)} near ties named above" if report.near_ties else ""
     ties += f", {len(report.undetermined)} seeded rows undetermined" if report.undetermined else ""
-    return "\n".join([*lines, f"verdict: AGREE within the tolerances of uph/compare.py{ties} (exit 0)"])
+    return "\n".join([*lines, f"verdict: AGREE (statistical) within the tolerances of uph/compare.py{ties} (exit 0)"])
 
 
 def main(argv=None) -> int:
@@ -503,6 +582,12 @@ def main(argv=None) -> int:
         type=Path,
         help="a results folder or reference/<name>/; default: the committed reference of its config",
     )
+    parser.add_argument(
+        "--mode",
+        choices=("auto", "exact", "statistical"),
+        default="auto",
+        help="auto (default): exact where both runs recorded the same numerics, else statistical",
+    )
     parser.add_argument("--make-reference", type=Path, metavar="FOLDER", help="write RESULTS as a committed reference")
     parser.add_argument("--with-figures", action="store_true", help="with --make-reference: its figures (PNG) too")
     args = parser.parse_args(argv)
@@ -511,18 +596,21 @@ def main(argv=None) -> int:
         print(f"compare: {args.make_reference} holds the reference of {args.results}")
         return 0
     if not (args.results / "tables").is_dir():
-        print(f"compare: '{args.results}' holds no tables/: run the study first (make reproduce)", file=sys.stderr)
+        print(f"compare: cannot compare (exit 2): {args.results / 'tables'}: no such folder: run the study first")
         return 2
-    reference = args.reference or find_reference(args.results)
+    try:
+        reference = args.reference or find_reference(args.results)
+    except CannotCompare as error:
+        print(f"compare: cannot compare (exit 2): {error}")
+        return 2
     if reference is None:
         available = ", ".join(sorted(p.name for p in REFERENCES.glob("*") if p.is_dir())) or "none"
         print(
-            f"compare: no committed reference under {REFERENCES} was made with the config recorded in "
-            f"'{args.results}' (references: {available}); name one with REFERENCE=",
-            file=sys.stderr,
+            f"compare: cannot compare (exit 2): no committed reference under {REFERENCES} was made with the config recorded "
+            f"in {args.results / 'provenance.json'} (references: {available}); name one with REFERENCE="
         )
         return 2
-    report = compare_folders(args.results, reference)
+    report = compare_folders(args.results, reference, args.mode)
     for line in report.disagreements:
         print(line)
     print(verdict(report, args.results, reference))

@@ -37,7 +37,8 @@ class Comparison:
     within a tolerance of the table's NLL scale), "seeded" (seed means against a margin,
     uph.seeded_comparison), "exact" (within float32 rounding) or "summarized" (not row by row: `why`).
     `keys` name a row (over `seed` for seeded tables), `cell` the training cell a seeded row belongs to
-    (its choice of lr, its Bonferroni family); the other tuples name columns by kind."""
+    (its choice of lr), `runs` the keys of one training run where its rows (test lengths, levels) are
+    several; the other tuples name columns by kind."""
 
     kind: str
     keys: tuple[str, ...] = ()
@@ -48,6 +49,8 @@ class Comparison:
     certificates: tuple[str, ...] = ()
     metrics: tuple[str, ...] = ()  # seeded: compared over seeds
     cell: tuple[str, ...] = ()
+    runs: tuple[str, ...] = ()  # seeded: the keys naming one training run (with its seed), whose rows are averaged
+    timings: tuple[str, ...] = ()  # wall-clock columns: a measure of the machine, never compared
     skipped: dict = field(default_factory=dict)  # column -> why it is not compared
     why: str = ""  # summarized: why its rows are not compared one by one
 
@@ -140,6 +143,7 @@ TABLES = {  # name -> spec, in the order the summary lists them
                 ("attention", "train_len", "eval_len"),
                 metrics=("final_loss", "token_acc", "seq_acc"),
                 cell=("attention",),
+                runs=("attention",),
             ),
         ),
         TableSpec(
@@ -160,7 +164,7 @@ TABLES = {  # name -> spec, in the order the summary lists them
                 exact=("steps",),
                 metrics=("final_loss", "final_acc", "mean_alignment", "final_alignment", "final_train_loss"),
                 cell=("method",),
-                skipped={"seconds_per_step": "a timing of the machine, not a result"},
+                timings=("seconds_per_step",),
             ),
         ),
         TableSpec(  # the attention study: tests at each cell's chosen lr
@@ -175,6 +179,7 @@ TABLES = {  # name -> spec, in the order the summary lists them
                 exact=("family", "loudness_invariant", "lr_at_edge"),
                 metrics=("token_acc", "seq_acc", "loss", "val_token_acc", "diverged", "steps_run", "best_step"),
                 cell=("task", "model", "attention"),
+                runs=("task", "model", "attention"),
                 skipped={
                     "steps_to_90": f"{NEVER_THERE}: its seeds' steps_run and accuracy are compared",
                     "steps_to_99": f"{NEVER_THERE}: its seeds' steps_run and accuracy are compared",
