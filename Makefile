@@ -51,11 +51,12 @@ test-fast: setup
 
 # Does a regeneration agree with the study? RESULTS (default results/) against REFERENCE (default: the
 # committed reference/<name>/ made with the settings RESULTS records), exactly where both recorded the same
-# numerics, else statistically. python -m uph.compare gives 0 agree, 1 not, 2 cannot compare; GNU make exits 2
-# on any failed recipe, its error line naming the module's code ("Error 1"): scripts call the module.
+# numerics, else statistically (MODE=statistical or MODE=exact to choose). python -m uph.compare gives 0
+# agree, 1 not, 2 cannot compare; GNU make exits 2 on any failed recipe, its error line naming the module's
+# code ("Error 1"): scripts call the module.
 # Tolerances and what they rest on: uph/compare.py. README: "Checking a regeneration".
 compare: setup
-	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE))
+	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE)) $(if $(MODE),--mode $(MODE))
 
 # A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, and with
 # FIGURES=1 its figures; docs/performance.md, "Checking a regeneration", says how the committed ones were made).

@@ -90,7 +90,7 @@ def test_a_moderate_shift_of_one_row_is_caught_and_the_row_named(default_pair):
 
 
 def test_a_split_cells_share_solved_moved_from_ten_of_ten_to_four_is_caught(default_pair):
-    """Boschloo's p of 10 of 10 against 4 of 10 is 0.0032, below 0.05 over the default's 6 bimodal cells; 5 of
+    """Boschloo's p of 10 of 10 against 4 of 10 is 0.0032, below 0.05 over the default's 4 bimodal cells; 5 of
     10 (p = 0.013) would be caught where at most 3 cells are bimodal (uph/seeded_comparison.py, step 4), so
     here it is not: a share test at a looser level (0.05 alone) fails this test."""
     results, reference = default_pair
@@ -234,8 +234,8 @@ def test_two_seeds_set_to_a_third_seeds_values_are_caught(default_pair, cell, ta
     for name in tables:
         edit(results, name, lambda t, keys=ROW_KEYS[name]: copy_seed(t, cell, keys))
     lines = disagreements(results, reference)
-    repeats = [line for line in lines if "repeat another seed's every value" in line]
-    assert repeats and names(repeats, cell) and "seeds [3, 4] of RESULTS" in repeats[0]
+    repeats = [line for line in lines if "hold one another's every value" in line]
+    assert repeats and names(repeats, cell) and "seeds [2, 3, 4] of RESULTS" in repeats[0]
 
 
 MQAR_TRIPLE = {"task": "mqar", "model": "residual", "attention": "triple_capped"}  # 10 seeds, 9 solve

@@ -33,7 +33,7 @@ fail:
 4. **Shares solved, per cell.** The two runs' shares of seeds that solve a bimodal cell are compared by
    Boschloo's exact test (the uniformly more powerful cousin of Fisher's, for two binomials with small n),
    Bonferroni over the cells bimodal in either run: a share that moves from 10 of 10 to 5 of 10 gives
-   p = 0.013, caught where at most three cells are bimodal; the default holds six, where 10 of 10 to 4 of
+   p = 0.013, caught where at most three cells are bimodal; reference/default holds four, where 10 of 10 to 4 of
    10 (p = 0.0032) is the smallest move caught.
 5. **The protocol's own decisions.** A cell whose runs split at its chosen lr trains
    `attention.seeds_if_split` seeds; a table whose split cell holds fewer was not made by this protocol
@@ -149,8 +149,8 @@ def solving(frame: pd.DataFrame) -> pd.Series | None:
 
 
 def repeated_seeds(frame: pd.DataFrame, metrics) -> list:
-    """The seeds of one row (`frame` indexed by seed) whose every metric repeats an earlier seed's value."""
-    return sorted(frame.index[frame[list(metrics)].duplicated(keep="first")].tolist())  # NaN repeats NaN
+    """The seeds of one row (`frame` indexed by seed) whose every metric equals another seed's (NaN equal NaN)."""
+    return sorted(frame.index[frame[list(metrics)].duplicated(keep=False)].tolist())
 
 
 def per_seed_structure(where: str, reading: Comparison, ra: pd.DataFrame, rb: pd.DataFrame) -> list[str]:
@@ -238,8 +238,8 @@ def structure_and_means(
         tests += mean_tests(name, where, reading.metrics, ra, rb, "rows", [solving(f) for f in (ra, rb)])
     for (cell, seeds), rows in repeats.items():
         out.disagreements.append(
-            f"{name} [{row_name(reading.cell, cell)}]: seeds {list(seeds[0])} of RESULTS repeat another seed's every "
-            f"value in {len(rows)} rows, seeds {list(seeds[1])} of REFERENCE (a seed not applied trains one run twice)"
+            f"{name} [{row_name(reading.cell, cell)}]: seeds {list(seeds[0])} of RESULTS hold one another's every value "
+            f"in {len(rows)} rows, seeds {list(seeds[1])} of REFERENCE (a seed not applied trains one run twice)"
         )
     tests += run_tests(name, reading, a, b)
     out.compared[name] = len(tests) + sum(len(g) for g in groups[0].values()) * len(reading.exact)
