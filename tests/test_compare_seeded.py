@@ -328,3 +328,14 @@ def test_rounding_at_a_millionth_of_every_value_agrees(default_pair, capsys):
         )
     assert main([str(results), "--reference", str(reference), "--mode", "statistical"]) == 0
     assert "verdict: AGREE (statistical)" in capsys.readouterr().out
+
+
+def test_text_in_a_number_column_is_no_verdict_but_one_line_exit_2(default_pair, capsys):
+    results, reference = default_pair
+    path = results / "tables" / "attention.csv"
+    lines = path.read_text().splitlines()
+    lines[1] = lines[1].replace(",0.0270284,", ",abc,")
+    path.write_text("\n".join(lines) + "\n")
+    assert main([str(results), "--reference", str(reference), "--mode", "statistical"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("compare: cannot compare (exit 2): ") and "'abc'" in out[0]

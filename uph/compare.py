@@ -610,7 +610,11 @@ def main(argv=None) -> int:
             f"in {args.results / 'provenance.json'} (references: {available}); name one with REFERENCE="
         )
         return 2
-    report = compare_folders(args.results, reference, args.mode)
+    try:
+        report = compare_folders(args.results, reference, args.mode)
+    except Exception as error:  # a value no check foresaw (text in a number column): no verdict, not a traceback
+        print(f"compare: cannot compare (exit 2): {args.results} against {reference}: {type(error).__name__}: {error}")
+        return 2
     for line in report.disagreements:
         print(line)
     print(verdict(report, args.results, reference))
