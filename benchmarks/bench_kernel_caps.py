@@ -32,8 +32,8 @@ JOBS = {  # stage -> (rule, its outputs under RESULTS, its benchmark file under 
     "extract": ("extract", ["cache/shard-0.parquet"], "benchmarks/extract-0.tsv"),
     "validate": (
         "validate",
-        ["fit/job~0/validation.parquet", "fit/job~0/warm_starts.parquet"],
-        "benchmarks/fit-validate-job~0.tsv",
+        ["fit/job~9/validation.parquet", "fit/job~9/warm_starts.parquet"],
+        "benchmarks/fit-validate-job~9.tsv",
     ),
     "fit": ("fit", ["fit/job~0/fits.parquet", "fit/job~0/dose.parquet"], "benchmarks/fit-job~0.tsv"),
     "attention_train": (
