@@ -3,6 +3,8 @@ finished default run, rerun native and capped at AVX2, side by side.
 
     .venv/bin/python benchmarks/bench_kernel_caps.py --results results [--rounds 1] [--out FOLDER]
 
+Run from the repository root, RESULTS as config.yaml's `results` spells it (relative to the root).
+
 Each job (JOBS: an extraction shard, a validate and a fit job, an attention cell, a copy-task seed, a
 feedback seed) is rerun alone through Snakemake (`--forcerun` its rule, `--allowed-rules` that rule only, so
 nothing upstream or downstream runs), one core, once with the config's `cpu_kernels: native` and once with
@@ -94,7 +96,7 @@ def main() -> None:
     parser.add_argument("--stages", nargs="*", default=list(JOBS), choices=list(JOBS))
     parser.add_argument("--out", type=Path, help="keep each way's outputs here (native/, avx2/)")
     args = parser.parse_args()
-    results = args.results.resolve()
+    results = args.results
     rows = []
     for stage in args.stages:
         outputs = [results / output for output in JOBS[stage][1]]
