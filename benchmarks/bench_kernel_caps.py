@@ -9,8 +9,9 @@ Each job (JOBS: an extraction shard, a validate and a fit job, an attention cell
 feedback seed) is rerun alone through Snakemake (`--forcerun` its rule, `--allowed-rules` that rule only, so
 nothing upstream or downstream runs), one core, once with the config's `cpu_kernels: native` and once with
 `avx2`, the order alternating by round so machine load hits both alike. Reported per job: its seconds
-(Snakemake's benchmark file, `s`) each way and their ratio, and the sha256 of its outputs: native against
-the run's own outputs (the same bytes: the study repeats on one machine) and capped against native. With
+(Snakemake's benchmark file, `s`) each way and their ratio, and the sha256 of its outputs' contents (digest:
+timings aside): native against the run's own outputs (the same: the study repeats on one machine) and capped
+against native. With
 --out, each way's outputs are kept there (`native/`, `avx2/`) for a comparison with another machine's.
 
 It rewrites the jobs' outputs in RESULTS (the last round's native rerun restores the run's own bytes): run it
@@ -58,10 +59,14 @@ WAYS = ("native", "avx2")
 
 
 def digest(paths: list[Path]) -> str:
-    """One sha256 over the files' bytes, in order (12 hex digits)."""
+    """One sha256 over the files' contents, in order (12 hex digits): each parquet's columns but its
+    timings (a name ending in `seconds`: the validate, fit and feedback jobs time their work), as CSV text
+    at full precision."""
     sha = hashlib.sha256()
     for path in paths:
-        sha.update(path.read_bytes())
+        table = pd.read_parquet(path)
+        table = table.drop(columns=[c for c in table.columns if c.endswith("seconds")])
+        sha.update(table.to_csv(index=False, float_format="%.17g").encode())
     return sha.hexdigest()[:12]
 
 
