@@ -61,12 +61,16 @@ WAYS = ("native", "avx2")
 def digest(paths: list[Path]) -> str:
     """One sha256 over the files' contents, in order (12 hex digits): each parquet's columns but its
     timings (a name ending in `seconds`: the validate, fit and feedback jobs time their work), as CSV text
-    at full precision."""
+    at full precision, a column of arrays (hidden states, thetas) as their bytes."""
     sha = hashlib.sha256()
     for path in paths:
         table = pd.read_parquet(path)
-        table = table.drop(columns=[c for c in table.columns if c.endswith("seconds")])
-        sha.update(table.to_csv(index=False, float_format="%.17g").encode())
+        for column in (c for c in table.columns if not c.endswith("seconds")):
+            values = table[column]
+            if values.dtype == object and len(values) and hasattr(values.iloc[0], "tobytes"):  # arrays: their bytes
+                sha.update(b"".join(value.tobytes() for value in values))
+            else:
+                sha.update(values.to_csv(index=False, float_format="%.17g").encode())
     return sha.hexdigest()[:12]
 
 
