@@ -27,7 +27,7 @@ from uph.config import (
     job_params,
     validate,
 )
-from uph.device import BRANCH_DEFAULTS, BRANCH_DEVICES, DEVICES, DTYPES
+from uph.device import BRANCH_DEFAULTS, BRANCH_DEVICES, CPU_KERNEL_CAPS, DEVICES, DTYPES
 from uph.feedback.training import METHODS, SIGNALS, TrainConfig
 from uph.lm.engine.baselines import BASELINES
 from uph.lm.engine.heads import BASES, HEADS, HeadSettings
@@ -54,6 +54,7 @@ REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code
     ("feedback", "methods"): METHODS,
     ("feedback", "signal"): SIGNALS,
     **{(branch, "device"): BRANCH_DEVICES for branch in BRANCH_DEFAULTS},  # extract.device, fit.device, ...
+    ("config", "cpu_kernels"): tuple(CPU_KERNEL_CAPS),
 }
 
 

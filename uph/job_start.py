@@ -9,4 +9,4 @@ from uph.errors import quiet_interrupts, workflow_job
 
 quiet_interrupts()
 if (job := workflow_job()) is not None:
-    cap_cpu_kernels(job.config)
+    cap_cpu_kernels(getattr(job, "config", None) or {})
