@@ -59,7 +59,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from uph.exact_comparison import exact_differences, numerics, numerics_differences, read_text_table
+from uph.exact_comparison import CUTS, exact_differences, numerics, numerics_differences, read_text_table
 from uph.io import read_table
 from uph.seeded_comparison import (
     SeededFindings,
@@ -70,16 +70,13 @@ from uph.seeded_comparison import (
     shares_and_protocol,
     shown,
     structure_and_means,
+    written_true,
 )
 from uph.stats import t_interval
 from uph.tables import POINT, TABLES, Comparison
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCES = REPO / "reference"
-# Settings that cut or batch the same computation: tables agree across them
-# (tests/test_reliability.py holds fit.jobs to byte-identical tables; extraction batches and shards, and
-# fit.gpu_jobs' stacked rounds, move values by rounding only)
-CUTS = {"extract.batch_size", "extract.shards", "fit.jobs", "fit.gpu_jobs"}
 NLL_RTOL = 1e-5  # of the table's NLL scale (module docstring)
 NORM_RTOL = 1e-3
 FLOAT32_RTOL = 2.0**-23
@@ -137,7 +134,7 @@ def flat_settings(provenance: dict) -> dict:
     for section, value in provenance["config"].items():
         items = value.items() if isinstance(value, dict) else [(None, value)]
         flat.update({section if key is None else f"{section}.{key}": item for key, item in items})
-    cut = CUTS | {"results", "device", "cpu_kernels"}
+    cut = {*CUTS, "results", "device", "cpu_kernels"}
     return {key: value for key, value in sorted(flat.items()) if key not in cut and not key.endswith(".device")}
 
 
@@ -263,7 +260,7 @@ def capacity_ties(a: pd.DataFrame, b: pd.DataFrame, report: Report) -> set:
     group = [*POINT, "arm", "train_tokens", "temperature"]
     scale = max(float(b["validation_nll"].abs().max()), 1.0)
     ties = set()
-    chosen = {side: frame[frame["chosen"].map(str) == "True"] for side, frame in (("a", a), ("b", b))}
+    chosen = {side: frame[written_true(frame["chosen"])] for side, frame in (("a", a), ("b", b))}
     key = lambda frame: frame[group].map(str).agg("|".join, axis=1)  # noqa: E731  (map: NaN as "nan")
     picks = [dict(zip(key(chosen[s]), chosen[s]["capacity"])) for s in ("a", "b")]
     curves = [frame.assign(_g=key(frame)) for frame in (a, b)]
@@ -595,26 +592,22 @@ def main(argv=None) -> int:
         make_reference(args.results, args.make_reference, args.with_figures)
         print(f"compare: {args.make_reference} holds the reference of {args.results}")
         return 0
-    if not (args.results / "tables").is_dir():
-        print(f"compare: cannot compare (exit 2): {args.results / 'tables'}: no such folder: run the study first")
-        return 2
+    report, reference = Report(), args.reference
     try:
-        reference = args.reference or find_reference(args.results)
-    except CannotCompare as error:
-        print(f"compare: cannot compare (exit 2): {error}")
-        return 2
-    if reference is None:
-        available = ", ".join(sorted(p.name for p in REFERENCES.glob("*") if p.is_dir())) or "none"
-        print(
-            f"compare: cannot compare (exit 2): no committed reference under {REFERENCES} was made with the config recorded "
-            f"in {args.results / 'provenance.json'} (references: {available}); name one with REFERENCE="
-        )
-        return 2
-    try:
+        if not (args.results / "tables").is_dir():
+            raise CannotCompare(f"{args.results / 'tables'}: no such folder: run the study first")
+        reference = reference or find_reference(args.results)
+        if reference is None:
+            available = ", ".join(sorted(p.name for p in REFERENCES.glob("*") if p.is_dir())) or "none"
+            raise CannotCompare(
+                f"no committed reference under {REFERENCES} was made with the config recorded in "
+                f"{args.results / 'provenance.json'} (references: {available}); name one with REFERENCE="
+            )
         report = compare_folders(args.results, reference, args.mode)
+    except CannotCompare as error:
+        report.incomparable.append(str(error))
     except Exception as error:  # a value no check foresaw (text in a number column): no verdict, not a traceback
-        print(f"compare: cannot compare (exit 2): {args.results} against {reference}: {type(error).__name__}: {error}")
-        return 2
+        report.incomparable.append(f"{args.results} against {reference}: {type(error).__name__}: {error}")
     for line in report.disagreements:
         print(line)
     print(verdict(report, args.results, reference))

@@ -143,14 +143,22 @@ def setup_device(name: str, deterministic: bool = True):
     return device
 
 
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+def cpuinfo_fields() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo ('model name', 'flags', 'vendor_id', ...); {} where there is none."""
     cpuinfo = Path("/proc/cpuinfo")
+    fields = {}
     if cpuinfo.is_file():
         for line in cpuinfo.read_text(errors="replace").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+            if not line.strip():
+                break  # the end of the first CPU's block
+            name, _, value = line.partition(":")
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform says."""
+    return cpuinfo_fields().get("model name") or platform.processor() or platform.machine()
 
 
 # Config key `cpu_kernels`: the vector instructions torch's CPU kernels may use. `native`: what the CPU has
@@ -177,18 +185,22 @@ def cap_cpu_kernels(config: dict) -> None:
     os.environ.update(CPU_KERNEL_CAPS[config.get("cpu_kernels", "native")])
 
 
+def kernel_caps() -> dict[str, str]:
+    """The caps (KERNEL_SETTINGS) set in this process's environment, by name."""
+    return {name: os.environ[name] for name in KERNEL_SETTINGS if name in os.environ}
+
+
 def kernel_settings() -> str:
-    """The caps in this process's environment (KERNEL_SETTINGS), as 'NAME=value ...'; 'none' without any."""
-    return " ".join(f"{name}={os.environ[name]}" for name in KERNEL_SETTINGS if name in os.environ) or "none"
+    """kernel_caps as a job records them, 'NAME=value ...'; 'none' without any."""
+    return " ".join(f"{name}={value}" for name, value in kernel_caps().items()) or "none"
 
 
 def cpu_description() -> str:
     """This machine's CPU (cpu_model) with the vector extensions that change float32 kernels."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
+    fields = cpuinfo_fields()
+    if not fields:
         return f"{cpu_model()} (vector extensions unknown)"
-    lines = cpuinfo.read_text(errors="replace").splitlines()
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    flags = fields.get("flags", "").split()
     vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile") if flag in flags]
     return f"{cpu_model()} ({', '.join(vector) or 'no AVX2'})"
 
@@ -196,14 +208,7 @@ def cpu_description() -> str:
 def cpu_identity() -> str:
     """The CPU's vendor, family, model and stepping (/proc/cpuinfo): what tells two CPU generations apart
     where a virtual machine names both alike ('AMD EPYC'); 'unknown' where not readable."""
-    cpuinfo = Path("/proc/cpuinfo")
-    fields = {}
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            name, _, value = line.partition(":")
-            if not line.strip():
-                break  # the first CPU's block
-            fields.setdefault(name.strip(), value.strip())
+    fields = cpuinfo_fields()
     wanted = ("vendor_id", "cpu family", "model", "stepping")
     if not all(key in fields for key in wanted):
         return "unknown"
@@ -218,7 +223,7 @@ def machine_record() -> dict:
         "cpu": cpu_description(),
         "cpu_identity": cpu_identity(),
         "logical_cores": os.cpu_count(),
-        "kernel_settings": {name: os.environ[name] for name in KERNEL_SETTINGS if name in os.environ},
+        "kernel_settings": kernel_caps(),
     }
 
 

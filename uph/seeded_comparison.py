@@ -144,8 +144,13 @@ def solving(frame: pd.DataFrame) -> pd.Series | None:
     diverged); None for a table without validation accuracy."""
     if "val_token_acc" not in frame.columns:
         return None
-    diverged = frame["diverged"].map(lambda v: str(v) == "True") if "diverged" in frame.columns else False
+    diverged = written_true(frame["diverged"]) if "diverged" in frame.columns else False
     return (frame["val_token_acc"].astype(float) >= SOLVED) & ~diverged
+
+
+def written_true(values: pd.Series) -> pd.Series:
+    """Whether each value of a flag column reads True (a CSV's True, bool or text; NaN is not)."""
+    return values.map(lambda v: str(v) == "True")
 
 
 def repeated_seeds(frame: pd.DataFrame, metrics) -> list:
@@ -261,7 +266,7 @@ def run_tests(name: str, reading: Comparison, a: pd.DataFrame, b: pd.DataFrame) 
         averaged = [
             f.groupby("seed")[list(reading.metrics)].agg(lambda v: v.astype(float).mean(skipna=False)) for f in kept
         ]
-        solved = [None if solving(f) is None else solving(f).groupby(f["seed"]).first() for f in kept]
+        solved = [None if (s := solving(f)) is None else s.groupby(f["seed"]).first() for f in kept]
         where = f"{name} [{row_name(reading.runs, key)}, its {len(common)} rows averaged]"
         tests += mean_tests(name, where, reading.metrics, *averaged, "runs", solved)
     return tests
@@ -273,18 +278,14 @@ def consistent_runs(attention: pd.DataFrame, sweep: pd.DataFrame, curves: pd.Dat
     chooses no other run. A line per cell where not."""
     run = ["task", "model", "attention", "lr", "seed"]
     runs = attention.drop_duplicates(run).set_index(run)
-    chosen = sweep[sweep["chosen"].map(lambda v: str(v) == "True")].set_index(run)
+    chosen = sweep[written_true(sweep["chosen"])].set_index(run)
     curved = set(curves[run].drop_duplicates().itertuples(index=False, name=None))
     odd = {}
     for key in sorted(set(runs.index) | set(chosen.index), key=str):
         if key not in runs.index or key not in chosen.index:
             why = "not an attention run" if key not in runs.index else "not chosen in its sweep"
-        elif any(shown(runs.at[key, c]) != shown(chosen.at[key, c]) for c in SAME_RUN):
-            why = (
-                "other values than its sweep's run ("
-                + ", ".join(c for c in SAME_RUN if shown(runs.at[key, c]) != shown(chosen.at[key, c]))
-                + ")"
-            )
+        elif differing := [c for c in SAME_RUN if shown(runs.at[key, c]) != shown(chosen.at[key, c])]:
+            why = f"other values than its sweep's run ({', '.join(differing)})"
         elif key not in curved:
             why = "no training curve"
         else:
