@@ -78,10 +78,14 @@ def test_a_config_is_either_usable_or_refused_in_one_line_naming_the_key(edits):
 
 
 def _inlined(node, document: dict):
-    """`node` of a schema file `document` with each `$ref` within the file (`#/$defs/...`) replaced by what it
-    names, so that a node validates on its own."""
-    if isinstance(node, dict) and node.get("$ref", "").startswith("#/"):
-        return _inlined(functools.reduce(dict.__getitem__, node["$ref"][2:].split("/"), document), document)
+    """`node` of a schema file `document` with each `$ref` to a definition (`#/$defs/...` within the file,
+    `defs.schema.yaml#/$defs/...` in another) replaced by what it names, the keywords beside the `$ref` (a
+    default) kept, so that a node validates on its own."""
+    if isinstance(node, dict) and "#/" in node.get("$ref", ""):
+        file, pointer = node["$ref"].split("#/")
+        named = yaml.safe_load((SCHEMA_DIR / file).read_text()) if file else document
+        beside = {key: value for key, value in node.items() if key != "$ref"}
+        return {**_inlined(functools.reduce(dict.__getitem__, pointer.split("/"), named), named), **beside}
     if isinstance(node, dict):
         return {key: _inlined(value, document) for key, value in node.items()}
     if isinstance(node, list):
@@ -113,6 +117,7 @@ def _integer_only(schema: dict) -> bool:
 
 VALIDATED = validate(copy.deepcopy(TEST_CONFIG))
 ROOT_SCHEMA = yaml.safe_load((SCHEMA_DIR / "config.schema.yaml").read_text())
+ROOT_SCHEMA = _inlined(ROOT_SCHEMA, ROOT_SCHEMA)  # its device, a $ref to schemas/defs.schema.yaml
 SETTINGS = dict(_schema_nodes(ROOT_SCHEMA, VALIDATED))  # read from schemas/ here: the oracle, whatever validate reads
 INTEGER_KEYS = sorted((path for path, schema in SETTINGS.items() if _integer_only(schema)), key=key_path)
 

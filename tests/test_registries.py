@@ -1,8 +1,10 @@
-"""One source for every list: every enum in the config schemas equals the registry the code dispatches
-on, and every list of the keys a job reads (uph.config's *_KEYS) equals the keys its dataclass reads,
-so a name added in one place and not the other fails here, not in a job an hour into a run."""
+"""One source for every list: every enum in the config schemas is written once (a list several properties
+share lives under a `$defs`, most in schemas/defs.schema.yaml, named by `$ref`) and equals the registry the
+code dispatches on, and every list of the keys a job reads (uph.config's *_KEYS) equals the keys its
+dataclass reads, so a name added in one place and not the other fails here, not in a job an hour into a run."""
 
-import functools
+import copy
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,62 +30,54 @@ from uph.config import (
     validate,
 )
 from uph.device import BRANCH_DEFAULTS, BRANCH_DEVICES, CPU_KERNEL_CAPS, DEVICES, DTYPES
+from uph.errors import ConfigError
 from uph.feedback.training import METHODS, SIGNALS, TrainConfig
 from uph.lm.engine.baselines import BASELINES
 from uph.lm.engine.heads import BASES, HEADS, HeadSettings
 from uph.lm.engine.solvers import SOLVERS, SolverSettings
 from uph.lm.jobs.fit_job import CACHES, FitConfig
 
-REGISTRIES = {  # (schema, the property whose values the enum lists) -> the code's registry
-    ("config", "device"): DEVICES,
+REGISTRIES = {  # (schema, the property whose values the enum lists, or its name under $defs) -> the code's registry
+    ("defs", "device"): DEVICES,  # config.device; a branch's device is null or one of them (branch_device)
+    ("defs", "attention_kind"): ATTENTIONS,  # copy_task.attentions, attention.attentions, attention.split_kinds
+    ("config", "cpu_kernels"): tuple(CPU_KERNEL_CAPS),
     ("extract", "dtype"): DTYPES,
-    ("fit", "heads"): HEADS,
-    ("fit", "head"): HEADS,
-    ("fit", "solvers"): SOLVERS,
-    ("fit", "solver"): SOLVERS,
+    ("fit", "head"): HEADS,  # fit's $defs: fit.heads and every sweep point's head
+    ("fit", "solver"): SOLVERS,  # fit's $defs: fit.solvers and every sweep point's solver
     ("fit", "basis"): BASES,
     ("fit", "baselines"): BASELINES,
     ("fit", "cache"): tuple(CACHES),
-    ("copy_task", "attentions"): ATTENTIONS,
     ("copy_task", "dtype"): COPY_TASK_DTYPES,
     ("attention", "tasks"): TASKS,
     ("attention", "models"): MODELS,
-    ("attention", "attentions"): ATTENTIONS,
-    ("attention", "split_kinds"): ATTENTIONS,
     ("attention", "schedule"): tuple(SCHEDULES),
     ("feedback", "methods"): METHODS,
     ("feedback", "signal"): SIGNALS,
-    **{(branch, "device"): BRANCH_DEVICES for branch in BRANCH_DEFAULTS},  # extract.device, fit.device, ...
-    ("config", "cpu_kernels"): tuple(CPU_KERNEL_CAPS),
 }
 
 
 def schema_enums():
-    """(schema name, property, enum values) for every enum in schemas/*.schema.yaml, at each property
-    that uses it: an enum written once under `$defs` counts where a `$ref` names it."""
+    """(schema name, name, enum values) for every enum in schemas/*.schema.yaml, where it is written: at
+    the property whose values it lists (its items' included), or at its name under `$defs`. A `$ref` is not
+    followed: what it names is found where it is written."""
     found = []
 
-    def walk(node, name, prop, schema):
+    def walk(node, name, prop):
         if isinstance(node, dict):
-            if node.get("$ref", "").startswith("#/"):  # within the file (another file is walked as itself)
-                walk(functools.reduce(dict.__getitem__, node["$ref"][2:].split("/"), schema), name, prop, schema)
             if "enum" in node:
                 found.append((name, prop, node["enum"]))
             for key, value in node.items():
-                if key != "$defs":
-                    walk(
-                        value,
-                        name,
-                        key if key not in ("items", "properties") and not isinstance(value, list) else prop,
-                        schema,
-                    )
+                if key in ("properties", "$defs"):
+                    for named, schema in value.items():
+                        walk(schema, name, named)
+                else:
+                    walk(value, name, prop)
         elif isinstance(node, list):
             for value in node:
-                walk(value, name, prop, schema)
+                walk(value, name, prop)
 
     for path in sorted(Path(REPO / "schemas").glob("*.schema.yaml")):
-        schema = yaml.safe_load(path.read_text())
-        walk(schema, path.name.removesuffix(".schema.yaml"), None, schema)
+        walk(yaml.safe_load(path.read_text()), path.name.removesuffix(".schema.yaml"), None)
     return found
 
 
@@ -91,6 +85,34 @@ def schema_enums():
 def test_every_schema_enum_equals_its_registry(schema, prop, values):
     assert (schema, prop) in REGISTRIES, f"schemas/{schema}.schema.yaml: enum of '{prop}' has no registry in code"
     assert list(values) == list(REGISTRIES[schema, prop])
+
+
+def test_every_registry_is_an_enum_of_the_schemas():
+    assert set(REGISTRIES) == {(schema, prop) for schema, prop, _ in schema_enums()}
+
+
+def test_every_list_is_written_once():
+    """No enum repeats another's names (null aside): a list two properties share is written once under
+    `$defs` and named by `$ref` where it is used."""
+    written = Counter(frozenset(values) - {None} for _, _, values in schema_enums())
+    again = [
+        f"schemas/{schema}.schema.yaml: {prop}"
+        for schema, prop, values in schema_enums()
+        if written[frozenset(values) - {None}] > 1
+    ]
+    assert not again, f"one list written at {again}: write it once under $defs (schemas/defs.schema.yaml) and $ref it"
+
+
+@pytest.mark.parametrize("branch", BRANCH_DEFAULTS)
+def test_each_branch_device_takes_null_or_a_device_and_nothing_else(config, branch):
+    for value in BRANCH_DEVICES:  # null: the branch's default
+        edited = copy.deepcopy(config)
+        edited[branch]["device"] = value
+        assert validate(edited)[branch]["device"] == value
+    edited = copy.deepcopy(config)
+    edited[branch]["device"] = "gpu"
+    with pytest.raises(ConfigError, match=f"^config key '{branch}.device': 'gpu' is not one of"):
+        validate(edited)
 
 
 # --- the keys a job reads: uph.config's *_KEYS against the dataclasses built from them -----------------

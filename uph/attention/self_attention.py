@@ -324,7 +324,8 @@ def soft_capped(scores: torch.Tensor, temperature: torch.Tensor, cap: float) -> 
 @dataclass(frozen=True)
 class AttentionKind:
     """One attention kind: the head vectors it projects and how it scores them. A new kind or variant is
-    one entry in KINDS and its score function (plus its name in the schemas' attention enums)."""
+    one entry in KINDS and its score function (plus its name in the config's list of kinds, `attention_kind` in
+    schemas/defs.schema.yaml: tests/test_registries.py holds the two equal)."""
 
     family: str  # what it scores with: "standard" (q·k), "triple" (a Gram determinant), "simplicial"
     vectors: int  # projected head vectors before v: 2 (q, k) or 3 (q, k, r)

@@ -1,6 +1,7 @@
-"""The schemas (schemas/*.schema.yaml, one a stage) and the validator extension that rewrites a config as
-it validates: a missing key takes its schema default, an integral float of an integer key becomes that
-integer, a number key's integers become floats, and an `x-set` array is sorted (`rewriting`)."""
+"""The schemas (schemas/*.schema.yaml: one a stage, and defs.schema.yaml, the lists several stages share,
+each written once) and the validator extension that rewrites a config as it validates: a missing key takes
+its schema default, an integral float of an integer key becomes that integer, a number key's integers
+become floats, and an `x-set` array is sorted (`rewriting`)."""
 
 from __future__ import annotations
 
@@ -77,12 +78,16 @@ def rewriting(validator_class, rewrite, *, defaults: bool = False, sets: bool = 
     array becomes rewrite(value, its schema); with `defaults`, a missing property takes its `default` (and
     an object its {}); with `sets`, an array marked `x-set` is sorted (_as_set). A `$ref` resolves through
     the resolver jsonschema descends with (the validator's private `_resolver`: it knows the schema file the
-    hook is in, so `#/$defs/head` is fit.schema.yaml's); every validation of a fit section exercises it."""
+    hook is in, so `#/$defs/head` is fit.schema.yaml's and `defs.schema.yaml#/$defs/device` the shared
+    file's), the keywords beside it (a default) over what it names; every validation exercises it."""
     validate_properties = validator_class.VALIDATORS["properties"]
     validate_items = validator_class.VALIDATORS["items"]
 
     def resolved(validator, sub: dict) -> dict:
-        return validator._resolver.lookup(sub["$ref"]).contents if "$ref" in sub else sub
+        if "$ref" not in sub:
+            return sub
+        beside = {key: value for key, value in sub.items() if key != "$ref"}
+        return {**validator._resolver.lookup(sub["$ref"]).contents, **beside}
 
     def properties_hook(validator, properties, instance, schema):
         if isinstance(instance, dict):
@@ -127,6 +132,6 @@ def schema_enum(section: str, key: str, schema_dir: Path | str = SCHEMA_DIR) -> 
     name = f"{section}.schema.yaml"
     values = load_schemas(Path(schema_dir)).contents(name)["properties"][key]
     values = values.get("items", values)
-    if "$ref" in values:  # an enum written once under $defs
+    if "$ref" in values:  # an enum written once under $defs (the file's own or defs.schema.yaml's)
         values = load_schemas(Path(schema_dir)).resolver(base_uri=name).lookup(values["$ref"]).contents
     return tuple(values["enum"])
