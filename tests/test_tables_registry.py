@@ -4,13 +4,17 @@ and the columns `make compare` names (the committed references' tables)."""
 
 import csv
 import json
+import pickle
 import subprocess
 import sys
+from dataclasses import fields
 
+import pandas as pd
 import pytest
 from conftest import REPO
 
 from uph.io import table_files
+from uph.report.study import Study
 from uph.tables import TABLES, Comparison
 
 # Parsed in its own process: reading the Snakefile sets this process's Ctrl-C handler (uph.interrupts).
@@ -89,6 +93,22 @@ def test_each_table_in_the_report_has_its_caption_under_its_branch_and_the_other
 
 def test_the_aggregate_stage_reads_every_table_in_the_registrys_order(rules):
     assert rules["aggregate"]["inputs"]["tables"] == [CSV.format(name) for name in TABLES]
+
+
+def test_a_study_holds_every_table_by_its_name_in_the_registrys_order():
+    """uph.report.study.Study, what the figures, summary and answers read: a field per spec, then what no table
+    holds; pickled by name for the figures' worker processes."""
+    names = [field.name for field in fields(Study)]
+    assert names[: len(TABLES)] == list(TABLES) and not set(names[len(TABLES) :]) & set(TABLES)
+    tables = {name: pd.DataFrame({"table": [name]}) for name in TABLES}
+    study = Study(**tables, copy_task_curves=pd.DataFrame(), feedback_curves=pd.DataFrame(), copy_task_vocab=8)
+    copied = pickle.loads(pickle.dumps(study))
+    assert type(copied) is Study and all(getattr(copied, name).equals(table) for name, table in tables.items())
+    with pytest.raises(TypeError, match="capacity"):
+        Study(
+            **{name: table for name, table in tables.items() if name != "capacity"},
+            **{n: None for n in names[len(TABLES) :]},
+        )
 
 
 def columns(reference: str, name: str) -> list[str]:

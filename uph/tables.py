@@ -3,7 +3,8 @@ it, and how `make compare` holds it to a reference.
 
 Every list of tables is read from TABLES: the targets of `rule all` and each table rule's outputs
 (rules/common.smk: table_targets, table_outputs), the aggregate stage's inputs (rules/aggregate.smk,
-uph.report.catalog), the report's captions (report/<name>.rst) and the comparison (uph.compare).
+uph.report.catalog) and the fields of the study it reads (uph.report.study.Study), the report's captions
+(report/<name>.rst) and the comparison (uph.compare).
 tests/test_tables_registry.py checks it against the rules, the captions and compare.
 
 How to add a table:
@@ -16,7 +17,8 @@ How to add a table:
    `**table_outputs("<rule>")`, every table whose spec names that rule. A new rule lists
    `record=check_record("<rule>")` among its inputs, as every rule does.
 4. Where `report` is True, write its caption, report/<name>.rst.
-5. Give uph.report.study.Study its field: the aggregate stage and compare's answers read every table.
+5. Read it in the figures, summary or answers as `study.<name>`: uph.report.study.Study has a field
+   per spec, made from TABLES.
 
 Light on purpose (no pandas, no matplotlib): the DAG build reads it.
 """

@@ -7,7 +7,7 @@ certified optimum of the convex fit objective, when it ran for the heads; else t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import make_dataclass
 
 import pandas as pd
 
@@ -15,29 +15,28 @@ from uph.artifacts import COPY_TASK_RUN, FEEDBACK_RUN
 from uph.attention.study_config import SOLVED
 from uph.io import read_table
 from uph.stats import t_interval
+from uph.tables import TABLES
 
 MILLI = 1e3  # nats -> 10^-3 nats, the unit the figures and the summary quote NLL changes in
 
 
-@dataclass(frozen=True)
-class Study:
-    personalization: pd.DataFrame  # results/tables/personalization.csv
-    dose_response: pd.DataFrame  # results/tables/dose_response.csv
-    cross_user: pd.DataFrame  # results/tables/cross_user.csv
-    copy_task: pd.DataFrame  # results/tables/copy_task.csv
-    gram_resilience: pd.DataFrame  # results/tables/gram_resilience.csv
-    feedback: pd.DataFrame  # results/tables/feedback.csv
-    copy_task_curves: pd.DataFrame  # every results/copy_task/attention~*/seed~*/curves.parquet
-    feedback_curves: pd.DataFrame  # every results/feedback/method~*/seed~*/curves.parquet
-    copy_task_vocab: int  # chance accuracy on the copy task is 1 / vocab
-    capacity: pd.DataFrame | None = None  # results/tables/capacity.csv
-    attention: pd.DataFrame | None = None  # results/tables/attention.csv
-    attention_sweep: pd.DataFrame | None = None  # results/tables/attention_sweep.csv
-    attention_curves: pd.DataFrame | None = None  # results/tables/attention_curves.csv
+# A Study holds every table of uph.tables.TABLES as the field of its name (results/tables/<name>.csv; None in
+# a hand-made study that lacks it), then the curves and the copy task's vocabulary, which no table holds.
+Study = make_dataclass(
+    "Study",
+    [
+        *((name, pd.DataFrame | None) for name in TABLES),
+        ("copy_task_curves", pd.DataFrame),  # every results/copy_task/attention~*/seed~*/curves.parquet
+        ("feedback_curves", pd.DataFrame),  # every results/feedback/method~*/seed~*/curves.parquet
+        ("copy_task_vocab", int),  # chance accuracy on the copy task is 1 / vocab
+    ],
+    frozen=True,
+    namespace={"__module__": __name__},  # pickled by name for the figures' worker processes
+)
 
 
 def load_study(tables: dict, copy_task_curves: list, feedback_curves: list, copy_task_vocab: int) -> Study:
-    """`tables`: name -> CSV path for each of uph.report.catalog.TABLES; the curves: lists of parquet paths."""
+    """`tables`: name -> CSV path for each of uph.tables.TABLES; the curves: lists of parquet paths."""
     frames = {name: read_table(path) for name, path in tables.items()}
     return Study(
         **frames,
