@@ -58,8 +58,9 @@ test-fast: setup
 compare: setup
 	$(BIN)/python -m uph.compare $(RESULTS) $(if $(REFERENCE),--reference $(REFERENCE)) $(if $(MODE),--mode $(MODE))
 
-# A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, and with
+# A finished run as the committed reference reference/$(NAME)/ (tables, summary, provenance, answers, and with
 # FIGURES=1 its figures; docs/performance.md, "Checking a regeneration", says how the committed ones were made).
+# NAME=default also rewrites README.md's answers block from its answers.md (uph.report.readme).
 NAME ?= default
 reference: setup
 	$(BIN)/python -m uph.compare $(RESULTS) --make-reference reference/$(NAME) $(if $(FIGURES),--with-figures)

@@ -451,7 +451,8 @@ def reference_record(provenance_path: Path) -> dict:
 
 def write_answers(folder: Path) -> None:
     """answers.md of a reference: the study's answers (uph.report.answers, from its tables alone) as a
-    Markdown table with each answer's evidence and n, for the README to link: no number typed by hand."""
+    Markdown table with each answer's evidence and n, which the README links and its answers block is written
+    from (uph.report.readme): no number typed by hand."""
     from uph.report.answers import answers_markdown
 
     rows = tables_answers({name: read_table(folder / "tables" / f"{name}.csv") for name in TABLES})
@@ -585,12 +586,22 @@ def main(argv=None) -> int:
         default="auto",
         help="auto (default): exact where both runs recorded the same numerics, else statistical",
     )
-    parser.add_argument("--make-reference", type=Path, metavar="FOLDER", help="write RESULTS as a committed reference")
+    parser.add_argument(
+        "--make-reference",
+        type=Path,
+        metavar="FOLDER",
+        help="write RESULTS as a committed reference (reference/default: README.md's answers block too)",
+    )
     parser.add_argument("--with-figures", action="store_true", help="with --make-reference: its figures (PNG) too")
     args = parser.parse_args(argv)
     if args.make_reference:
         make_reference(args.results, args.make_reference, args.with_figures)
         print(f"compare: {args.make_reference} holds the reference of {args.results}")
+        if args.make_reference.resolve() == (REFERENCES / "default").resolve():  # the README shows its answers
+            from uph.report.readme import README, write_readme_answers
+
+            changed = write_readme_answers(README, args.make_reference)
+            print(f"compare: {README.name}'s answers block {'rewritten' if changed else 'unchanged'}")
         return 0
     report, reference = Report(), args.reference
     try:
