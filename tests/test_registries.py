@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from uph.attention.copy_task import DTYPES as COPY_TASK_DTYPES
 from uph.attention.model import MODELS
@@ -157,3 +159,20 @@ def test_each_feedback_method_gets_the_keys_its_train_config_reads(config, metho
     assert keys_read(TrainConfig.from_config, config["feedback"]) - {"methods", "seeds"} <= set(section) | {
         key for keys in FEEDBACK_METHOD_KEYS.values() for key in keys
     }
+
+
+# --- the dependencies: requirements.txt's pins against pyproject.toml's ranges --------------------------
+
+
+def test_every_pin_of_requirements_txt_lies_in_its_range_in_pyproject():
+    """requirements.txt pins what `make setup` installs; pyproject.toml declares the packages as ranges (its
+    dependencies and extras). Every pinned package is declared there, its pin within its range."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    ranges = {canonicalize_name(r.name): r.specifier for r in map(Requirement, declared)}
+    pins = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    for pin in map(Requirement, filter(None, pins)):
+        (version,) = [spec.version for spec in pin.specifier if spec.operator == "=="]
+        assert canonicalize_name(pin.name) in ranges, f"{pin.name} pinned in requirements.txt, not in pyproject.toml"
+        assert ranges[canonicalize_name(pin.name)].contains(version), f"{pin}: outside pyproject.toml's range"
