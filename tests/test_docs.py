@@ -129,3 +129,75 @@ def test_no_diary_in_the_code():
         if re.search(pattern, line, re.IGNORECASE)
     ]
     assert found == []
+
+
+PERFORMANCE = REPO / "docs" / "performance.md"
+CPUS = ("AMD EPYC", "Intel Xeon", "H100", "H200")  # the CPU (or GPU) names a measured figure may name
+COMMIT = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")  # a sha (a digit in it: no hex word), or a link to one
+FIGURE = re.compile(  # a number with a unit of time, rate, size or ratio, or a decimal fraction (a version is none)
+    r"(?<![\w.,])\d[\d,]*(?:\.\d+)?(?:x\b|\s?%|\s(?:s|ms|us|min|h|GB|MB|GiB|MiB|tok/s|GFLOP/s|TFLOP|MFLOP"
+    r"|CPU-s|CPU-seconds|job-seconds|CPU-hours|seconds|minutes)\b)|(?<![\w.])\d+\.\d+(?![\w.])"
+)
+BARE_NUMBER = re.compile(r"^\**(?:about )?\d[\d,]*(?:\.\d+)?\**$")  # a cell that is a number alone
+
+
+def tables(markdown: str) -> list[tuple[str, list[str]]]:
+    """Each markdown table as (its caption, its body rows). The caption is the paragraph just above the table
+    (the block before its blank line); a heading or another table there is none."""
+    found, above = [], []
+    for block in (block.splitlines() for block in re.split(r"\n\s*\n", markdown)):
+        if len(block) > 1 and block[0].startswith("|") and re.fullmatch(r"\|[\s:|-]+", block[1]):
+            caption = "" if above[:1] and above[0].startswith(("|", "#")) else " ".join(above)
+            found.append((caption, [row for row in block[2:] if row.startswith("|")]))
+        above = block
+    return found
+
+
+def holds_a_figure(row: str) -> bool:
+    cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+    return any(FIGURE.search(cell) or BARE_NUMBER.match(cell) for cell in cells)
+
+
+def unsourced_rows(markdown: str) -> list[str]:
+    """The table rows holding a measured figure whose row and caption together name no commit or no CPU."""
+    return [
+        row
+        for caption, rows in tables(markdown)
+        for row in rows
+        if holds_a_figure(row) and not (COMMIT.search(row + caption) and any(cpu in row + caption for cpu in CPUS))
+    ]
+
+
+def test_every_figure_in_performance_names_its_commit_and_cpu():
+    """docs/performance.md's contract: each measured figure in a table names the commit and the CPU it was
+    measured at, in its row or in the paragraph just above its table."""
+    assert len(tables(PERFORMANCE.read_text())) > 10
+    assert unsourced_rows(PERFORMANCE.read_text()) == []
+
+
+def test_a_figure_without_its_commit_or_cpu_is_caught():
+    """The check fails on a planted row with no commit and one with no CPU, names them, and passes the rest."""
+    planted = """Measured on the AMD EPYC, 2 cores.
+
+| command | figure |
+| --- | --- |
+| `make test`, commit 13a7cf4 | 550 s |
+| `make test-fast` | 275 s |
+
+| command | machine | figure |
+| --- | --- | --- |
+| `benchmarks/bench_fit.py` | Intel Xeon (AMX), commit f6a4ea6 | 1.5 s |
+| `snakemake --report` | 2 cores, commit 1a1159b | 4 s |
+| `make test` | 16 cores | not measured |
+
+| name | CPU | torch |
+| --- | --- | --- |
+| H100 machine | NVIDIA H100 80GB HBM3 and 16 CPU cores | 2.11.0 |
+"""
+    assert unsourced_rows(planted) == [
+        "| `make test-fast` | 275 s |",
+        "| `snakemake --report` | 2 cores, commit 1a1159b | 4 s |",
+    ]
+    assert holds_a_figure("| 64 | 24 min (1,435 s) |") and holds_a_figure("| test_fit.py | 46 | 3 |")
+    assert holds_a_figure("| a ratio | capped / native: extract 0.97, validate 1.045 |")
+    assert not holds_a_figure("| AMD EPYC, 2 cores | AMD EPYC (Zen 4: AVX512) | 2.13.0+cpu |")
