@@ -1,7 +1,7 @@
 """Adam and gradient-norm clipping as torch computes them, written out for the few tensors of the fit's
 adam solver (uph.lm.engine.solvers) and the feedback branch's character MLP (uph.feedback.training): the first
-call into torch.optim imports torch._dynamo, 2 s of every such job on a 2-core Intel Xeon, more than a
-test-sized job's whole work.
+call into torch.optim imports torch._dynamo, a cost every such job would pay (its seconds: docs/performance.md,
+"Aggregate, report and DAG build").
 
     m <- m + (1 - b1)(g - m)        v <- b2 v + (1 - b2) g²
     p <- p - lr / (1 - b1^t) · m / (sqrt(v) / sqrt(1 - b2^t) + eps)

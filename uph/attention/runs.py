@@ -2,9 +2,9 @@
 
 A tensor that flows through these layers is [R, ...]; run r's slice only ever meets run r's weights,
 so R runs cost one kernel per op instead of R. At the attention study's sizes (32-wide matrices,
-768 tokens a step) one run leaves a GPU idle (its step is kernel launches: 8 runs cost 1.1-1.4x one on an
-H200) and a CPU core partly in per-op overhead (8 runs cost 0.75x 8 alone; docs/performance.md, "Training
-branches"). Each run keeps everything a run trained alone has: its initial weights (`init_runs`), its own
+768 tokens a step) one run leaves a GPU idle (its step is kernel launches) and a CPU core partly in per-op
+overhead (what runs at once cost against runs alone, on each: docs/performance.md, "Training branches").
+Each run keeps everything a run trained alone has: its initial weights (`init_runs`), its own
 lr, Adam moments, gradient clipping and best weights (RunAdamW); a finished run leaves the batch
 (RunAdamW.keep_runs) and stops costing.
 

@@ -17,9 +17,10 @@ GPU_CHUNK = 1024  # on a GPU (chunk_size)
 def chunk_size(device: torch.device | str) -> int:
     """Tokens per chunk on `device`. An evaluation's pass over a chunk is some fifteen operations, a few of
     them over [V, c] blocks. A CPU runs them at one speed whatever c. A GPU runs them as the host queues
-    them, and idles unless a chunk's work outlasts the host's ~100 us of queueing it: at c = 256 and
-    V = 49152 a block (50 MB) streams through an H200 in ~10 us, four passes ~50 us; at c = GPU_CHUNK
-    four times that, and a few blocks of 200 MB (600 MB at V = 152k) are a chunk's working memory."""
+    them, and idles unless a chunk's work outlasts the host's time to queue it (a kernel launch costs
+    microseconds: docs/performance.md, "Training branches"). At c = 256 and V = 49152 a block is 50 MB,
+    which an H200's 4.8 TB/s streams in about 10 us; at c = GPU_CHUNK four times that, and a few blocks of
+    200 MB (600 MB at V = 152k) are a chunk's working memory."""
     return CHUNK if torch.device(device).type == "cpu" else GPU_CHUNK
 
 
