@@ -46,10 +46,12 @@ if "--unlock" not in sys.argv:
         aggregate,
         provenance,
 
-    # Once Snakemake holds its lock: Ctrl-C stops the jobs and the run exits 130 (uph.interrupts); files
+    # Once Snakemake holds its lock: one run at a time on the results folder, from any working directory
+    # (uph.config.hold_results_folder); Ctrl-C stops the jobs and the run exits 130 (uph.interrupts); files
     # dated in the future (a copy from a clock running ahead) are dated now, or every job reading one fails;
     # the records note the new dates of unchanged outputs, so the next DAG build need not read them again.
     onstart:
+        hold_results()
         noting(workflow)
         RECORDS.run_started()
 

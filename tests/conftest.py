@@ -119,6 +119,22 @@ def without_modules(folder: Path, *names: str, where: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(folder)}
 
 
+@contextlib.contextmanager
+def read_only(folder):
+    """`folder` unwritable, also for root (who ignores permission bits: then the immutable attribute)."""
+    folder.chmod(0o555)
+    as_root = os.geteuid() == 0
+    if as_root and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        folder.chmod(0o755)
+        pytest.skip("running as root without the right to set the immutable attribute")
+    try:
+        yield folder
+    finally:
+        if as_root:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
 OUTPUTS = ["results/tables", "results/figures", "results/summary.md"]
 
 

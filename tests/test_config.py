@@ -1,6 +1,10 @@
+import contextlib
 import copy
 import os
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,7 +12,7 @@ import torch
 import yaml
 from conftest import REPO
 
-from uph.config import key_path, results_folder, schema_defaults, validate
+from uph.config import key_path, read_command_line, results_folder, schema_defaults, validate
 from uph.device import (
     BRANCH_DEFAULTS,
     bfloat16_native,
@@ -19,7 +23,7 @@ from uph.device import (
     resolve_dtype,
     setup_device,
 )
-from uph.errors import ConfigError
+from uph.errors import ConfigError, UphError
 
 SHIPPED = ["config.yaml", *sorted(path.relative_to(REPO).as_posix() for path in (REPO / "config").glob("*.yaml"))]
 
@@ -320,7 +324,8 @@ def test_the_advice_for_a_number_read_as_text_followed_literally_gives_the_numbe
         ("link/", "link"),  # a symlink to a folder: as written, the folder read and written through it
         (".", "."),
         ("{cwd}", "."),
-        ("../elsewhere/x/", "{parent}/elsewhere/x"),  # outside the working directory: absolute
+        ("../elsewhere/x/", "../elsewhere/x"),  # outside the working directory: relative as written
+        ("{parent}/elsewhere/x/", "{parent}/elsewhere/x"),  # and absolute as written
         ("/srv/runs/x/", "/srv/runs/x"),
     ],
 )
@@ -330,6 +335,82 @@ def test_the_results_folder_is_written_as_the_rules_spell_their_paths(tmp_path, 
     (cwd / "link").symlink_to(cwd / "x")
     spell = {"cwd": str(cwd), "parent": str(tmp_path)}
     assert results_folder(given.format(**spell), cwd) == written.format(**spell)
+
+
+def test_a_corpus_file_and_a_model_folder_are_named_in_one_spelling(monkeypatch, tmp_path):
+    """`./users.jsonl`, `users.jsonl` and its absolute path are one setting (the records hold it): each
+    validates to the same spelling, as does a local model folder; a hub id stays as written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "users.jsonl").write_text('{"user_id": "a", "text": "hello"}\n')
+    (tmp_path / "models/x").mkdir(parents=True)
+    spellings = set()
+    for corpus, model in [
+        ("./users.jsonl", "./models/x/"),
+        ("users.jsonl", "models/x"),
+        (f"{tmp_path}/users.jsonl", f"{tmp_path}/models/x"),
+    ]:
+        config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+        config["corpus"]["source"], config["model"]["source"] = corpus, model
+        config["model"]["gguf_file"] = None
+        with contextlib.suppress(UphError):  # an empty model folder: refused after the spelling is fixed
+            validate(config)
+        spellings.add((config["corpus"]["source"], config["model"]["source"]))
+    assert spellings == {("users.jsonl", "models/x")}
+
+
+@pytest.mark.parametrize(
+    "given, read",
+    [
+        ({"fit": {"radii": ["0.5", "5.0"]}}, {"radii": [0.5, 5.0]}),  # --config 'fit={radii: [0.5, 5.0]}'
+        ({"fit": {"jobs": "2", "device": "null"}}, {"jobs": 2, "device": None}),
+        (  # a list of points, each a mapping
+            {"fit": {"cross_user": [{"head": "svd_cvh", "alpha": "1.0", "d": "8"}]}},
+            {"cross_user": [{"head": "svd_cvh", "alpha": 1.0, "d": 8}]},
+        ),
+    ],
+)
+def test_nested_command_line_settings_are_read_as_yaml(given, read):
+    """Snakemake reads a nested --config value with YAML's base loader, every leaf text: read as a config
+    file's YAML, the nested form validates; the other keys of the section stay as the config file has them."""
+    config = yaml.safe_load((REPO / "config/test.yaml").read_text())
+    before = dict(config["fit"])
+    config["fit"].update(given["fit"])  # as Snakemake merged it
+    read_command_line(config, given)
+    assert {key: config["fit"][key] for key in read} == read
+    assert {k: v for k, v in config["fit"].items() if k not in given["fit"]} == {
+        k: v for k, v in before.items() if k not in given["fit"]
+    }
+    assert validate(config)["fit"]["jobs"] >= 1
+    top = {"device": "cpu", "seed": 3}  # top-level values: Snakemake parsed them; left alone
+    assert read_command_line({"device": "cpu", "seed": 3}, top) == top
+
+
+def test_a_second_run_on_a_results_folder_is_refused_naming_the_first(tmp_path):
+    """The lock a run holds on its results folder (uph.config.hold_results_folder, onstart): another process
+    is refused in one line naming the folder, the first run's host and process; once it ends, the folder
+    is free."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from uph.config import hold_results_folder; "
+         "hold_results_folder(sys.argv[1]); print('held', flush=True); time.sleep(60)", str(tmp_path / "results")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        script = "import sys; from uph.config import hold_results_folder; hold_results_folder(sys.argv[1])"
+        second = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "results")], capture_output=True, text=True
+        )
+        assert second.returncode == 1
+        assert second.stderr.splitlines()[-1] == (
+            f"uph.errors.ConfigError: results folder '{tmp_path}/results' is in use by another run (host "
+            f"{socket.gethostname()}, process {holder.pid}); wait for it to end, or give this run another folder "
+            "(config key 'results')"
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    freed = subprocess.run([sys.executable, "-c", script, str(tmp_path / "results")], capture_output=True, text=True)
+    assert freed.returncode == 0, freed.stderr
 
 
 def test_validation_writes_the_results_folder_normalized(monkeypatch, tmp_path):

@@ -345,8 +345,9 @@ def test_models_that_only_seem_causal_lms_are_refused_naming_the_folder_and_the_
 
 def test_a_folder_digest_is_its_content_read_once_per_change(tmp_path):
     """The digest of a local model folder counts bytes and relative paths only: a touched or copied
-    folder keeps it, one flipped weight byte changes it; an unchanged file (same size and mtime) is
-    not read again, a download tool's hidden files are not read at all."""
+    folder keeps it, and so does a README or a licence added to it (transformers never reads them); one
+    changed byte of a file it reads (tokenizer config, weights) changes it; an unchanged file (same size and
+    mtime) is not read again, a download tool's hidden files are not read at all."""
     from uph.model_identity import folder_digest
 
     folder = _save(tmp_path / "models" / "mine", FAMILIES["gpt2"][0])
@@ -366,10 +367,16 @@ def test_a_folder_digest_is_its_content_read_once_per_change(tmp_path):
     assert folder_digest(folder, cache) != digest
     cache.write_text("{truncated")  # a damaged cache only costs a re-read
     assert folder_digest(folder, cache) == digest
+    (folder / "README.md").write_text("# my model")  # what transformers never reads
+    (folder / "LICENSE").write_text("MIT")
+    assert folder_digest(folder, cache) == digest
+    (folder / "tokenizer_config.json").write_text((folder / "tokenizer_config.json").read_text() + " ")
+    assert folder_digest(folder, cache) != digest  # what it reads
+    changed = folder_digest(folder, cache)
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
-    assert folder_digest(folder, cache) != digest
+    assert folder_digest(folder, cache) != changed
 
 
 def test_only_a_candidate_that_passed_admission_replaces_the_model(tmp_path):

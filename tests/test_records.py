@@ -1,5 +1,6 @@
 """uph.records: what made a job's outputs, written by the job and checked at DAG build."""
 
+import contextlib
 import hashlib
 import json
 import os
@@ -8,12 +9,15 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from snakemake.iocontainers import Wildcards
+from conftest import read_only
+from snakemake.iocontainers import Namedlist, Wildcards
 
-from uph.errors import ArtifactError
+from uph.errors import ArtifactError, ConfigError
+from uph.logs import rule_logging
 from uph.records import (
     Records,
     canonical,
+    check_records_folder,
     file_digest,
     gguf_dropped_for,
     note_touched_outputs,
@@ -94,8 +98,9 @@ def test_a_damaged_or_missing_record_makes_its_job_stale(tmp_path):
     assert Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])
 
 
-def test_a_record_is_read_without_hashing_an_unchanged_output(tmp_path, monkeypatch):
+def test_a_record_is_read_without_hashing_an_unchanged_large_output(tmp_path, monkeypatch):
     results, source, made = a_job(tmp_path)
+    monkeypatch.setattr("uph.records.SMALL_FILE_BYTES", 4)  # the 5-byte output counts as large
     hashed = []
     monkeypatch.setattr("uph.records.file_digest", lambda path: hashed.append(str(path)) or file_digest(path))
     assert Records(results).is_current("corpus", {}, SETTINGS)
@@ -131,8 +136,40 @@ def test_a_folder_or_a_dangling_link_where_a_record_is_written_is_one_line_namin
         write_record(results, "corpus", {}, SETTINGS, [str(source)], [str(made)])
 
 
+def test_a_small_output_edited_to_the_same_size_and_dated_back_is_not_current(tmp_path, monkeypatch):
+    """A table edited by hand, its size kept and its date put back: a small output is hashed at every
+    check (SMALL_FILE_BYTES), so its record no longer vouches for it; a large one is judged by size and date."""
+    results, source, made = a_job(tmp_path)
+    stat = made.stat()
+    made.write_text("USERS")
+    os.utime(made, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert not Records(results).is_current("corpus", {}, SETTINGS)
+    monkeypatch.setattr("uph.records.SMALL_FILE_BYTES", 4)
+    assert Records(results).is_current("corpus", {}, SETTINGS)
+
+
+def test_records_that_cannot_be_written_stop_the_dag_build_in_one_line_naming_the_path(tmp_path):
+    results, source, made = a_job(tmp_path)
+    check_records_folder(results)  # writable, every record a file
+    check_records_folder(tmp_path / "no-results-yet")
+    path = record_path(results, "corpus", {})
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(ArtifactError, match=rf"^'{re.escape(str(path))}' is a folder, where a job writes its record; "):
+        check_records_folder(results)
+    path.rmdir()
+    with (
+        read_only(path.parent),
+        pytest.raises(
+            ConfigError, match=rf"^config key 'results': '{re.escape(str(path.parent))}' is not writable, and the jobs "
+        ),
+    ):
+        check_records_folder(results)
+
+
 def test_outputs_read_again_for_a_new_date_have_it_noted_and_are_read_once(tmp_path, monkeypatch):
     results, source, made = a_job(tmp_path)
+    monkeypatch.setattr("uph.records.SMALL_FILE_BYTES", 4)  # the 5-byte output counts as large
     os.utime(made, ns=(10**18, 10**18))  # copied without its dates
     records = Records(results)
     assert records.is_current("corpus", {}, SETTINGS) and records.note_dates() == 1
@@ -210,3 +247,38 @@ def test_a_model_made_without_the_carried_over_gguf_file_names_its_source(tmp_pa
     write_record(results, "model", {}, {"model": {"source": "hub/model", "gguf_file": "m.gguf"}}, [], [str(identity)])
     assert gguf_dropped_for(str(results)) is None
     assert gguf_dropped_for(None) is None  # no folder name: validation says so
+
+
+def a_finished_job(results, rule="corpus"):
+    """What Snakemake hands a workflow script (the parts uph.logs.rule_logging reads), for a job of `rule`
+    that reads the corpus roles and writes the users."""
+    return SimpleNamespace(
+        rule=rule,
+        config={"results": str(results)},
+        log=[str(results / "logs" / f"{rule}.log")],
+        input=Namedlist([str(results / "corpus/roles.txt")]),
+        output=Namedlist([str(results / "corpus/users.txt")]),
+        params=Namedlist(fromdict=SETTINGS),
+        wildcards=Wildcards(fromdict={}),
+    )
+
+
+@pytest.mark.parametrize("damage", ["a folder", "read-only"])
+def test_a_record_that_cannot_be_written_is_one_line_and_the_outputs_are_kept(tmp_path, damage, capfd):
+    """The job's work is done when its record is written: a record that cannot be written (a folder in its
+    place, a read-only records folder, a full disk) is one line in the log, the job ends well, so Snakemake
+    keeps its outputs, and without a record the next run does it again."""
+    results, _, made = a_job(tmp_path)
+    (results / "logs").mkdir()
+    path = record_path(results, "corpus", {})
+    path.unlink()
+    context = read_only(path.parent) if damage == "read-only" else contextlib.nullcontext(path.mkdir())
+    with context, rule_logging(a_finished_job(results)):
+        made.write_text("users again")
+    assert made.read_text() == "users again"
+    log = (results / "logs/corpus.log").read_text().splitlines()
+    errors = [line for line in log if " corpus ERROR " in line]
+    assert len(errors) == 1 and errors[0].endswith("(the next run does corpus again)"), log
+    assert "the outputs are written and kept, the bookkeeping is not: " in errors[0]
+    assert "Traceback" not in capfd.readouterr().err
+    assert Records(results).needs_rerun("corpus", {}, SETTINGS, [str(made)])

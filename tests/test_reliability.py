@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import REPO, files_under, snakemake, snakemake_command
+from conftest import REPO, files_under, read_only, snakemake, snakemake_command
 
 from uph.artifacts import FIT_FILE, check_fit_inputs, write_recorded
 from uph.attention.copy_task import CopyTaskConfig
@@ -645,22 +645,6 @@ def test_bad_config_stops_before_any_job_with_one_line(bad_config_runs, case):
     assert after == before
 
 
-@contextlib.contextmanager
-def read_only(folder):
-    """`folder` unwritable, also for root (who ignores permission bits: then the immutable attribute)."""
-    folder.chmod(0o555)
-    as_root = os.geteuid() == 0
-    if as_root and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
-        folder.chmod(0o755)
-        pytest.skip("running as root without the right to set the immutable attribute")
-    try:
-        yield folder
-    finally:
-        if as_root:
-            subprocess.run(["chattr", "-i", str(folder)], check=True)
-        folder.chmod(0o755)
-
-
 def test_unwritable_results_folder_stops_at_dag_build(tmp_path):
     (tmp_path / "shared").mkdir()
     with read_only(tmp_path / "shared"):
@@ -971,8 +955,8 @@ def test_a_config_change_reruns_exactly_the_jobs_that_depend_on_it(dry_runs, cha
 @pytest.mark.parametrize("spelling", ["absolute", "relative"])
 def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touch(tiny_study, tmp_path, spelling):
     """A local folder is a folder however model.source spells it (`models/x` without ./ too, once taken
-    for a hub id whose files no rerun watched), and its content decides: touching every file reruns
-    nothing, one changed weight byte reruns the model stage (and, through identity.json, what follows).
+    for a hub id whose files no rerun watched), and its content decides: touching every file or adding a
+    README reruns nothing, one changed weight byte reruns the model stage (and, through identity.json, what follows).
     config.yaml's GGUF file name, carried over (the test config names none), is dropped with a warning by
     the first run on the folder only (every run warned)."""
     folder = tmp_path / "models" / "tiny"  # a transformers folder: config, tokenizer, weights
@@ -989,6 +973,7 @@ def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touc
     assert warning in (first.stdout + first.stderr).splitlines()
     for path in folder.iterdir():
         os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    (folder / "README.md").write_text("# tiny\n")  # not read by transformers: not in the folder's digest
     touched = snakemake(tmp_path, "-n", target, config=config)
     assert "Nothing to be done" in touched.stdout, touched.stdout[-2000:]
     assert "config key 'model.gguf_file'" not in touched.stdout + touched.stderr
@@ -1141,7 +1126,9 @@ def fit_key(key, value):
 
 ELSEWHERE = {  # edit(rule, settings) of a record: the config a folder was made with; the jobs the study's config plans
     "corpus-source": (
-        lambda rule, settings: settings.update(source="users.jsonl") if rule == "corpus_roles" else None,
+        lambda rule, settings: (
+            settings.update(source="file", source_digest="0" * 64) if rule == "corpus_roles" else None
+        ),
         CONFIG_CHANGES["corpus-plays"][1],
     ),
     "fit-ds": (fit_key("ds", [8, 4]), LM_FITS),
@@ -1310,7 +1297,7 @@ def test_a_corpus_file_replaced_by_older_dated_text_reruns_the_corpus_and_what_f
     config = config_file(tmp_path, lambda c: c["corpus"].update(source="users.jsonl"))
     record = workdir / "results/records/corpus_roles/job.json"
     made = json.loads(record.read_text())  # as a run on that file would have written it
-    made["settings"]["source"] = "users.jsonl"
+    made["settings"].update(source="file", source_digest=file_digest(corpus))  # rules/common.smk, corpus_settings
     made["inputs"][os.path.abspath(corpus)] = file_digest(corpus)
     record.write_text(json.dumps(made))
     past = (workdir / "results/corpus/roles.parquet").stat().st_mtime_ns - 10**9

@@ -38,19 +38,13 @@ from uph.records import write_record
 
 @contextlib.contextmanager
 def rule_logging(snakemake):
-    """Log to the rule's `log:` file and stderr; turn a `UphError` into one line and exit 1."""
+    """Log to the rule's `log:` file and stderr; turn a `UphError` (a write that fails included: read-only,
+    not a file, disk full; uph.io.atomic_path) into one line and exit 1. Once the job's work is done, a
+    bookkeeping write that fails (its record, its device's peak) is one line too, and the job still ends
+    well: Snakemake would delete the outputs of a failed job, and without its record the next run does the
+    job again (uph.records)."""
     name = snakemake.rule
-    handlers = [logging.StreamHandler(sys.stderr)]
-    if snakemake.log:
-        handlers.append(logging.FileHandler(snakemake.log[0], mode="w"))
-    logging.basicConfig(
-        level=logging.INFO,
-        handlers=handlers,
-        force=True,
-        format=f"%(asctime)s {name} %(levelname)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
-    log = logging.getLogger(f"uph.{name}")
+    log = start_logging(snakemake)
     fail_once(snakemake, log)
     start = time.perf_counter()
     try:
@@ -59,12 +53,42 @@ def rule_logging(snakemake):
     except UphError as error:
         log.error("%s", error)
         sys.exit(1)
-    if peak := peak_device_memory(record):
-        log.info("peak device memory: %(peak_allocated_mib)d MiB allocated, %(peak_reserved_mib)d MiB reserved", peak)
-        if snakemake.log:
-            write_json({**record, **peak}, f"{snakemake.log[0]}.device.json")
-    record_job(snakemake)
+    try:
+        if peak := peak_device_memory(record):
+            log.info(
+                "peak device memory: %(peak_allocated_mib)d MiB allocated, %(peak_reserved_mib)d MiB reserved", peak
+            )
+            if snakemake.log:
+                write_json({**record, **peak}, f"{snakemake.log[0]}.device.json")
+        record_job(snakemake)
+    except UphError as error:
+        log.error(
+            "the outputs are written and kept, the bookkeeping is not: %s (the next run does %s again)", error, name
+        )
     log.info("done in %.1f s", time.perf_counter() - start)
+
+
+def start_logging(snakemake) -> logging.Logger:
+    """The job's logger: to stderr and its `log:` file, each line stamped with the time and the rule. A log
+    file that cannot be opened ends the job in one line, before any work."""
+    name = snakemake.rule
+    handlers = [logging.StreamHandler(sys.stderr)]
+    try:
+        if snakemake.log:
+            handlers.append(logging.FileHandler(snakemake.log[0], mode="w"))
+    except OSError as error:
+        sys.exit(
+            f"{name}: cannot write its log '{snakemake.log[0]}' ({error.strerror}); make the folder writable or "
+            "choose another 'results' folder and run snakemake again"
+        )
+    logging.basicConfig(
+        level=logging.INFO,
+        handlers=handlers,
+        force=True,
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    return logging.getLogger(f"uph.{name}")
 
 
 def record_job(snakemake) -> None:

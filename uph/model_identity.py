@@ -134,18 +134,31 @@ def _cached_hashes(cache: Path) -> dict:
     return known if isinstance(known, dict) else {}
 
 
+# What transformers reads of a model folder (config, generation config, tokenizer and its chat template,
+# weights, their index; a GGUF file): its digest covers these, not a README, a licence or a picture beside them.
+LOADER_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".gguf", ".model", ".jinja", ".tiktoken"})
+LOADER_NAMES = frozenset({"merges.txt", "vocab.txt"})
+
+
+def read_by_loader(path: Path) -> bool:
+    """Whether transformers reads `path` of a model folder (LOADER_SUFFIXES, LOADER_NAMES)."""
+    return path.suffix in LOADER_SUFFIXES or path.name in LOADER_NAMES
+
+
 def folder_digest(folder: Path, cache: Path) -> str:
-    """The content digest of a local model folder: sha256 over every file's path relative to `folder`
-    and the sha256 of its bytes, in path order (hidden paths, such as a download tool's `.cache/`, are
-    not read by transformers and not hashed). Only bytes count: a touched or copied folder keeps its
-    digest, one changed weight byte changes it. A file is read again only when its (size, mtime_ns)
-    differ from `cache` (JSON: absolute path -> [size, mtime_ns, sha256]), so the DAG build over an
-    unchanged 270 MB model reads no weights."""
+    """The content digest of a local model folder: sha256 over the path relative to `folder` and the sha256
+    of the bytes of every file the loader reads (read_by_loader; not hidden paths, such as a download tool's
+    `.cache/`), in path order. Only those bytes count: a touched or copied folder, or a README added to it,
+    keeps its digest; one changed weight byte changes it. A file is read again only when its (size,
+    mtime_ns) differ from `cache` (JSON: absolute path -> [size, mtime_ns, sha256]), so the DAG build over
+    an unchanged 270 MB model reads no weights."""
     known = _cached_hashes(cache)
     files = sorted(
         path
         for path in folder.rglob("*")
-        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+        if path.is_file()
+        and read_by_loader(path)
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
     )
     digest, hashed = hashlib.sha256(), {}
     for path in files:

@@ -10,9 +10,11 @@ any target; a dry run plans the same, since both read the same disk, and the che
 clock, copy or path history vouches for an output: a folder copied from another config brings that
 config's records, a corpus file replaced by older-dated text has another digest.
 
-A file is hashed only where its size or mtime differ from what its producer's record holds (a copy
-that kept them, or a job's own output, is read once, when written); the run's hooks keep the recorded
-dates in step with the files' (Records.run_started, Records.run_ended). Torch- and pandas-free: the DAG
+A small file (SMALL_FILE_BYTES) is hashed at every check; a larger one only where its size or mtime differ
+from what its producer's record holds (a copy that kept them, or a job's own output, is read once, when
+written); the run's hooks keep the recorded dates in step with the files' (Records.run_started,
+Records.run_ended). Snakemake's own judgement by dates is off where the run's rerun triggers leave out
+`mtime` (judge_by_content, profiles/default). Torch- and pandas-free: the DAG
 build imports it.
 """
 
@@ -30,6 +32,10 @@ from snakemake.io import apply_wildcards
 from uph.model_identity import file_sha256
 
 FOLDER = "records"  # under the results folder
+# Outputs up to this size (tables, summaries, figures, most of a job's parquet files: about 8 MB in all in the
+# default's folder) are hashed at every DAG build, whatever their size and date: a table edited by hand and
+# dated back is rebuilt. Larger ones (shards, the model) are hashed again only where size or date moved.
+SMALL_FILE_BYTES = 1 << 20
 
 
 def canonical(value):
@@ -105,6 +111,31 @@ def write_record(results: str | Path, rule: str, wildcards: dict, settings: dict
     path = record_path(results, rule, wildcards)
     write_json(record, path)
     return path
+
+
+def check_records_folder(results: str | Path) -> None:
+    """At DAG build, before any job: every job must be able to write its record, or a finished job could
+    not say what made its outputs. The records folder and each rule's folder in it, where they exist, are
+    folders this process can write to, and no record is a folder. Raises ConfigError or ArtifactError, one
+    line naming the path."""
+    from uph.errors import ArtifactError, ConfigError
+
+    folder = Path(results) / FOLDER
+    if not folder.exists():
+        return
+    for path in [folder, *sorted(folder.iterdir())]:
+        if path == folder or path.is_dir():
+            if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+                problem = "is not a folder" if not path.is_dir() else "is not writable"
+                raise ConfigError(
+                    f"config key 'results': '{path}' {problem}, and the jobs write their records there; make it a "
+                    "writable folder and run snakemake again"
+                )
+    for path in sorted(folder.glob("*/*.json")):
+        if path.is_dir():
+            raise ArtifactError(
+                f"'{path}' is a folder, where a job writes its record; delete it and run snakemake again"
+            )
 
 
 def _note_dates(results: Path, unchanged) -> int:
@@ -198,7 +229,7 @@ class Records:
             stat, made = _stat(path), self._made.get(relative)
             if stat is None and not path.is_dir():
                 self._digests[relative] = None
-            elif isinstance(made, list) and len(made) == 3 and made[:2] == stat:
+            elif isinstance(made, list) and len(made) == 3 and made[:2] == stat and stat[0] > SMALL_FILE_BYTES:
                 self._digests[relative] = made[2]
             else:
                 self._digests[relative] = file_digest(path)
@@ -261,6 +292,27 @@ def record_check(records: Records | None, workflow, rule: str):
         return []
 
     return check
+
+
+def judge_by_content(workflow) -> None:
+    """Let the records alone decide reruns where the run's --rerun-triggers leave out `mtime`
+    (profiles/default). Snakemake 9 (requirements.txt pins 9.27.1) reruns a job whose input is dated after its
+    oldest output, unless the working directory's .snakemake metadata holds that input's checksum, whatever
+    the triggers say: a `cp -r` copy, a touched shard or a symlink to the same bytes reran the jobs built on
+    them. Without `mtime`, an input's date is never newer (`_IOFile.is_newer`, its one use for inputs), and a
+    changed byte is found by the records instead (record_check). A job that must run still reruns what is
+    built from it (Snakemake's propagation reads no date). With `mtime` among the triggers, Snakemake's own
+    judgement stands. The `code` trigger compares the scripts' dates with the outputs' through the same
+    method, so it is left out with `mtime` (tests/test_reliability.py plans each case)."""
+    from snakemake.io import _IOFile
+    from snakemake.settings.enums import RerunTrigger
+
+    dated = _IOFile.is_newer
+
+    async def is_newer(self, time):
+        return RerunTrigger.MTIME in workflow.rerun_triggers and await dated(self, time)
+
+    _IOFile.is_newer = is_newer
 
 
 def gguf_dropped_for(results) -> str | None:

@@ -6,10 +6,9 @@ from uph.lm.data.corpus import load_shakespeare_roles, read_corpus_file
 from uph.logs import rule_logging
 
 with rule_logging(snakemake) as log:
-    source = snakemake.params.source
-    if source == "shakespeare":
+    if snakemake.params.source == "shakespeare":
         roles = load_shakespeare_roles(snakemake.params.plays)
-    else:
-        roles = read_corpus_file(source)
+    else:  # a corpus file: its content digest is the param (rules/common.smk, corpus_settings)
+        roles = read_corpus_file(snakemake.input.corpus[0])
     log.info("%d users, %d characters of text", len(roles), roles["text"].str.len().sum())
     write_parquet(roles, snakemake.output[0])

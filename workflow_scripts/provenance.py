@@ -2,6 +2,7 @@
 seeds, the hosts and devices each rule's jobs ran on, wall time per rule). Its own benchmark file is
 left out: it is written after this job."""
 
+import uph
 import uph.job_start
 from uph.io import write_json
 from uph.logs import rule_logging
@@ -14,7 +15,7 @@ with rule_logging(snakemake) as log:
     record = provenance(
         snakemake.params.config,
         read_identity(Path(snakemake.input.model).parent),
-        snakemake.params.repo,
+        Path(uph.__file__).resolve().parent.parent,  # the checkout whose code ran: its commit
         {
             rule: str(Path(snakemake.config["results"]) / pattern)
             for rule, pattern in snakemake.params.benchmarks.items()

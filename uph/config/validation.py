@@ -12,7 +12,8 @@ from pathlib import Path
 import jsonschema
 
 from uph.config.checks import check_across_keys
-from uph.config.results import results_folder
+from uph.config.model_checks import local_model_folder
+from uph.config.results import path_as_written, results_folder
 from uph.config.schema import (
     ROOT_SCHEMA,
     SCHEMA_DIR,
@@ -66,6 +67,12 @@ def validate(config: dict, schema_dir: Path | str = SCHEMA_DIR, *, gguf_dropped_
     for _ in normalizing(root, registry=registry).iter_errors(config):
         pass
     config["results"] = results_folder(config["results"])
+    # a file or folder named by the config in one spelling: `./users.jsonl`, `users.jsonl` and its absolute
+    # path are one setting, and rerun nothing (the records hold the settings)
+    if config["corpus"]["source"] != "shakespeare":
+        config["corpus"]["source"] = path_as_written(config["corpus"]["source"])
+    if local_model_folder(config["model"]["source"]) is not None:
+        config["model"]["source"] = path_as_written(config["model"]["source"])
     check_across_keys(config, gguf_dropped_for)
     return config
 
