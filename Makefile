@@ -22,11 +22,11 @@ $(VENV)/.installed: requirements.txt requirements-data.txt pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-# gpu=$(GPU_SLOTS): the jobs that compute on a GPU (device auto where one is visible) share it, four at a
-# time (profiles/local says why four; a 16 GB GPU takes 2: docs/cluster-and-gpu.md, "Slots per GPU size").
-GPU_SLOTS ?= 4
+# Every local run goes through the workflow's default profile (profiles/default, which Snakemake reads by itself:
+# the GPU slots, keep-going, rerun-incomplete, reruns by content). GPU_SLOTS=2 gives a 16 GB GPU its two slots
+# (docs/cluster-and-gpu.md, "Slots per GPU size"); unset, the profile's four.
 reproduce: setup
-	$(BIN)/snakemake --cores $(CORES) --resources gpu=$(GPU_SLOTS) --configfile config.yaml
+	$(BIN)/snakemake --cores $(CORES) $(if $(GPU_SLOTS),--resources gpu=$(GPU_SLOTS)) --configfile config.yaml
 	$(MAKE) --no-print-directory $(RESULTS)/report.html
 
 # Snakemake's report of the finished run (RESULTS is config.yaml's `results`), rebuilt only when the
@@ -72,20 +72,23 @@ gpu-check: setup
 	$(BIN)/pytest -q -rs tests/test_gpu.py -k on_cuda
 	$(BIN)/python benchmarks/gpu_check.py --out gpu-check
 
-# The study on a SLURM cluster, run from its login node: every job through sbatch with profiles/slurm
-# (docs/cluster-and-gpu.md). SLURM_ACCOUNT and SLURM_PARTITION, from the environment or the command line, join
-# the profile's default-resources; a --default-resources on the command line replaces the profile's whole
-# list, so the list is read from the profile and passed again with them. CONFIG: the config files (several
-# merge); SNAKEMAKE_ARGS: anything more for snakemake (-n, a target).
+# The study on a SLURM cluster, run from its login node: every job through sbatch with profiles/slurm on top of
+# the default profile (docs/cluster-and-gpu.md). SLURM_ACCOUNT and SLURM_PARTITION, from the environment or the
+# command line, join the profile's default-resources; a --default-resources on the command line replaces the
+# profile's whole list, so the list is read from the profile and passed again with them. The default profile's
+# GPU slots win over profiles/slurm's, so its `resources` are passed again too. CONFIG: the config files
+# (several merge); SNAKEMAKE_ARGS: anything more for snakemake (-n, a target), before --configfile, which takes
+# every word after it as a file.
 CONFIG ?= config.yaml
 SLURM_PROFILE := profiles/slurm
-SLURM_DEFAULTS = $(shell $(BIN)/python -c 'import sys, yaml; \
-	resources = yaml.safe_load(open(sys.argv[1]))["default-resources"]; \
-	print(*(f"{k}={v}" for k, v in resources.items()))' $(SLURM_PROFILE)/config.v8+.yaml)
+slurm_profile = $(shell $(BIN)/python -c 'import sys, yaml; \
+	settings = yaml.safe_load(open(sys.argv[1]))[sys.argv[2]]; \
+	print(*(f"{k}={v}" for k, v in settings.items()))' $(SLURM_PROFILE)/config.v8+.yaml $(1))
 slurm: setup
-	$(BIN)/snakemake --profile $(SLURM_PROFILE) --configfile $(CONFIG) $(SNAKEMAKE_ARGS) \
-		--default-resources $(SLURM_DEFAULTS) $(if $(SLURM_ACCOUNT),slurm_account=$(SLURM_ACCOUNT)) \
-		$(if $(SLURM_PARTITION),slurm_partition=$(SLURM_PARTITION))
+	$(BIN)/snakemake --profile $(SLURM_PROFILE) $(SNAKEMAKE_ARGS) --resources $(call slurm_profile,resources) \
+		--default-resources $(call slurm_profile,default-resources) \
+		$(if $(SLURM_ACCOUNT),slurm_account=$(SLURM_ACCOUNT)) $(if $(SLURM_PARTITION),slurm_partition=$(SLURM_PARTITION)) \
+		--configfile $(CONFIG)
 
 # The gates the field's workflows run: ruff (lint, format), snakefmt, and snakemake --lint with the
 # notes that do not apply here filtered out (docs/extending.md).

@@ -25,7 +25,7 @@ on unlimited cores. Jobs keep their measured seconds at every N: the contention 
 sharing memory bandwidth on its cores) stays in them, and a job given more threads is not made faster.
 
 GPU slots (--gpus G ...): a job that asks for resource `gpu` holds min(gpu, G) slots besides its cores
-while it runs, and starts only when both fit (Snakemake's --resources gpu=G; profiles/local grants 4).
+while it runs, and starts only when both fit (Snakemake's --resources gpu=G; profiles/default grants 4).
 G 0 or absent: slots are not counted, the CPU behaviour (the output is then the same as before slots
 existed). With --gpus each line adds lm_chain_s, the language-model chain's wall: from the corpus job's
 start to the personalization table's finish.

@@ -14,7 +14,7 @@ from conftest import REPO, SLURM_PROFILE, make_slurm_command, slurm_profile, sna
 from uph.config import validate
 from uph.device import gpu_visible
 
-LOCAL_PROFILE = REPO / "profiles/local"
+DEFAULT_PROFILE = REPO / "profiles/default"  # read by itself for every local run
 FIT_STAGE = {
     "fit",
     "fit_global",
@@ -55,10 +55,10 @@ def planned_gpus(dry_run: str) -> dict[str, set[int]]:
 
 
 def test_each_branch_asks_for_a_gpu_where_its_device_is_cuda(tmp_path):
-    """The tiny study's dry runs: with `device: cuda` (through the local profile) extraction and the fit
+    """The tiny study's dry runs: with `device: cuda` (through the default profile) extraction and the fit
     stage ask for a GPU slot and the training runs do not; with `<branch>.device` keys each branch follows
     its own, auto asking only where this machine could run CUDA (gpu_visible)."""
-    run = snakemake(tmp_path / "cuda", "-n", "--profile", str(LOCAL_PROFILE), "--config", "device=cuda")
+    run = snakemake(tmp_path / "cuda", "-n", "--config", "device=cuda")
     assert run.returncode == 0, run.stderr[-3000:]
     gpus = planned_gpus(run.stdout)
     assert {rule for rule, counts in gpus.items() if counts == {1}} == GPU_RULES
@@ -91,9 +91,9 @@ def test_the_default_on_one_gpu_machine_takes_a_few_rounds_of_its_gpu_slots(tmp_
     one slot each and need at most 12 rounds of the slots the profile grants (jobs x slots asked / slots;
     58 x 1 / 1 before fit.gpu_jobs), extraction asks for 1 core; with device cpu the layout is the CPU's
     (fit.jobs per-user jobs, extraction on the cores the shards split)."""
-    slots = yaml.safe_load((LOCAL_PROFILE / "config.v8+.yaml").read_text())["resources"]["gpu"]
+    slots = yaml.safe_load((DEFAULT_PROFILE / "config.v8+.yaml").read_text())["resources"]["gpu"]
     run = snakemake(
-        tmp_path, "-n", "--profile", str(LOCAL_PROFILE), "--cores", "16", "--config", f"device={device}",
+        tmp_path, "-n", "--cores", "16", "--config", f"device={device}",
         config="config.yaml",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -155,14 +155,17 @@ def test_make_slurm_adds_the_account_and_partition_to_the_profiles_resources(tmp
         )
 
 
-def test_a_job_that_fails_once_is_retried_by_the_local_profile(tmp_path, monkeypatch):
+def test_a_job_that_fails_once_is_retried_where_the_run_asks_for_it(tmp_path, monkeypatch):
+    """The default profile retries nothing (a bad input would fail twice, its line printed twice); profiles/slurm
+    retries a job twice, and a local run that wants retries says --retries 1."""
+    assert "retries" not in yaml.safe_load((DEFAULT_PROFILE / "config.v8+.yaml").read_text())
     monkeypatch.setenv("UPH_FAIL_ONCE", "gram_resilience")
     table = "results/tables/gram_resilience.csv"
-    once = snakemake(tmp_path / "no-retry", "--profile", str(LOCAL_PROFILE), "--retries", "0", table)
+    once = snakemake(tmp_path / "no-retry", table)
     assert once.returncode != 0
     assert "UPH_FAIL_ONCE=gram_resilience: failing this first attempt on purpose" in once.stderr
     assert not (tmp_path / "no-retry" / table).exists()
-    retried = snakemake(tmp_path / "retry", "--profile", str(LOCAL_PROFILE), table)
+    retried = snakemake(tmp_path / "retry", "--retries", "1", table)
     assert retried.returncode == 0, retried.stderr[-3000:]
     assert "failing this first attempt on purpose" in retried.stderr and "Trying to restart job" in retried.stderr
     assert (tmp_path / "retry" / "results/logs/gram_resilience.log.failed-once").is_file()
