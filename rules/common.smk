@@ -78,8 +78,8 @@ def gpus(branch):
 
 def extract_threads(wildcards):
     """Extraction's cores: on a GPU one (it tokenizes and writes parquet beside the GPU's forward passes; a
-    job asking for two waits while the training jobs take the cores they free one at a time: makespan.py
-    projects 77 s of the default's wall on 16 cores), else the run's cores split between the shards."""
+    job asking for two waits while the training jobs take the cores they free one at a time, which
+    benchmarks/makespan.py shows on the default's DAG), else the run's cores split between the shards."""
     return 1 if gpus("extract") else max(1, workflow.cores // config["extract"]["shards"])
 
 
@@ -148,8 +148,8 @@ def copy_task_runs(name):
 ATTENTION = config["attention"]
 ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}", "task~{task}")
 # A cell of attention.split_kinds trains every lr on seeds_if_split seeds, about three times the runs of
-# another cell: the default's longest jobs (260 to 630 s on an AMD EPYC core, against 45 to 100 s). Where cores are
-# few they start before the rest of the training branches, so none is left running alone at the end.
+# another cell: the default's longest jobs (docs/performance.md, "What the cores idled on"). Where cores are few
+# they start before the rest of the training branches, so none is left running alone at the end.
 SPLIT_KIND_PRIORITY = 5
 
 

