@@ -6,7 +6,7 @@ finished default run, rerun native and capped at AVX2, side by side.
 Run from the repository root, RESULTS as config.yaml's `results` spells it (relative to the root).
 
 Each job (JOBS: an extraction shard, a validate and a fit job, an attention cell, a copy-task seed, a
-feedback seed) is rerun alone through Snakemake (`--forcerun` its rule, `--allowed-rules` that rule only, so
+feedback method's seeds) is rerun alone through Snakemake (`--forcerun` its rule, `--allowed-rules` that rule only, so
 nothing upstream or downstream runs), one core, once with the config's `cpu_kernels: native` and once with
 `avx2`, the order alternating by round so machine load hits both alike. Reported per job: its seconds
 (Snakemake's benchmark file, `s`) each way and their ratio, and the sha256 of its outputs' contents (digest:
@@ -51,8 +51,8 @@ JOBS = {  # stage -> (rule, its outputs under RESULTS, its benchmark file under 
     ),
     "feedback_train": (
         "feedback_train",
-        ["feedback/method~feedback_learned/seed~0/curves.parquet"],
-        "benchmarks/feedback_train-method~feedback_learned-seed~0.tsv",
+        ["feedback/method~feedback_learned/curves.parquet"],
+        "benchmarks/feedback_train-method~feedback_learned.tsv",
     ),
 }
 WAYS = ("native", "avx2")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import REPO
+from conftest import REPO, snakemake
 
 from uph.config import validate
 from uph.errors import ConfigError
@@ -34,6 +35,7 @@ from uph.feedback.training import (
     learn,
     make_method,
     train,
+    train_seeds,
 )
 from uph.lm.data.corpus import load_shakespeare_roles
 from uph.optim import Adam
@@ -360,6 +362,74 @@ def test_training_curves_are_finite_and_share_the_initial_network_and_batches(ha
     assert first == pytest.approx([first[0]] * len(METHODS))
 
 
+TIMINGS = ["seconds", "update_seconds"]  # wall clock: the one part of a run that differs from one run to the next
+
+
+def test_a_jobs_seeds_each_train_as_their_run_alone(hamlet):
+    """One job trains its method's seeds one after another (train_seeds): each seed's curves are those of its
+    run alone, bit for bit, whatever ran before it in the process (seed 4 before seed 1 here), for every
+    method (node perturbation's draws included)."""
+    config = settings(steps=20, **{**TINY_RUN, "log_every": 10})
+    for method in METHODS:
+        logged = []
+        curves = train_seeds(hamlet, method, [4, 1], config, progress=logged.append)
+        assert curves["seed"].tolist() == [4, 4, 1, 1] and [run["seed"].iloc[-1] for run in logged] == [4, 1]
+        for seed in (4, 1):
+            alone = train(hamlet, method, seed, config).drop(columns=TIMINGS)
+            run = curves[curves["seed"] == seed].reset_index(drop=True).drop(columns=TIMINGS)
+            pd.testing.assert_frame_equal(run, alone, check_exact=True, obj=f"{method}, seed {seed}")
+
+
+def test_config(tmp_path, seeds: list[int]):
+    """config/test.yaml with feedback.seeds `seeds`, written for snakemake's --configfile."""
+    config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    config["feedback"]["seeds"] = seeds
+    path = tmp_path / f"seeds-{'-'.join(map(str, seeds))}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def planned(run, rule: str) -> list[str]:
+    """The outputs of the jobs of `rule` that a dry run plans."""
+    return re.findall(rf"^rule {rule}:\n(?:    (?!output).*\n)*    output: (.*)$", run.stdout, re.M)
+
+
+def test_the_tiny_config_plans_one_feedback_job_per_method_for_all_its_seeds(tmp_path):
+    methods = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["feedback"]["methods"]
+    run = snakemake(tmp_path, "-n", "results/tables/feedback.csv", config=test_config(tmp_path, [0, 1, 2]))
+    assert run.returncode == 0, run.stderr[-3000:]
+    outputs = sorted(f"results/feedback/method~{method}/curves.parquet" for method in methods)
+    assert sorted(planned(run, "feedback_train")) == outputs
+    assert len(planned(run, "feedback_table")) == 1
+
+
+@pytest.mark.slow
+def test_a_feedback_job_writes_each_seeds_run_alone_and_a_new_seed_list_reruns_it(tmp_path):
+    """The job for one method with seeds [2, 0]: its file holds each seed's run as train computes it alone in
+    this process, its log a line per seed. The same list plans nothing again; another list plans the job."""
+    target, method = "results/feedback/method~feedback_learned/curves.parquet", "feedback_learned"
+
+    def run(seeds, *args):
+        done = snakemake(tmp_path, *args, target, config=test_config(tmp_path, seeds))
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    run([2, 0])
+    section = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["feedback"]
+    text = "\n".join(pd.read_parquet(tmp_path / "results/corpus/roles.parquet")["text"])
+    corpus = char_corpus(text, section["test_fraction"], section["context"])
+    curves = pd.read_parquet(tmp_path / target)
+    assert curves["seed"].drop_duplicates().tolist() == [2, 0]
+    for seed in (2, 0):
+        alone = train(corpus, method, seed, TrainConfig.from_config(section)).drop(columns=TIMINGS)
+        written = curves[curves["seed"] == seed].reset_index(drop=True).drop(columns=TIMINGS)
+        pd.testing.assert_frame_equal(written, alone, check_exact=True, obj=f"seed {seed}")
+    log = (tmp_path / "results/logs/feedback_train-method~feedback_learned.log").read_text()
+    assert re.findall(r"seed (\d) \((\d) of 2\) after 30 steps", log) == [("2", "1"), ("0", "2")]
+    assert planned(run([2, 0], "-n"), "feedback_train") == []
+    assert planned(run([2, 0, 1], "-n"), "feedback_train") == [target]
+
+
 def test_summarize_takes_the_last_row_and_averages_alignment_over_layers_and_run():
     curves = pd.DataFrame(
         {
@@ -442,9 +512,9 @@ def test_the_tiny_studys_feedback_table_has_a_row_per_method_and_seed(tiny_study
         2,
     )
     assert (results / "tables" / "feedback.md").exists() and (results / "tables" / "feedback.tex").exists()
-    curves = pd.read_parquet(results / "feedback" / "method~feedback_learned" / "seed~0" / "curves.parquet")
-    assert curves["step"].tolist() == [10, 20, 30]
-    assert (results / "benchmarks" / "feedback_train-method~dfa-seed~0.tsv").exists()
+    curves = pd.read_parquet(results / "feedback" / "method~feedback_learned" / "curves.parquet")
+    assert curves["step"].tolist() == [10, 20, 30] and (curves["seed"] == 0).all()
+    assert (results / "benchmarks" / "feedback_train-method~dfa.tsv").exists()
     summary = (results / "summary.md").read_text()
     assert "| Does backprop-free feedback_learned beat dfa (held-out loss)? | **not shown** |" in summary
     assert "minus dfa: " in summary and "(one seed: no interval)" in summary

@@ -157,7 +157,7 @@ def tiny_tables(tiny_study) -> Study:
     return load_study(
         {name: results / "tables" / f"{name}.csv" for name in TABLES},
         sorted(results.glob("copy_task/attention~*/seed~*/curves.parquet")),
-        sorted(results.glob("feedback/method~*/seed~*/curves.parquet")),
+        sorted(results.glob("feedback/method~*/curves.parquet")),
         copy_task_vocab=8,
     )
 

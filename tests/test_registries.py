@@ -154,8 +154,9 @@ def test_each_fit_key_list_is_what_its_dataclass_reads(config):
 @pytest.mark.parametrize("method", METHODS)
 def test_each_feedback_method_gets_the_keys_its_train_config_reads(config, method):
     section = job_params(config["feedback"], FEEDBACK_COMMON_KEYS + FEEDBACK_METHOD_KEYS[method])
-    # test_fraction splits the text (uph.feedback.char_lm.char_corpus), the one key besides TrainConfig's
-    assert keys_read(TrainConfig.from_config, section) == set(section) - {"test_fraction"}
+    # test_fraction splits the text (uph.feedback.char_lm.char_corpus) and the job trains each of the seeds
+    # (uph.feedback.training.train_seeds): the two keys besides TrainConfig's
+    assert keys_read(TrainConfig.from_config, section) == set(section) - {"test_fraction", "seeds"}
     assert keys_read(TrainConfig.from_config, config["feedback"]) - {"methods", "seeds"} <= set(section) | {
         key for keys in FEEDBACK_METHOD_KEYS.values() for key in keys
     }

@@ -912,6 +912,10 @@ CONFIG_CHANGES = {  # edit(config), the jobs a dry run then plans
         LM_FITS,
     ),
     "one-more-copy-seed": (lambda c: c["copy_task"]["seeds"].append(1), {"copy_task_train": 2, "copy_task_table": 1}),
+    "one-more-feedback-seed": (  # a job trains every seed of its method: each method's job
+        lambda c: c["feedback"]["seeds"].append(1),
+        {"feedback_train": 4, "feedback_table": 1},
+    ),
     "feedback-sigma": (  # node perturbation's noise: only feedback_learned reads it
         lambda c: c["feedback"].update(node_perturbation={"sigma": 0.02}),
         {"feedback_train": 1, "feedback_table": 1},
@@ -1331,7 +1335,7 @@ FOLLOWED = {  # the file, the job that rebuilds it
     "results/fit/global/method~cvh/thetas.parquet": "fit_global",
     "results/copy_task/attention~triple/seed~0/eval.parquet": "copy_task_train",
     "results/attention/model~residual/attention~standard/task~mqar/eval.parquet": "attention_train",
-    "results/feedback/method~dfa/seed~0/curves.parquet": "feedback_train",
+    "results/feedback/method~dfa/curves.parquet": "feedback_train",
 }
 
 

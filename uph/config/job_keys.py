@@ -19,7 +19,8 @@ def job_params(section: dict, keys=None) -> dict:
 
     Snakemake reruns a job when the repr of its params changes, so a job gets exactly the settings
     its outputs depend on: not the lists of sweep points or seeds (its wildcards pick one), so adding
-    one reruns nothing old, and never the YAML's key order."""
+    one reruns nothing old (a feedback job's seeds are its own: FEEDBACK_COMMON_KEYS), and never the YAML's
+    key order."""
 
     def canonical(value):
         return {key: canonical(value[key]) for key in sorted(value)} if isinstance(value, dict) else value
@@ -66,7 +67,18 @@ FIT_SHARD_KEYS = (*SWEEP_KEYS, "dose_response", "on_cache")  # uph.lm.jobs.refit
 FIT_OTHERS_KEYS = (*SWEEP_KEYS, "on_cache")  # uph.lm.jobs.controls.others
 
 
-FEEDBACK_COMMON_KEYS = ("test_fraction", "context", "hidden", "steps", "batch_size", "lr", "log_every", "eval_windows")
+# A feedback job trains every seed of its method (uph.feedback.training.train_seeds): the seeds are its keys too.
+FEEDBACK_COMMON_KEYS = (
+    "seeds",
+    "test_fraction",
+    "context",
+    "hidden",
+    "steps",
+    "batch_size",
+    "lr",
+    "log_every",
+    "eval_windows",
+)
 FEEDBACK_METHOD_KEYS = {  # the feedback keys beyond the common ones each method reads (uph.feedback.training)
     "backprop": (),
     "dfa": (),

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -245,6 +246,27 @@ def train(
             )
             sums, since = defaultdict(float), 0
     return pd.DataFrame(rows)
+
+
+def train_seeds(
+    corpus: CharCorpus,
+    method: str,
+    seeds: list[int],
+    config: TrainConfig,
+    device: torch.device | str = "cpu",
+    progress: Callable[[pd.DataFrame], None] | None = None,
+) -> pd.DataFrame:
+    """`train` with one method for each of `seeds`, one after another: one job's runs (rules/feedback.smk),
+    so that a process starts and reads the text once per method, not once per seed. Each seed's curves are
+    its run alone, bit for bit: every draw comes from generators seeded by the seed, none from torch's
+    global state, and nothing carries over from one run to the next. The curves in the order of `seeds`,
+    told apart by their `seed` column; `progress(curves)` after each seed's run (the job's log line)."""
+    runs = []
+    for seed in seeds:
+        runs.append(train(corpus, method, seed, config, device))
+        if progress is not None:
+            progress(runs[-1])
+    return pd.concat(runs, ignore_index=True)
 
 
 def timed_step(model: CharMLP, rule, optimizer: Adam, x: torch.Tensor, y: torch.Tensor, device: torch.device):

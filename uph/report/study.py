@@ -27,7 +27,7 @@ Study = make_dataclass(
     [
         *((name, pd.DataFrame | None) for name in TABLES),
         ("copy_task_curves", pd.DataFrame),  # every results/copy_task/attention~*/seed~*/curves.parquet
-        ("feedback_curves", pd.DataFrame),  # every results/feedback/method~*/seed~*/curves.parquet
+        ("feedback_curves", pd.DataFrame),  # every results/feedback/method~*/curves.parquet (each seed)
         ("copy_task_vocab", int),  # chance accuracy on the copy task is 1 / vocab
     ],
     frozen=True,
