@@ -19,7 +19,7 @@ from uph.attention.model import ResidualModel, attention_stats, build_model
 from uph.attention.runs import load_runs
 from uph.attention.self_attention import ATTENTIONS, AttentionKind
 from uph.attention.steps import stacked
-from uph.attention.study_config import PROGRESS, AttentionStudyConfig, eval_lengths, schedule
+from uph.attention.study_config import PROGRESS, STOPS, AttentionStudyConfig, eval_lengths, schedule
 from uph.attention.tasks import IGNORE, copy_batch, make_batch, mqar_batch
 from uph.attention.training import (
     best_lr,
@@ -282,14 +282,44 @@ def test_a_cell_whose_seeds_split_trains_more_seeds_at_its_lr():
         _, sweep, evaluation = run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"))
     assert sorted(sweep["seed"]) == [0, 1, 2] and sorted(evaluation["seed"].unique()) == [0, 1, 2]
     assert set(evaluation["lr"]) == {0.01} and evaluation["token_acc"].notna().all()
-    with pytest.MonkeyPatch.context() as patch:  # a kind of split_kinds: its seeds, split or not
+    with pytest.MonkeyPatch.context() as patch:  # runs that agree: no seed added
         patch.setattr(uph.attention.training, "split_seeds", lambda s, lr, seeds, wanted: [])
-        listed = dataclasses.replace(cell, split_kinds=("standard",), lrs=(0.003, 0.01), sweep_seeds=1)
-        _, sweep, evaluation = run_cell(listed, "mqar", "residual", "standard", torch.device("cpu"))
         assert sorted(run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"))[1]["seed"]) == [0, 1]
-    # ... every lr swept on all seeds_if_split seeds, not sweep_seeds: the lr is chosen on the seeds reported
-    assert sweep.groupby("lr")["seed"].apply(sorted).tolist() == [[0, 1, 2], [0, 1, 2]]
-    assert sorted(evaluation["seed"].unique()) == [0, 1, 2] and evaluation["lr"].nunique() == 1
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_split_kinds_cell_sweeps_on_its_seeds_and_trains_the_later_seeds_at_the_chosen_lr_only(ahead):
+    """A kind of split_kinds sweeps every lr on all of `seeds` (0 and 1), not the first sweep_seeds (1), picks
+    the lr on them alone, then trains seeds 2 and 3 (up to seeds_if_split) at that lr only, split or not
+    (split_seeds is never asked), in one stage after the sweep's; trained ahead (a GPU's way), the same runs
+    in the same rows, the later seeds at every lr in the sweep's one call."""
+    cell = dataclasses.replace(
+        CELL,
+        seeds=(0, 1),
+        sweep_seeds=1,
+        seeds_if_split=4,
+        split_kinds=("standard",),
+        lrs=(0.003, 0.01),
+        lr_extensions=0,
+        max_steps=4,
+        log_every=2,
+    )
+    stages, train_runs = [], uph.attention.training.train_runs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(uph.attention.training, "split_seeds", lambda *a: pytest.fail("a split kind asks no split"))
+        patch.setattr(uph.attention.training, "train_runs", lambda *a: stages.append(a[4]) or train_runs(*a))
+        _, sweep, evaluation = run_cell(cell, "mqar", "residual", "standard", torch.device("cpu"), ahead=ahead)
+    chosen = best_lr(sweep[sweep["seed"] < 2])
+    swept = [(lr, seed) for lr in (0.003, 0.01) for seed in (0, 1)]
+    if ahead:
+        assert stages == [[*swept, *((lr, seed) for lr in (0.003, 0.01) for seed in (2, 3))]]
+    else:
+        assert stages == [swept, [(chosen, 2), (chosen, 3)]]
+    assert sweep.groupby("lr")["seed"].apply(sorted).to_dict() == {
+        lr: [0, 1, 2, 3] if lr == chosen else [0, 1] for lr in (0.003, 0.01)
+    }
+    assert sweep["chosen"].eq(sweep["lr"] == chosen).all() and set(evaluation["lr"]) == {chosen}
+    assert sorted(evaluation["seed"].unique()) == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize("split_on", ["sweep seeds", "every seed"])
@@ -370,6 +400,11 @@ def test_a_training_job_reads_every_key_but_the_lists_its_wildcards_pick():
             "multiple of 4 (diff",
         ),
         ({"ms": []}, "config key 'attention.ms'"),
+        ({"solved_accuracy": 1.5}, "config key 'attention.solved_accuracy': 1.5 is greater than the maximum of 1"),
+        ({"solved_accuracy": 0}, "config key 'attention.solved_accuracy': 0 is less than or equal to the minimum of 0"),
+        ({"solved_accuracy": "all"}, "config key 'attention.solved_accuracy': 'all' is not of type 'number', 'null'"),
+        ({"solved_evaluations": 0}, "config key 'attention.solved_evaluations': 0 is less than the minimum of 1"),
+        ({"solved_evaluations": 2.5}, "config key 'attention.solved_evaluations': 2.5 is not a whole number"),
     ],
 )
 def test_bad_attention_settings_stop_with_one_line_naming_the_key(change, message):
@@ -385,12 +420,27 @@ def test_tiny_study_tables_hold_every_configured_run_at_one_chosen_lr_per_cell(t
     table = pd.read_csv(tables / "attention.csv")
     sweep = pd.read_csv(tables / "attention_sweep.csv")
     levels = {"offset_copy": 1, "loud_copy": len(cfg["ms"]), "mqar": len(cfg["pairs"])}
-    per_cell = len(cfg["seeds"]) * (1 + len(cfg["eval_factors"]))
-    assert len(table) == sum(levels[task] for task in cfg["tasks"]) * per_cell * len(cfg["attentions"])
+    # a kind of split_kinds reports seeds_if_split seeds, the others their seeds (none split in 6 steps)
+    seeds = {
+        kind: cfg["seeds_if_split"] if kind in cfg["split_kinds"] else len(cfg["seeds"]) for kind in cfg["attentions"]
+    }
+    per_cell = sum(seeds.values()) * (1 + len(cfg["eval_factors"]))
+    assert cfg["split_kinds"] and len(table) == sum(levels[task] for task in cfg["tasks"]) * per_cell
     assert table.groupby(["task", "model", "attention"])["lr"].nunique().eq(1).all()
     assert set(table["lr"]) <= set(cfg["lrs"]) and set(sweep["lr"]) == set(cfg["lrs"])
     curves = pd.read_csv(tables / "attention_curves.csv")
     assert curves[["score_abs", "attention_grad_norm"]].notna().all().all()
+    # each run stopped as its curve says: solved after solved_evaluations rows at solved_accuracy, else not
+    assert set(sweep["stopped"]) <= set(STOPS) and (sweep["stopped"] == "step_limit").eq(sweep["at_step_limit"]).all()
+    for run in sweep.itertuples():
+        curve = curves[
+            (curves["task"] == run.task) & (curves["attention"] == run.attention) & (curves["seed"] == run.seed)
+        ]
+        last = curve.sort_values("step")["val_token_acc"].tail(cfg["solved_evaluations"])
+        assert curve["step"].max() == run.steps_run
+        assert (run.stopped == "solved") == (
+            len(last) == cfg["solved_evaluations"] and (last >= cfg["solved_accuracy"]).all()
+        )
 
 
 def planned_after(tiny_study, tmp_path, **attention) -> dict[str, int]:
@@ -437,6 +487,7 @@ def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_it
         "steps_to_90": first_step(rows, 0.9),
         "steps_to_99": first_step(rows, 0.99),
         "at_step_limit": False,
+        "stopped": "patience",
     }
     assert final["val_loss"] == rows[0]["val_loss"] != rows[-1]["val_loss"]
     val = stacked([make_batch("mqar", cfg, cfg.eval_size, cfg.train_len, generator(0 * 1_000_003 + 1))], device)
@@ -445,7 +496,95 @@ def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_it
     (run,) = train_runs(dataclasses.replace(cfg, patience=100), "mqar", "residual", "standard", [(0.01, 0)], device)
     rows, progress = run.rows, run.progress
     assert progress["steps_run"] == 40 and progress["at_step_limit"] and len(rows) == 8
-    assert list(progress) == PROGRESS
+    assert progress["stopped"] == "step_limit" and list(progress) == PROGRESS
+
+
+def scripted_evaluations(patch, scripts: list[list[tuple[float, float]]]) -> None:
+    """uph.attention.training.evaluate answering, for run r of those train_runs was given, its k-th
+    evaluation's (validation token accuracy, loss) from scripts[r][k]: the stops are decided by these
+    numbers, the training itself is real. A run leaving the batch leaves the runs after it (in order)."""
+    calls = [0] * len(scripts)
+    alive = list(range(len(scripts)))
+
+    def evaluate(model, batch, chunk):
+        del alive[: len(alive) - batch.inputs.shape[0]]  # the runs that stopped were the first ones
+        out = []
+        for r in alive:
+            accuracy, loss = scripts[r][calls[r]]
+            calls[r] += 1
+            out.append({"loss": loss, "token_acc": accuracy, "seq_acc": float(accuracy == 1.0)})
+        return out
+
+    patch.setattr(uph.attention.training, "evaluate", evaluate)
+
+
+def falling(accuracies: list[float]) -> list[tuple[float, float]]:
+    """Each accuracy with a validation loss 0.1 lower than the last: patience never runs out."""
+    return [(accuracy, 5.0 - 0.1 * k) for k, accuracy in enumerate(accuracies)]
+
+
+SOLVED_CELL = dataclasses.replace(CELL, max_steps=40, log_every=2, patience=100)  # 20 evaluations at most
+
+
+@pytest.mark.parametrize(
+    "solved_accuracy, solved_evaluations, accuracies, stops_at, stopped",
+    [
+        # 1.0 twice in a row does not stop it, nor does 0.99 (it breaks the row): 1.0 at evaluations 5-7 does
+        (1.0, 3, [0.5, 1.0, 1.0, 0.99, 1.0, 1.0, 1.0], 14, "solved"),
+        (1.0, 3, [0.5, 1.0, 1.0] + [0.99] * 17, 40, "step_limit"),  # 0.99 forever: never solved at 1.0
+        (0.99, 3, [0.5, 1.0, 1.0, 0.99, 1.0, 1.0, 1.0], 8, "solved"),  # at 0.99 three in a row by evaluation 4
+        (1.0, 2, [0.5, 1.0, 1.0, 0.99, 1.0, 1.0, 1.0], 6, "solved"),
+        (None, 3, [1.0] * 20, 40, "step_limit"),  # no solved stop
+    ],
+)
+def test_a_run_stops_as_solved_after_solved_evaluations_in_a_row_at_solved_accuracy(
+    solved_accuracy, solved_evaluations, accuracies, stops_at, stopped
+):
+    cfg = dataclasses.replace(SOLVED_CELL, solved_accuracy=solved_accuracy, solved_evaluations=solved_evaluations)
+    accuracies = accuracies + [1.0] * (20 - len(accuracies))
+    with pytest.MonkeyPatch.context() as patch:
+        scripted_evaluations(patch, [falling(accuracies)])
+        (run,) = train_runs(cfg, "mqar", "residual", "standard", [(0.01, 0)], torch.device("cpu"))
+    assert [row["step"] for row in run.rows] == list(range(2, stops_at + 1, 2))
+    assert run.progress["steps_run"] == stops_at and run.progress["stopped"] == stopped
+    assert run.progress["at_step_limit"] == (stopped == "step_limit") and not run.diverged
+    assert run.progress["best_step"] == stops_at  # the loss fell at every evaluation
+    assert run.final["val_token_acc"] == accuracies[stops_at // 2 - 1]
+
+
+def test_a_run_stopped_as_solved_keeps_its_best_evaluations_weights_and_leaves_the_batch():
+    """Solved at evaluation 7 (1.0 at 5, 6, 7), its lowest validation loss at evaluation 5: it hands back
+    evaluation 5's weights and metrics, as the same run alone, stopped there by patience, does. A run beside
+    it that is never solved trains on to the step limit, and is the run it is alone. Runs at once agree with
+    runs alone up to the float32 rounding their batch's shapes give (tests/test_attention_runs.py)."""
+    cfg = dataclasses.replace(SOLVED_CELL, patience=2)
+    accuracies = [0.5, 0.8, 0.9, 0.99, 1.0, 1.0, 1.0]
+    losses = [5.0, 4.0, 3.0, 2.0, 1.0, 1.5, 1.6]  # evaluations 6 and 7 do not improve: patience 2 runs out at 7
+    solved = list(zip(accuracies, losses))
+    never = falling([0.5] * 20)
+    with pytest.MonkeyPatch.context() as patch:
+        scripted_evaluations(patch, [solved, never])
+        first, beside = train_runs(cfg, "mqar", "residual", "standard", [(0.01, 0), (0.003, 1)], torch.device("cpu"))
+        scripted_evaluations(patch, [solved])
+        (patient,) = train_runs(
+            dataclasses.replace(cfg, solved_accuracy=None),
+            "mqar",
+            "residual",
+            "standard",
+            [(0.01, 0)],
+            torch.device("cpu"),
+        )
+        scripted_evaluations(patch, [never])
+        (alone,) = train_runs(cfg, "mqar", "residual", "standard", [(0.003, 1)], torch.device("cpu"))
+    assert first.progress["stopped"] == "solved" and patient.progress["stopped"] == "patience"
+    assert first.progress["steps_run"] == patient.progress["steps_run"] == 14
+    assert first.progress["best_step"] == 10 and first.final == {"val_loss": 1.0, "val_token_acc": 1.0}
+    assert first.final == patient.final and first.progress == {**patient.progress, "stopped": "solved"}
+    for name, weight in patient.state.items():  # evaluation 5's weights, not evaluation 7's
+        torch.testing.assert_close(first.state[name], weight, rtol=0, atol=5e-5)
+    assert beside.progress["stopped"] == "step_limit" and beside.progress == alone.progress
+    for name, weight in alone.state.items():
+        torch.testing.assert_close(beside.state[name], weight, rtol=0, atol=5e-5)
 
 
 def test_a_run_still_improving_at_max_steps_trains_on_to_max_steps_extended_at_the_last_lr():

@@ -10,7 +10,9 @@ from uph.config import dataclass_fields
 
 SOLVED = 0.99  # token accuracy from which a run counts as having solved its task (validation or test)
 TIE = 1 - SOLVED  # an lr this far behind the best validation accuracy (best_lr) is worse: the study's finest decision
-PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit"]  # per run, in its rows
+# per run, in its rows; `stopped` says why it stopped: STOPS
+PROGRESS = ["steps_run", "best_step", "steps_to_90", "steps_to_99", "at_step_limit", "stopped"]
+STOPS = ("solved", "patience", "step_limit", "diverged")  # solved_accuracy's stop, patience's, the step limit, a NaN
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class AttentionStudyConfig:
     max_steps_extended: int | None
     patience: int
     min_delta: float
+    solved_accuracy: float | None
+    solved_evaluations: int
     grad_clip: float
     batch_size: int
     log_every: int

@@ -11,30 +11,35 @@ on each level of the task (uph.attention.tasks.levels). Where the runs at the ch
 solve the task's validation set, token accuracy >= SOLVED, some do not: a bimodal kind, whose mean over
 a few seeds float32 rounding can swing), the cell trains more seeds at that lr, up to `seeds_if_split`
 in all (split_seeds), so its mean, interval and share of seeds solved rest on enough seeds to agree
-across machines. A kind of `split_kinds` (the config's bimodal kinds) sweeps every lr on all
-`seeds_if_split` seeds: whether it gets them is the config's decision, not a rounding's, and its lr is
-chosen on as many seeds as its mean is reported on. Validation and test sets are disjoint streams of fresh
-sequences: training batches come from a generator seeded with the seed, validation from
-seed * STREAM + 1, the test set of (length, level index i) from seed * STREAM + 2 + 64 * length + i.
+across machines. A kind of `split_kinds` (the config's bimodal kinds) sweeps every lr on all of `seeds`,
+not the first `sweep_seeds`, and always trains the seeds after them up to `seeds_if_split` at the chosen
+lr only: whether it gets them is the config's decision, not a rounding's, and its lr is chosen on five
+seeds in the default, which keep every choice that ten make on the recorded sweeps (three do not:
+docs/study.md). Validation and test sets are disjoint streams of fresh sequences: training batches come
+from a generator seeded with the seed, validation from seed * STREAM + 1, the test set of (length, level
+index i) from seed * STREAM + 2 + 64 * length + i.
 
 AdamW, linear warmup over `warmup` of `max_steps`, then constant or cosine decay to 0 at max_steps
 (`schedule`), every kind's gradient clipped to global norm `grad_clip`; the loss is the mean
-cross-entropy over scored targets. A run trains to convergence: it stops once its validation loss has
-not fallen by `min_delta` for `patience` evaluations, or at its step limit (`at_step_limit`): `max_steps`,
-or for a run still improving there `max_steps_extended` (it trains on at the schedule's last lr), and keeps
-the weights of its best evaluation; its rows report the steps run, the best step and the first logged
-steps at 0.9 and 0.99 validation token accuracy (sample efficiency; NaN if never). Every `log_every` steps a curve row holds
-the mean training loss since the last row, the validation loss and token accuracy, the mean
-|score| over causal entries of every attention layer on `probe_size` validation sequences
-(score_abs, mean over layers) and the L2 norm of the gradient of all attention weights at that
-step before clipping (attention_grad_norm); the row of step s reads the model after s updates. A NaN or inf training loss ends the run as diverged.
+cross-entropy over scored targets. A run trains to convergence: it stops as solved once its validation
+token accuracy has been at least `solved_accuracy` on `solved_evaluations` evaluations in a row (its
+validation set shows nothing more to learn), once its validation loss has not fallen by `min_delta` for
+`patience` evaluations, or at its step limit (`at_step_limit`): `max_steps`, or for a run still improving
+there `max_steps_extended` (it trains on at the schedule's last lr). Whichever stop, it keeps the weights
+of its best evaluation (the lowest validation loss); its rows report why it stopped (`stopped`, one of
+study_config.STOPS), the steps run, the best step and the first logged steps at 0.9 and 0.99 validation
+token accuracy (sample efficiency; NaN if never). Every `log_every` steps a curve row holds the mean
+training loss since the last row, the validation loss and token accuracy, the mean |score| over causal
+entries of every attention layer on `probe_size` validation sequences (score_abs, mean over layers) and
+the L2 norm of the gradient of all attention weights at that step before clipping (attention_grad_norm);
+the row of step s reads the model after s updates. A NaN or inf training loss ends the run as diverged.
 
 The runs of a stage (the sweep's lrs x sweep seeds, an extension's sweep seeds, the remaining seeds and,
-where the sweep seeds already split, the added ones) train at once as one model of R runs (train_runs,
-uph.attention.runs): each keeps its own initial weights, batches, lr, Adam moments, clipping, early
-stopping and best weights, so it is the run it would be alone up to float32 rounding; a run that stops
-leaves the batch. On a GPU, a step other than a logging one is one launch of a CUDA graph
-(uph.attention.steps).
+where the sweep seeds already split or the kind is of split_kinds, the added ones) train at once as one
+model of R runs (train_runs, uph.attention.runs): each keeps its own initial weights, batches, lr, Adam
+moments, clipping, early stopping and best weights, so it is the run it would be alone up to float32
+rounding; a run that stops (solved, out of patience, diverged) leaves the batch. On a GPU, a step other
+than a logging one is one launch of a CUDA graph (uph.attention.steps).
 """
 
 from __future__ import annotations
@@ -101,12 +106,14 @@ class RunResult:
 @dataclass
 class RunProgress:
     """One run of train_runs so far: its curve rows, the row of its lowest validation loss and its weights
-    there, the evaluations since without a fall of min_delta, and its RunResult once it stops."""
+    there, the evaluations since without a fall of min_delta, the evaluations in a row at solved_accuracy,
+    and its RunResult once it stops."""
 
     rows: list[dict] = field(default_factory=list)
     best: dict | None = None
     best_state: dict[str, torch.Tensor] | None = None
     waited: int = 0
+    solved: int = 0
     result: RunResult | None = None
 
 
@@ -157,8 +164,8 @@ def train_runs(
             index = torch.tensor(keep, device=device)
             trainer.keep_runs(index)
             val, running = Batch(*(t[index] for t in val)), running[index]
-    for i in active:
-        progress[i].result = _converged(progress[i], step, at_step_limit=progress[i].waited < cfg.patience)
+    for i in active:  # every step taken, no stop met
+        progress[i].result = _converged(progress[i], step, "step_limit")
     if trainer.captured:
         log.info("%d of %d steps replayed from %d CUDA graph(s)", trainer.replayed, step, trainer.captured)
     return [run.result for run in progress]
@@ -175,8 +182,8 @@ def log_step(
 ) -> list[int]:
     """A logging step of the runs still training (`logged`: each (lr, seed) and its RunProgress, in the
     model's run order): a curve row for each, its best weights kept where its validation loss fell, and a
-    result for each run that stops here (diverged, or out of patience). Returns the stopped runs' places
-    in `logged`."""
+    result for each run that stops here (diverged, solved: solved_evaluations evaluations in a row at
+    solved_accuracy, or out of patience). Returns the stopped runs' places in `logged`."""
     metrics = evaluate(model, val, cfg.batch_size)
     stats = attention_stats(model, val.inputs[:, : cfg.probe_size], val.loud[:, : cfg.probe_size])
     done = []
@@ -198,28 +205,42 @@ def log_step(
             run.result = _diverged(run, run_state(model, j), step)
             done.append(j)
             continue
-        if run.best is None or run.rows[-1]["val_loss"] < run.best["val_loss"] - cfg.min_delta:
-            run.best, run.best_state, run.waited = run.rows[-1], run_state(model, j), 0
+        row = run.rows[-1]
+        if run.best is None or row["val_loss"] < run.best["val_loss"] - cfg.min_delta:
+            run.best, run.best_state, run.waited = row, run_state(model, j), 0
         else:
             run.waited += 1
-        if run.waited >= cfg.patience:
-            run.result = _converged(run, step, at_step_limit=False)
+        solved = cfg.solved_accuracy is not None and row["val_token_acc"] >= cfg.solved_accuracy
+        run.solved = run.solved + 1 if solved else 0
+        stop = "solved" if run.solved >= cfg.solved_evaluations else "patience" if run.waited >= cfg.patience else ""
+        if stop:
+            run.result = _converged(run, step, stop)
             done.append(j)
     return done
 
 
 def _diverged(run: RunProgress, state: dict[str, torch.Tensor], step: int) -> RunResult:
-    progress = dict(zip(PROGRESS, (step, math.nan, math.nan, math.nan, False)))
+    progress = {
+        "steps_run": step,
+        "best_step": math.nan,
+        "steps_to_90": math.nan,
+        "steps_to_99": math.nan,
+        "at_step_limit": False,
+        "stopped": "diverged",
+    }
     return RunResult(state, run.rows, {"val_loss": math.nan, "val_token_acc": math.nan}, True, progress)
 
 
-def _converged(run: RunProgress, step: int, at_step_limit: bool) -> RunResult:
+def _converged(run: RunProgress, step: int, stopped: str) -> RunResult:
+    """The run's result at `step`, its best evaluation's weights and metrics; `stopped`: solved, patience or
+    step_limit (study_config.STOPS)."""
     progress = {
         "steps_run": step,
         "best_step": run.best["step"],
         "steps_to_90": first_step(run.rows, 0.9),
         "steps_to_99": first_step(run.rows, 0.99),
-        "at_step_limit": at_step_limit,
+        "at_step_limit": stopped == "step_limit",
+        "stopped": stopped,
     }
     final = {"val_loss": run.best["val_loss"], "val_token_acc": run.best["val_token_acc"]}
     return RunResult(run.best_state, run.rows, final, False, progress)
@@ -236,7 +257,8 @@ def best_lr(sweep: pd.DataFrame) -> float | None:
     with a CPU's rounding, and with it the best mean; lrs that the seeds cannot tell apart tie, and a fixed
     preference, not rounding, picks among them. The middle keeps the choice inside the tie, so an lr that
     merely ties never pulls the sweep past an end; of two, the higher converges in fewer steps. A split
-    kind (run_cell) sweeps on every seed it reports, so its lrs are told apart on ten seeds, not three."""
+    kind (run_cell) sweeps on all of the config's seeds, so its lrs are told apart on five seeds in the
+    default, not three."""
     ok = sweep.groupby("lr").filter(lambda runs: not runs["diverged"].any())
     if ok.empty:
         return None
@@ -345,14 +367,13 @@ def train_stage(
     results = {run: spare.pop(run) for run in runs}
     for (lr, seed), result in results.items():
         cell.log.info(
-            "%s lr %g seed %d: val token acc %.4f%s after %d steps%s",
+            "%s lr %g seed %d: val token acc %.4f after %d steps (stopped: %s)",
             cell.name,
             lr,
             seed,
             result.final["val_token_acc"],
-            ", diverged" if result.diverged else "",
             result.progress["steps_run"],
-            ", at the step limit" if result.progress["at_step_limit"] else "",
+            result.progress["stopped"],
         )
     return Recorded(
         [*recorded.curves, *(row for result in results.values() for row in result.rows)],
@@ -401,22 +422,25 @@ def chosen_lr(cell: Cell, recorded: Recorded) -> float:
 def add_seeds(
     cell: Cell, recorded: Recorded, chosen: float, sweep_seeds: list[int], split_kind: bool
 ) -> tuple[Recorded, list[int]]:
-    """The config's seeds the sweep left out, at the chosen lr; then, where the runs there split (split_seeds;
-    never for a kind of split_kinds, which swept on them all), the seeds added. Runs that split on the sweep
-    seeds split on every seed, so there the added seeds train in the remaining seeds' stage (one stage less);
-    elsewhere the split is read once the remaining seeds are in. Returns the runs and every seed at the chosen
-    lr."""
+    """The config's seeds the sweep left out, at the chosen lr, and the seeds added up to seeds_if_split: for
+    a kind of split_kinds always (the config's decision), else where the runs at the chosen lr split
+    (split_seeds). Runs that split on the sweep seeds split on every seed, so there the added seeds train in
+    the remaining seeds' stage (one stage less); elsewhere the split is read once the remaining seeds are in.
+    Returns the runs and every seed at the chosen lr."""
     remaining = [seed for seed in cell.cfg.seeds if seed not in sweep_seeds]
-    seeds, wanted = [*sweep_seeds, *remaining], None if split_kind else cell.cfg.seeds_if_split
-    extra = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)  # split on the sweep seeds already
-    if extra:
-        cell.log.info(
-            "%s: its sweep seeds split at lr %g; training seeds %s with %s", cell.name, chosen, extra, remaining
-        )
+    seeds = [*sweep_seeds, *remaining]
+    if split_kind:
+        extra = seeds_to_add(seeds, cell.cfg.seeds_if_split)
+    else:  # split on the sweep seeds already
+        extra = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, cell.cfg.seeds_if_split)
+        if extra:
+            cell.log.info(
+                "%s: its sweep seeds split at lr %g; training seeds %s with %s", cell.name, chosen, extra, remaining
+            )
     if remaining or extra:
         recorded = train_stage(cell, recorded, [(chosen, seed) for seed in [*remaining, *extra]])
-    if remaining and not extra:  # a split the remaining seeds show
-        extra = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, wanted)
+    if remaining and not extra and not split_kind:  # a split the remaining seeds show
+        extra = split_seeds(pd.DataFrame(recorded.sweep), chosen, seeds, cell.cfg.seeds_if_split)
         if extra:
             cell.log.info("%s: its seeds split at lr %g; training seeds %s", cell.name, chosen, extra)
             recorded = train_stage(cell, recorded, [(chosen, seed) for seed in extra])
@@ -469,9 +493,10 @@ def run_cell(
     ahead: bool | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation).
-    Each stage trains its runs at once (train_runs): the sweep's lrs x sweep seeds, each extension's
-    sweep seeds, the remaining seeds with a split's added seeds where the sweep seeds split (add_seeds), else
-    the added seeds after them.
+    Each stage trains its runs at once (train_runs): the sweep's lrs x sweep seeds (the first sweep_seeds
+    seeds; a kind of split_kinds: all of seeds), each extension's sweep seeds, the remaining seeds with the
+    added seeds where the sweep seeds split or the kind is of split_kinds (add_seeds), else the added seeds
+    after them.
 
     `ahead` (default: on a GPU, which pays little for more runs a step) trains the later seeds (the
     remaining ones and those a split would add) at every lr of the first sweep within it, and keeps each
@@ -482,9 +507,14 @@ def run_cell(
     ahead = device.type == "cuda" if ahead is None else ahead
     every_seed = [*cfg.seeds, *seeds_to_add(cfg.seeds, cfg.seeds_if_split)]
     split_kind = attention in cfg.split_kinds  # decided by the config, alike on every CPU
-    sweep_seeds = every_seed if split_kind else list(cfg.seeds[: cfg.sweep_seeds])
+    sweep_seeds = list(cfg.seeds) if split_kind else list(cfg.seeds[: cfg.sweep_seeds])
     if split_kind:
-        cell.log.info("%s: a kind of attention.split_kinds; every lr on seeds %s", cell.name, sweep_seeds)
+        cell.log.info(
+            "%s: a kind of attention.split_kinds; every lr on seeds %s, seeds %s at the chosen lr",
+            cell.name,
+            sweep_seeds,
+            every_seed[len(sweep_seeds) :],
+        )
     later = [seed for seed in every_seed if seed not in sweep_seeds] if ahead else []
     recorded, tried = sweep_lrs(cell, sweep_seeds, later)
     chosen = chosen_lr(cell, recorded)
