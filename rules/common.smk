@@ -147,8 +147,8 @@ def copy_task_runs(name):
 
 ATTENTION = config["attention"]
 ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}", "task~{task}")
-# A cell of attention.split_kinds trains every lr on seeds_if_split seeds, about three times the runs of
-# another cell: the default's longest jobs (docs/performance.md, "What the cores idled on"). Where cores are few
+# A cell of attention.split_kinds sweeps every lr on its seeds and trains seeds up to seeds_if_split at the
+# chosen lr: the default's longest jobs (docs/performance.md, "What the cores idled on"). Where cores are few
 # they start before the rest of the training branches, so none is left running alone at the end.
 SPLIT_KIND_PRIORITY = 5
 

@@ -33,7 +33,7 @@ def merged_settings(files: list[str]) -> dict:
             "full",
             marks=pytest.mark.xfail(
                 strict=True,  # passes once remade: then this mark goes
-                reason="reference/full predates attention.split_kinds; remade by config/full.yaml's 5-hour run (issue 72)",
+                reason="reference/full predates attention.split_kinds: config/full.yaml's 5-hour run remakes it",
             ),
         ),
     ],

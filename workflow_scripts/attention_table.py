@@ -2,7 +2,8 @@
 
 attention.csv: one row per (task, model, attention, seed, eval_len, level) at the cell's chosen lr,
 `lr_at_edge` flagging a choice at an end of the lrs tried (low, high, both), the run's steps (steps_run,
-best_step, steps_to_90, steps_to_99, at_step_limit), the kind's family and `loudness_invariant` (its
+best_step, steps_to_90, steps_to_99, at_step_limit) and why it stopped (`stopped`: solved, patience,
+step_limit, diverged), the kind's family and `loudness_invariant` (its
 normalization divides the distractors' loudness m out by construction: flat in m proves nothing).
 attention_sweep.csv: validation metrics of every (lr, seed) run, `chosen` marking the cell's lr and
 `extended` an lr tried past an end of attention.lrs.
