@@ -265,6 +265,27 @@ def test_each_method_delivers_its_own_deltas_and_feedback_update():
         assert set(diagnostics) == {f"{k}_l{l}" for k in ("alpha", "alpha_star", "rho", "tangent_norm") for l in (1, 2)}
 
 
+def test_E_read_and_written_by_its_rows_is_the_pair_indexed_form_bit_for_bit():
+    """The first layer reads E's rows t * V + x_t (index_select) and writes its gradient there (index_add_):
+    the same bits as indexing E by the pairs (t, x_t) and accumulating with index_put_, with every pair hit by
+    many windows (the order of the sums matters)."""
+    vocab, context, n = 7, 5, 64
+    model = CharMLP(vocab, context, [16, 12], gen(0))
+    E, b_1 = model.params[:2]
+    for seed in range(5):
+        g = gen(seed)
+        x, y = torch.randint(vocab, (n, context), generator=g), torch.randint(vocab, (n,), generator=g)
+        hs, z = model.forward(x)
+        assert torch.equal(hs[0], torch.tanh(E[torch.arange(context), x].sum(1) + b_1))
+        deltas = [torch.randn(h.shape, generator=g) for h in hs]
+        dE = model.gradients(x, hs, output_error(z, y), deltas)[0]
+        da = deltas[0] * (1 - hs[0] * hs[0])
+        expected = torch.zeros_like(E).index_put_(
+            (torch.arange(context).expand(n, context), x), da[:, None, :].expand(n, context, -1) / n, accumulate=True
+        )
+        assert torch.equal(dE, expected)
+
+
 @pytest.fixture
 def no_backward(monkeypatch):
     """Every way to a gradient by backward pass raises: autograd's (Tensor.backward, autograd.backward,
@@ -380,7 +401,7 @@ def test_a_jobs_seeds_each_train_as_their_run_alone(hamlet):
             pd.testing.assert_frame_equal(run, alone, check_exact=True, obj=f"{method}, seed {seed}")
 
 
-def test_config(tmp_path, seeds: list[int]):
+def seeds_config(tmp_path, seeds: list[int]):
     """config/test.yaml with feedback.seeds `seeds`, written for snakemake's --configfile."""
     config = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
     config["feedback"]["seeds"] = seeds
@@ -396,7 +417,7 @@ def planned(run, rule: str) -> list[str]:
 
 def test_the_tiny_config_plans_one_feedback_job_per_method_for_all_its_seeds(tmp_path):
     methods = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["feedback"]["methods"]
-    run = snakemake(tmp_path, "-n", "results/tables/feedback.csv", config=test_config(tmp_path, [0, 1, 2]))
+    run = snakemake(tmp_path, "-n", "results/tables/feedback.csv", config=seeds_config(tmp_path, [0, 1, 2]))
     assert run.returncode == 0, run.stderr[-3000:]
     outputs = sorted(f"results/feedback/method~{method}/curves.parquet" for method in methods)
     assert sorted(planned(run, "feedback_train")) == outputs
@@ -410,7 +431,7 @@ def test_a_feedback_job_writes_each_seeds_run_alone_and_a_new_seed_list_reruns_i
     target, method = "results/feedback/method~feedback_learned/curves.parquet", "feedback_learned"
 
     def run(seeds, *args):
-        done = snakemake(tmp_path, *args, target, config=test_config(tmp_path, seeds))
+        done = snakemake(tmp_path, *args, target, config=seeds_config(tmp_path, seeds))
         assert done.returncode == 0, done.stderr[-3000:]
         return done
 

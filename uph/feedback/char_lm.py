@@ -19,6 +19,12 @@ other learning rules replace them (uph.feedback.training). From any deltas the p
 gradients are the batch means of the local outer products with da_l = delta_l * (1 - h_l^2):
 dW_l = mean_n da_l h_{l-1}^T, db_l = mean_n da_l, and the output layer always uses its own
 local gradient dW_out = mean_n e_L h_L^T, db_out = mean_n e_L.
+
+E is read and its gradient written as its T * V rows, row t * V + x_t for character x_t at position t
+(`rows`): one index_select and one index_add_ over them, where indexing E by (t, x_t) pairs and index_put_
+took two to three times as long (`benchmarks/bench_feedback.py --profile`). The values are the same bit
+for bit: the same rows summed in the same order, the same gradients accumulated in the same order
+(tests/test_feedback.py holds them to the pair-indexed forms).
 """
 
 from __future__ import annotations
@@ -82,6 +88,11 @@ def output_error(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return e
 
 
+def rows(x: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The rows t * V + x[n, t] of E viewed as (T * V, d_1) that a window batch x (N, T) reads, flattened (N * T,)."""
+    return (x + vocab_size * torch.arange(x.shape[1], device=x.device)).reshape(-1)
+
+
 class CharMLP:
     """The module docstring's network; `params` = [E, b_1, W_2, b_2, ..., W_L, b_L, W_out, b_out]."""
 
@@ -113,7 +124,9 @@ class CharMLP:
         read the perturbed h_l: the noisy pass of node perturbation (uph.feedback.node_perturbation)."""
         (E, b_1), *rest = self.hidden_weights
         noise = noise or [0.0] * len(self.hidden_weights)
-        h = torch.tanh(E[torch.arange(x.shape[1], device=x.device), x].sum(1) + b_1) + noise[0]
+        context, vocab_size, d_1 = E.shape
+        embedded = E.view(context * vocab_size, d_1).index_select(0, rows(x, vocab_size))
+        h = torch.tanh(embedded.view(*x.shape, d_1).sum(1) + b_1) + noise[0]
         hs = [h]
         for (W, b), noise_l in zip(rest, noise[1:]):
             h = torch.tanh(h @ W.T + b) + noise_l
@@ -137,11 +150,9 @@ class CharMLP:
         n, context = x.shape
         da = [delta * (1 - h * h) for delta, h in zip(deltas, hs)]
         dE = torch.zeros_like(self.params[0])
-        dE.index_put_(
-            (torch.arange(context, device=x.device).expand(n, context), x),
-            da[0][:, None, :].expand(n, context, -1) / n,
-            accumulate=True,
-        )
+        _, vocab_size, d_1 = dE.shape
+        per_row = (da[0] / n)[:, None, :].expand(n, context, d_1).reshape(n * context, d_1)
+        dE.view(context * vocab_size, d_1).index_add_(0, rows(x, vocab_size), per_row)
         grads = [dE, da[0].mean(0)]
         for da_l, h_below in zip(da[1:], hs):
             grads += [da_l.T @ h_below / n, da_l.mean(0)]
