@@ -21,8 +21,8 @@ dW_l = mean_n da_l h_{l-1}^T, db_l = mean_n da_l, and the output layer always us
 local gradient dW_out = mean_n e_L h_L^T, db_out = mean_n e_L.
 
 E is read and its gradient written as its T * V rows, row t * V + x_t for character x_t at position t
-(`rows`): one index_select and one index_add_ over them, where indexing E by (t, x_t) pairs and index_put_
-took two to three times as long (`benchmarks/bench_feedback.py --profile`). The values are the same bit
+(`rows`): one index_select and one index_add_ over them, where indexing E by (t, x_t) pairs took about three
+times as long and index_put_ 1.5 to 2 times (`benchmarks/bench_feedback.py --profile`). The values are the same bit
 for bit: the same rows summed in the same order, the same gradients accumulated in the same order
 (tests/test_feedback.py holds them to the pair-indexed forms).
 """
