@@ -24,7 +24,17 @@ from uph.lm.engine.heads import HEADS, HeadSettings, full_bias_head, make_head
 from uph.lm.engine.lockstep import lockstep_groups, run_lockstep
 from uph.lm.engine.objective import VOCAB_BLOCK, HeadOnTokens, Objective, evaluate_many, vocab_block
 from uph.lm.engine.solvers import BallModel, SolverSettings, ball_model_minimizers, projected_gradient_norm
-from uph.lm.engine.tokens import CHUNK, GPU_CHUNK, Mixture, chunk_size, on_device, pool, prepare, validation_split
+from uph.lm.engine.tokens import (
+    CHUNK,
+    GPU_CHUNK,
+    CacheFloor,
+    Mixture,
+    chunk_size,
+    on_device,
+    pool,
+    prepare,
+    validation_split,
+)
 
 D = 8
 HEAD_SETTINGS = HeadSettings.defaults()  # the schema's basis_seed, gamma and basis
@@ -66,6 +76,34 @@ def test_curvature_is_the_hessian_diagonal_at_zero(lm, name):
     )
     curvature = Objective(prepare(h, y, OutputLayer(W, b), chunk=64), head, beta=0.05, lam=1e-3).curvature()
     torch.testing.assert_close(curvature, hessian.diagonal(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_mixture_kept_within_its_budget_scores_as_one_mixed_as_read(lm):
+    """Tokens.mixed keeps the mixture's probabilities of the chunks whose p0 is cached, within its budget
+    (here two of the three cached chunks), and every head's J, gradient and curvature on them, and on a
+    slice of them, are those of the mixture mixed as each pass reads it, bit for bit."""
+    h, y, W, b, svd = lm
+    V = W.shape[0]
+    layer = OutputLayer(W.float(), b.float())
+    tokens = prepare(h.float(), y, layer, chunk=64, cache_bytes=3 * 64 * V * 4)
+    generator = torch.Generator().manual_seed(6)
+    floors = []
+    for chunk in tokens.chunks:  # a neural cache's part: 0.1 of each token's mass on 5 of the vocabulary
+        support = torch.randperm(V, generator=generator)[:5].sort().values
+        floors.append(CacheFloor(support, torch.full((5, len(chunk.targets)), 0.02)))
+    mixture = Mixture(0.6, torch.full((V,), 0.3 / V))
+    kept, as_read = tokens.mixed(mixture, floors, budget=2 * 64 * V * 4), tokens.mixed(mixture, floors, budget=0)
+    assert [chunk.mixed is not None for chunk in kept.chunks] == [True, True, False, False, False]
+    assert all(chunk.mixed is None for chunk in as_read.chunks)
+    heads = [make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in HEADS]
+    theta = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    for head in [*heads, full_bias_head(W.float(), b.float())]:
+        at = torch.cat([theta, torch.zeros(head.d - D, dtype=torch.float64)])
+        for part in (lambda t: t, lambda t: t.slice(30, 200)):
+            one, other = (Objective(part(t), head, *BETA_LAM) for t in (kept, as_read))
+            value, expected = one(at), other(at)
+            assert (value.objective, value.ce, value.kl) == (expected.objective, expected.ce, expected.kl), head.name
+            assert torch.equal(value.grad, expected.grad) and torch.equal(one.curvature(), other.curvature())
 
 
 def test_kl_is_zero_and_nll_is_base_at_theta_zero(lm):

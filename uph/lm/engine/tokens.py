@@ -12,6 +12,8 @@ from uph.splits import split_lengths
 
 CHUNK = 256  # tokens per chunk on a CPU: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 GPU_CHUNK = 1024  # on a GPU (chunk_size)
+MIXED_BYTES = 512 * 2**20  # a mixture's p0 kept per mixed Tokens (Tokens.mixed): a fit part of 1,300 tokens at
+# V = 49,152 is 256 MB, which a path of radii reads 30 times or more
 
 
 def chunk_size(device: torch.device | str) -> int:
@@ -52,6 +54,7 @@ class Chunk:
     p0: torch.Tensor | None  # [V, c] the model's probabilities up to a factor per token; None: recomputed
     floor: CacheFloor | None = None  # a neural cache's part of a mixture base, per token (Tokens.mixed)
     scale: torch.Tensor | None = None  # [c] a mixture's weight / Σ_v p0_v, once per token (Tokens.mixed)
+    mixed: torch.Tensor | None = None  # [V, c] the mixture's probabilities, kept (Tokens.mixed); None: mixed as read
 
 
 @dataclass(frozen=True)
@@ -132,10 +135,13 @@ class Tokens:
 
     def probabilities(self, indices=None):
         """(chunk, p0 [V, c] up to a factor per token) for every chunk (or the chunks `indices`), from the
-        cache or recomputed. With a mixture, the model's p0 is mixed as it is read, into one reused block:
-        the mixed tokens hold no second copy of p0, and each block is valid until the next chunk's."""
+        cache or recomputed. With a mixture, its probabilities as `mixed` kept them, or else the model's p0
+        mixed as it is read, into one reused block, valid until the next chunk's."""
         block = None
         for chunk in self.chunks if indices is None else [self.chunks[i] for i in indices]:
+            if chunk.mixed is not None:
+                yield chunk, chunk.mixed
+                continue
             p0 = chunk.p0 if chunk.p0 is not None else base_distribution(chunk, self.layer)[0]
             if self.mixture is not None:
                 if block is None:
@@ -151,19 +157,24 @@ class Tokens:
         floor = None if chunk.floor is None else chunk.floor.columns(rows)
         return self.mixture.probabilities(z.sub_(z.amax(dim=0, keepdim=True)).exp_(), floor=floor).log_()
 
-    def mixed(self, mixture: Mixture, floors: list[CacheFloor] | None = None) -> Tokens:
+    def mixed(self, mixture: Mixture, floors: list[CacheFloor] | None = None, budget: float = MIXED_BYTES) -> Tokens:
         """The same tokens on the base `mixture` of the model with caches (`floors`: each chunk's neural
-        cache part, uph.lm.engine.neural_cache.floors): they share the model's p0 cache, mixed as it is read
-        (`probabilities`)."""
+        cache part, uph.lm.engine.neural_cache.floors). The mixture's probabilities of the chunks whose p0
+        is cached are computed here and kept, within `budget` bytes (every evaluation reads them: a path's
+        thirty, where mixing them as read costs a pass over p0 each time); the other chunks share the
+        model's p0, mixed as it is read (`probabilities`). The same numbers either way."""
         if self.mixture is not None:
             raise ValueError("these tokens already have a mixture base")
         floor = None if mixture.floor is None else mixture.floor.to(self.device)  # read with every chunk
         mixture, floors = Mixture(mixture.weight, floor), floors or [None] * len(self.chunks)
         scales = [mixture.weight / p0.sum(dim=0) for _, p0 in self.probabilities()]  # a pass over p0, once
-        chunks = [
-            Chunk(chunk.hidden, chunk.targets, mixture.nll(chunk.nll0, chunk.targets, cache), chunk.p0, cache, scale)
-            for chunk, cache, scale in zip(self.chunks, floors, scales, strict=True)
-        ]
+        chunks = []
+        for chunk, cache, scale in zip(self.chunks, floors, scales, strict=True):
+            nll = mixture.nll(chunk.nll0, chunk.targets, cache)
+            chunks.append(Chunk(chunk.hidden, chunk.targets, nll, chunk.p0, cache, scale))
+            if chunk.p0 is not None and chunk.p0.numel() * chunk.p0.element_size() <= budget:
+                chunks[-1].mixed = mixture.probabilities(chunk.p0, None, cache, scale)
+                budget -= chunks[-1].mixed.numel() * chunks[-1].mixed.element_size()
         return Tokens(chunks, self.layer, mixture)
 
     def prefix(self, n: int) -> Tokens:
@@ -180,7 +191,8 @@ class Tokens:
                 p0 = None if chunk.p0 is None else chunk.p0[:, a:b]
                 floor = None if chunk.floor is None else chunk.floor.columns(slice(a, b))
                 scale = None if chunk.scale is None else chunk.scale[a:b]
-                chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0, floor, scale))
+                mixed = None if chunk.mixed is None else chunk.mixed[:, a:b]
+                chunks.append(Chunk(chunk.hidden[a:b], chunk.targets[a:b], chunk.nll0[a:b], p0, floor, scale, mixed))
             offset += c
         return Tokens(chunks, self.layer, self.mixture, self.stack, self.start + start)
 
