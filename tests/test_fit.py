@@ -78,6 +78,21 @@ def test_curvature_is_the_hessian_diagonal_at_zero(lm, name):
     torch.testing.assert_close(curvature, hessian.diagonal(), rtol=1e-9, atol=1e-12)
 
 
+def test_the_full_bias_curvature_is_the_hessian_diagonal_at_zero(lm):
+    h, y, W, b, _ = lm
+    base = F.linear(h, W, b)
+
+    def objective(bias):
+        logits = base + bias
+        kl = F.kl_div(F.log_softmax(logits, -1), F.softmax(base, -1), reduction="batchmean")
+        return F.cross_entropy(logits, y) + 0.05 * kl + 1e-3 * bias.square().sum()
+
+    hessian = torch.autograd.functional.hessian(objective, torch.zeros(W.shape[0], dtype=W.dtype))
+    tokens = prepare(h, y, OutputLayer(W, b), chunk=64)  # five chunks, the last one of 44 tokens
+    curvature = Objective(tokens, full_bias_head(W, b), beta=0.05, lam=1e-3).curvature()
+    torch.testing.assert_close(curvature, hessian.diagonal(), rtol=1e-9, atol=1e-12)
+
+
 def test_a_mixture_kept_within_its_budget_scores_as_one_mixed_as_read(lm):
     """Tokens.mixed keeps the mixture's probabilities of the chunks whose p0 is cached, within its budget
     (here two of the three cached chunks), and every head's J, gradient and curvature on them, and on a
