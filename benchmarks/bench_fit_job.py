@@ -9,7 +9,7 @@ tables are the same to the byte as the first's (all columns but the seconds). `-
 first repeat's time per torch operation (torch.profiler), the split of the job's work.
 
     .venv/bin/python benchmarks/bench_fit_job.py --results <study>/results [--job 9] [--kinds validate fit]
-        [--checkouts . /tmp/before] [--repeats 2] [--profile]
+        [--checkouts . /tmp/before] [--repeats 2] [--profile] [--keep <folder>]
 
 A checkout is a folder holding a uph package (git worktree, or `git archive <commit> | tar -x -C <folder>`).
 The study's config is config.yaml of the first checkout; its results must come from code whose cache and fit
@@ -121,10 +121,12 @@ def main() -> None:
     parser.add_argument("--checkouts", nargs="+", default=["."])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="the first repeat under torch.profiler")
+    parser.add_argument("--keep", help="a folder to keep each checkout's tables in (<kind>-<i>.pickle, i its place)")
     args = parser.parse_args()
     results = str(Path(args.results).resolve())
     config = str(Path(args.checkouts[0]).resolve() / "config.yaml")
     with tempfile.TemporaryDirectory() as scratch:
+        scratch = args.keep or scratch
         for kind in args.kinds:
             runs = {checkout: [] for checkout in args.checkouts}
             for repeat in range(args.repeats):

@@ -93,6 +93,23 @@ def test_the_full_bias_curvature_is_the_hessian_diagonal_at_zero(lm):
     torch.testing.assert_close(curvature, hessian.diagonal(), rtol=1e-9, atol=1e-12)
 
 
+def test_the_gradient_pass_sums_each_row_of_p0_within_float32_rounding(lm, monkeypatch):
+    """An unconditional head's Σ_t p0_vt w_t by vocabulary blocks (Objective._row_sums, here blocks of 16 of
+    V = 97 rows, the last one short): each row within the bound of any order of summing its c products in
+    float32, (c + 1) u Σ_t |p0_vt w_t| (u = 2^-24), of the float64 product."""
+    h, y, W, b, svd = lm
+    monkeypatch.setattr(uph.lm.engine.objective, "vocab_block", lambda device, vocab: 16)
+    tokens = prepare(h.float(), y, OutputLayer(W.float(), b.float()), chunk=64)
+    objective = Objective(
+        tokens, make_head("svd_uncond", W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd), 0, 0
+    )
+    p0 = tokens.chunks[0].p0
+    weights = torch.rand(p0.shape[1], generator=torch.Generator().manual_seed(5)) * 10
+    exact = p0.double() @ weights.double()
+    bound = (p0.shape[1] + 1) * 2.0**-24 * (p0.double().abs() @ weights.double().abs())
+    assert ((objective._row_sums(p0, weights).double() - exact).abs() <= bound).all()
+
+
 def test_a_mixture_kept_within_its_budget_scores_as_one_mixed_as_read(lm):
     """Tokens.mixed keeps the mixture's probabilities of the chunks whose p0 is cached, within its budget
     (here two of the three cached chunks), and every head's J, gradient and curvature on them, and on a

@@ -210,7 +210,7 @@ class Objective:
                 underflows.append(z < UNDERFLOW)
                 log_z.append(z.log() + shift)
                 if need_grad:
-                    inverse_z_p0 += p0 @ z.reciprocal().masked_fill_(underflows[-1], 0)
+                    inverse_z_p0 += self._row_sums(p0, z.reciprocal().masked_fill_(underflows[-1], 0))
             flags = [underflows_t.any()[None] for underflows_t in underflows]
             return _Pass(theta, need_grad, log_z, flags, (s, e, inverse_z_p0, underflows))
         terms, flags = [], []  # per chunk Σ_t a_t ⊙ P^T p_t [d]; [a tilt may pass EXP_SAFE, a sum underflows]
@@ -221,6 +221,19 @@ class Objective:
             terms.append((a * (p_sum.T / z[:, None])).sum(0, dtype=torch.float64) if need_grad else None)
             flags.append(torch.stack([u.norm(dim=1).max().double() * self.reach > EXP_SAFE, (z < UNDERFLOW).any()]))
         return _Pass(theta, need_grad, log_z, flags, terms)
+
+    def _row_sums(self, p0: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """p0 @ weights [V] (p0 [V, c], weights [c]): on a CPU, each vocabulary block's rows multiplied into the
+        work block and summed, which streams p0 at the speed of the partition sums' pass; one thread of MKL's
+        matrix-vector product reads it at half that (benchmarks/bench_fit_passes.py, AMD EPYC). Each row's sum
+        of its c products is torch's, to float32 rounding the product's."""
+        if self.block >= len(p0):
+            return p0 @ weights
+        sums = torch.empty(len(p0), dtype=p0.dtype, device=p0.device)
+        for lo in range(0, len(p0), self.block):
+            rows = p0[lo : lo + self.block]
+            torch.sum(torch.mul(rows, weights, out=self._block(*rows.shape)), dim=1, out=sums[lo : lo + len(rows)])
+        return sums
 
     def _finished(self, queued: _Pass, flags=None) -> _Sums:
         """The sums of a queued pass (_Sums, on the device), its flagged chunks mended: `flags` are its chunk
