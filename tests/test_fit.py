@@ -138,6 +138,22 @@ def test_a_mixture_kept_within_its_budget_scores_as_one_mixed_as_read(lm):
             assert torch.equal(value.grad, expected.grad) and torch.equal(one.curvature(), other.curvature())
 
 
+def test_a_repeated_theta_scores_as_its_first_whatever_its_place_among_the_thetas(lm):
+    """HeldOut.many of a path's thetas, the last ones repeating an earlier one (balls past the unconstrained
+    minimizer): each repeat has its first one's scores, bit for bit, for every head, so a capacity choice along
+    such a plateau is its smallest radius (uph.lm.engine.capacity.TIE), whatever the batched product's rounding
+    of each of its columns."""
+    h, y, W, b, svd = lm
+    tokens = prepare(h.float(), y, OutputLayer(W.float(), b.float()), chunk=64)
+    heads = [make_head(name, W.float(), d=D, alpha=0.5, settings=HEAD_SETTINGS, svd=svd) for name in HEADS]
+    for head in [*heads, full_bias_head(W.float(), b.float())]:
+        path = 0.3 * torch.randn(5, head.d, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+        thetas = torch.cat([path, path[2:3].expand(6, -1)])
+        scores = HeldOut(tokens, head).many(thetas)
+        assert all(score == scores[2] for score in scores[5:]), head.name
+        assert len({score["nll"] for score in scores[:5]}) == 5
+
+
 def test_kl_is_zero_and_nll_is_base_at_theta_zero(lm):
     h, y, W, b, svd = lm
     tokens = prepare(h, y, OutputLayer(W, b), chunk=64)

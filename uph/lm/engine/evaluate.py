@@ -30,8 +30,10 @@ class HeldOut:
         """The same for K thetas [K, d]. An unconditional head scores them all in one pass over the tokens
         (Objective.log_partition_sums): nll_k = base_nll + (Σ_t log Z_t(theta_k) - Σ_t log Z_t(0)) / n -
         theta_k · ybar, kl_k the same change less theta_k · mbar; a conditional head, and a theta the
-        batched pass cannot hold, one at a time, each distinct theta once (a path's balls past its
-        unconstrained minimizer share one)."""
+        batched pass cannot hold, one at a time. Each distinct theta is scored once (a path's balls past its
+        unconstrained minimizer share one): a repeated theta takes its first one's score, where the batched
+        pass's product gives each of its columns its own rounding (about 1e-9 nats apart), which decided a
+        capacity choice along such a plateau by rounding alone."""
         objective, thetas = self.objective, thetas.detach().double().cpu()
         if objective.a is not None:
             distinct, index = torch.unique(thetas, dim=0, return_inverse=True)
@@ -40,9 +42,13 @@ class HeldOut:
         sums, safe = objective.log_partition_sums(thetas)
         base = float(sum(log_z.sum(dtype=torch.float64) for log_z in objective.log_z_base))  # one read back
         change = (sums - base) / objective.tokens.n
-        return [
-            _scores(*objective.ce_kl(theta, l)) if ok else self(theta) for theta, l, ok in zip(thetas, change, safe)
-        ]
+        first: dict[bytes, int] = {}
+        for k, theta in enumerate(thetas):
+            first.setdefault(theta.numpy().tobytes(), k)
+        scores: dict[int, dict] = {}
+        for k in first.values():
+            scores[k] = _scores(*objective.ce_kl(thetas[k], change[k])) if safe[k] else self(thetas[k])
+        return [scores[first[theta.numpy().tobytes()]] for theta in thetas]
 
 
 def _scores(ce, kl) -> dict:
