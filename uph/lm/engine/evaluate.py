@@ -32,8 +32,8 @@ class HeldOut:
         theta_k · ybar, kl_k the same change less theta_k · mbar; a conditional head, and a theta the
         batched pass cannot hold, one at a time. Each distinct theta is scored once (a path's balls past its
         unconstrained minimizer share one): a repeated theta takes its first one's score, where the batched
-        pass's product gives each of its columns its own rounding (about 1e-9 nats apart), which decided a
-        capacity choice along such a plateau by rounding alone."""
+        pass's product gives each of its columns its own rounding, which would decide a capacity choice along
+        such a plateau (uph.lm.engine.capacity.TIE) by rounding alone."""
         objective, thetas = self.objective, thetas.detach().double().cpu()
         if objective.a is not None:
             distinct, index = torch.unique(thetas, dim=0, return_inverse=True)

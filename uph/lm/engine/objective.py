@@ -224,9 +224,9 @@ class Objective:
 
     def _row_sums(self, p0: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """p0 @ weights [V] (p0 [V, c], weights [c]): on a CPU, each vocabulary block's rows multiplied into the
-        work block and summed, which streams p0 at the speed of the partition sums' pass; one thread of MKL's
-        matrix-vector product reads it at half that (benchmarks/bench_fit_passes.py, AMD EPYC). Each row's sum
-        of its c products is torch's, to float32 rounding the product's."""
+        work block and summed, as the partition sums' pass reads p0, where one thread of MKL's matrix-vector
+        product streams it slower on some CPUs (an AMD EPYC's: benchmarks/bench_fit_passes.py); on a GPU, the
+        product. Each row's sum of its c products is torch's, the product's to float32 rounding."""
         if self.block >= len(p0):
             return p0 @ weights
         sums = torch.empty(len(p0), dtype=p0.dtype, device=p0.device)
@@ -349,8 +349,8 @@ class Objective:
     def _bias_variance(self) -> torch.Tensor:
         """_variance for P = I (a = 1, whose a² ⊙ is exact and left out): mean_t p_t ⊙ (1 - p_t) [V], p_t = p0_t /
         Σ_v p0_tv. Each chunk's p_t and p_t² go into two [V, c] blocks allocated once (a fresh [V, c] tensor per
-        operation costs its page faults: 2.7x the time, benchmarks/bench_fit_passes.py); each word's float64 sum
-        over the chunk's tokens runs on the chunk's transpose, as it did: the same numbers, bit for bit."""
+        operation costs its page faults: benchmarks/bench_fit_passes.py); each word's float64 sum over the chunk's
+        tokens runs on the chunk's transpose, as it did: the same numbers, bit for bit."""
         total = torch.zeros(self.d, dtype=torch.float64, device=self.device)
         work = None
         for _, p0 in self.tokens.probabilities():

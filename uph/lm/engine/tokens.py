@@ -13,7 +13,7 @@ from uph.splits import split_lengths
 CHUNK = 256  # tokens per chunk on a CPU: p0 of a chunk is a [V, CHUNK] block, 50 MB at V = 49152
 GPU_CHUNK = 1024  # on a GPU (chunk_size)
 MIXED_BYTES = 512 * 2**20  # a mixture's p0 kept per mixed Tokens (Tokens.mixed): a fit part of 1,300 tokens at
-# V = 49,152 is 256 MB, which a path of radii reads 30 times or more
+# V = 49,152 is 256 MB, which every evaluation of a path of radii reads
 
 
 def chunk_size(device: torch.device | str) -> int:
@@ -160,9 +160,9 @@ class Tokens:
     def mixed(self, mixture: Mixture, floors: list[CacheFloor] | None = None, budget: float = MIXED_BYTES) -> Tokens:
         """The same tokens on the base `mixture` of the model with caches (`floors`: each chunk's neural
         cache part, uph.lm.engine.neural_cache.floors). The mixture's probabilities of the chunks whose p0
-        is cached are computed here and kept, within `budget` bytes (every evaluation reads them: a path's
-        thirty, where mixing them as read costs a pass over p0 each time); the other chunks share the
-        model's p0, mixed as it is read (`probabilities`). The same numbers either way."""
+        is cached are computed here and kept, within `budget` bytes (every evaluation of a path reads them,
+        where mixing them as read costs a pass over p0 each time); the other chunks share the model's p0,
+        mixed as it is read (`probabilities`). The same numbers either way."""
         if self.mixture is not None:
             raise ValueError("these tokens already have a mixture base")
         floor = None if mixture.floor is None else mixture.floor.to(self.device)  # read with every chunk
