@@ -4,13 +4,13 @@ A fit-stage job's time is its evaluations of J (uph.lm.engine.objective): this r
 validate and fit jobs (uph.lm.jobs.validate.validate_users, uph.lm.jobs.refit.fit_users) for one job's users
 of a finished study (its cache, global thetas, capacity choices and warm starts, read and never written),
 for each checkout named (each imported from its own folder, in fresh processes, interleaved), and prints
-each run's CPU seconds (user and system, the job's work without its start-up) and whether every checkout's
-tables are the same to the byte as the first's (all columns but the seconds). `--profile` adds the
-first repeat's time per torch operation (torch.profiler), the split of the job's work; `--work` first runs
-the first checkout once counting its work (every matrix product torch dispatches, and the bytes of p0 its
-unconditional heads' passes read) and prints the job's floor at a core's rates: its products at
-`--product-rate` and one read of p0 an unconditional evaluation at `--bandwidth` (docs/performance.md,
-"Stages": 84 GFLOP/s and 15 GB/s on an AMD EPYC core).
+each run's CPU seconds (user and system, the job's work without its start-up), the process's peak resident
+memory (start-up and inputs included) and whether every checkout's tables are the same to the byte as the
+first's (all columns but the seconds). `--profile` adds the first repeat's time per torch operation
+(torch.profiler), the split of the job's work; `--work` first runs the first checkout once counting its work
+(every matrix product torch dispatches, and the bytes of p0 its unconditional heads' passes read) and prints
+the job's floor at a core's rates: its products at `--product-rate` and one read of p0 an unconditional
+evaluation at `--bandwidth` (docs/performance.md, "Stages": 84 GFLOP/s and 15 GB/s on an AMD EPYC core).
 
     .venv/bin/python benchmarks/bench_fit_job.py --results <study>/results [--job 9] [--kinds validate fit]
         [--checkouts . /tmp/before] [--repeats 2] [--profile] [--work] [--keep <folder>]
@@ -125,7 +125,8 @@ wall, after = time.perf_counter() - clock, resource.getrusage(resource.RUSAGE_SE
 cpu = after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
 pickle.dump(tables, open(out, "wb"))
 import uph
-print(json.dumps({"cpu": cpu, "wall": wall, "users": users, "ops": ops, "work": work_counts, "uph": uph.__file__}))
+peak = after.ru_maxrss / 2**20  # GiB (Linux counts KiB)
+print(json.dumps({"cpu": cpu, "wall": wall, "peak": peak, "users": users, "ops": ops, "work": work_counts, "uph": uph.__file__}))
 """
 
 
@@ -227,7 +228,8 @@ def main() -> None:
                 cpu = cpu_seconds(found, args.profile)
                 print(
                     f"  {checkout:<28} CPU {min(cpu):7.1f} s (min of {len(cpu)}; median {statistics.median(cpu):.1f}), "
-                    f"{base / min(cpu):4.2f}x the first; tables {same_tables(found[0]['tables'], first[0]['tables'])}"
+                    f"{base / min(cpu):4.2f}x the first; peak memory {max(run['peak'] for run in found):.2f} GiB; "
+                    f"tables {same_tables(found[0]['tables'], first[0]['tables'])}"
                 )
                 for name, seconds, count in found[0]["ops"]:
                     print(f"      {name:<28} {seconds:8.2f} s {count:8d} calls")
