@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import yaml
+from snakemake.utils import update_config
 
 
 def _as_yaml(value):
@@ -26,14 +27,5 @@ def read_command_line(config: dict, given) -> dict:
     text ('5.0'), while a top-level value is a number where it reads as one; so the refusal "text, not a
     number" would advise what the command line cannot do. A config file's values are left as they are."""
     nested = {key: _as_yaml(value) for key, value in dict(given or {}).items() if isinstance(value, (dict, list))}
-    _merge(config, nested)
+    update_config(config, nested)  # Snakemake's own merge of --config into the config files
     return config
-
-
-def _merge(config: dict, update: dict) -> None:
-    """Snakemake's merge of --config into the config files: dicts key by key, anything else replaced."""
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            _merge(config[key], value)
-        else:
-            config[key] = value
