@@ -28,14 +28,7 @@ def merged_settings(files: list[str]) -> dict:
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param(
-            "default",
-            marks=pytest.mark.xfail(
-                strict=True,  # passes once remade: then this mark goes
-                reason="reference/default predates the attention study's solved stop, lr grid and split-kind seeds: "
-                "a cold run of config.yaml remakes it",
-            ),
-        ),
+        "default",
         pytest.param(
             "full",
             marks=pytest.mark.xfail(
