@@ -170,12 +170,14 @@ def test_rounding_level_noise_and_a_reshuffle_of_the_seeds_that_solve_agree(defa
     edit(results, "feedback", lambda t: t.assign(final_loss=t["final_loss"] + 1e-3))
     assert disagreements(results, reference) == []
 
-    cell = {"task": "loud_copy", "model": "residual", "attention": "triple_capped"}  # 8 of 10 solve
+    cell = {"task": "loud_copy", "model": "residual", "attention": "triple_capped"}  # 9 of 10 solve
+    # the seeds' runs relabelled within the sweep's seeds 0-4 and within seeds 5-9 (a split kind's seeds at the
+    # chosen lr only): other seeds solve, at the same share, and every lr keeps its seeds
+    relabelled = {seed: start + (seed - start + 3) % 5 for start in (0, 5) for seed in range(start, start + 5)}
 
-    def reshuffle(table):  # the seeds' runs relabelled: other seeds solve, at the same share
+    def reshuffle(table):
         rows = in_cell(table, cell)
-        seeds = table.loc[rows, "seed"]
-        table.loc[rows, "seed"] = seeds.map(dict(zip(range(10), np.roll(np.arange(10), 3))))
+        table.loc[rows, "seed"] = table.loc[rows, "seed"].map(relabelled)
         return table
 
     for name in ("attention", "attention_sweep", "attention_curves"):  # a run's every table relabelled alike
