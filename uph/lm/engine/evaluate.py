@@ -35,20 +35,19 @@ class HeldOut:
         pass's product gives each of its columns its own rounding, which would decide a capacity choice along
         such a plateau (uph.lm.engine.capacity.TIE) by rounding alone."""
         objective, thetas = self.objective, thetas.detach().double().cpu()
+        distinct, index = torch.unique(thetas, dim=0, return_inverse=True)
         if objective.a is not None:
-            distinct, index = torch.unique(thetas, dim=0, return_inverse=True)
             scores = [self(theta) for theta in distinct]
             return [scores[i] for i in index]
         sums, safe = objective.log_partition_sums(thetas)
         base = float(sum(log_z.sum(dtype=torch.float64) for log_z in objective.log_z_base))  # one read back
         change = (sums - base) / objective.tokens.n
-        first: dict[bytes, int] = {}
-        for k, theta in enumerate(thetas):
-            first.setdefault(theta.numpy().tobytes(), k)
-        scores: dict[int, dict] = {}
-        for k in first.values():
-            scores[k] = _scores(*objective.ce_kl(thetas[k], change[k])) if safe[k] else self(thetas[k])
-        return [scores[first[theta.numpy().tobytes()]] for theta in thetas]
+        # each distinct theta's first place among the thetas
+        first = torch.full((len(distinct),), len(thetas)).scatter_reduce_(0, index, torch.arange(len(thetas)), "amin")
+        scores = [
+            _scores(*objective.ce_kl(thetas[k], change[k])) if safe[k] else self(thetas[k]) for k in first.tolist()
+        ]
+        return [scores[i] for i in index]
 
 
 def _scores(ce, kl) -> dict:
