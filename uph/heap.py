@@ -4,9 +4,8 @@ Torch allocates a CPU tensor with the C library's malloc and frees it with free.
 at least M_MMAP_THRESHOLD bytes (128 KiB at start, rising with the largest block freed) with its own mmap,
 unmapped at free, and gives the top of its heap back once more than M_TRIM_THRESHOLD bytes there are free.
 A training step or a fit pass allocates and frees the same few MB tensors again and again, so each
-allocation maps fresh pages that the kernel zeroes one 4 KiB page fault at a time: the cold default
-faulted 82 million pages (328 GB), 287 of its 3,878 CPU-seconds in the kernel (docs/performance.md,
-"The heap").
+allocation maps fresh pages that the kernel zeroes one 4 KiB page fault at a time (what that costs, and
+what this saves: docs/performance.md, "The heap").
 
     keep_freed_memory():  M_MMAP_THRESHOLD = 32 MiB (glibc's largest; larger blocks are still mapped)
                           M_TRIM_THRESHOLD = 1 GiB
