@@ -1,6 +1,7 @@
 # Helpers shared by every stage: config validation, paths, targets.
 import hashlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -153,9 +154,25 @@ ATTENTION_JOB = results("attention", "model~{model}", "attention~{attention}", "
 SPLIT_KIND_PRIORITY = 5
 
 
+# Its lrs train in jobs of their own (attention_lr: every seed of attention.seeds at one lr), side by side
+# where there are cores for them; the cell's attention_train job reads them, chooses the lr and trains the
+# later seeds at it (docs/performance.md, "The default on 16 cores").
+ATTENTION_LR_JOB = f"{ATTENTION_JOB}/lr~{{lr}}"
+
+
 def attention_priority(wildcards):
     """attention_train's priority: SPLIT_KIND_PRIORITY for a kind of attention.split_kinds, else 0."""
     return SPLIT_KIND_PRIORITY if wildcards.attention in ATTENTION["split_kinds"] else 0
+
+
+def attention_lr_jobs(wildcards):
+    """attention_train's input `swept`: a kind of attention.split_kinds's attention_lr files, the config's lrs
+    in order (an lr named by str()); none for the other kinds."""
+    if wildcards.attention not in ATTENTION["split_kinds"]:
+        return []
+    job = ATTENTION_LR_JOB.format(**wildcards, lr="{lr}")
+    names = ("curves.parquet", "sweep.parquet", "weights.safetensors")
+    return [f"{job}/{name}".format(lr=lr) for lr in map(str, ATTENTION["lrs"]) for name in names]
 
 
 def attention_runs(name):
@@ -268,7 +285,10 @@ SETTINGS = {
         "gathers": {"jobs": FIT_JOBS, "cross_user": FIT["cross_user"]},
     },
     "copy_task_train": {"copy_task": job_settings(COPY_TASK, "attentions", "seeds")},
-    "attention_train": {"attention": job_settings(ATTENTION, "models", "attentions", "tasks")},
+    **dict.fromkeys(
+        ("attention_lr", "attention_train"),
+        {"attention": job_settings(ATTENTION, "models", "attentions", "tasks")},
+    ),
     **{f"feedback_train-{method}": {"feedback": feedback_settings(method)} for method in config["feedback"]["methods"]},
     "aggregate": {"copy_task_vocab": COPY_TASK["vocab"]},
     "provenance": {"config": computed_config(config)},

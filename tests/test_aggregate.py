@@ -130,7 +130,7 @@ def test_provenance_records_the_run(tiny_study):
     here = {"host": [socket.gethostname()], "device": ["cpu"], "device_name": [cpu_model()]}
     assert all({key: entry[key] for key in here} == here for entry in devices.values())
     assert devices["extract"]["dtype"] == devices["copy_task_train"]["dtype"] == ["float32"]  # config/test.yaml's
-    torch_jobs = {"extract", "validate", "fit", "copy_task_train", "attention_train", "feedback_train"}
+    torch_jobs = {"extract", "validate", "fit", "copy_task_train", "attention_lr", "attention_train", "feedback_train"}
     assert all(devices[rule]["float32_matmul_precision"] == ["highest"] for rule in torch_jobs)
     assert "float32_matmul_precision" not in devices["aggregate"] and "dtype" not in devices["fit"]
     line = (results / "logs/extract-0.log").read_text().splitlines()[0]

@@ -27,8 +27,10 @@ from uph.attention.training import (
     extension,
     first_step,
     lr_edge,
+    read_lr_jobs,
     run_cell,
     split_seeds,
+    train_lr,
     train_runs,
 )
 from uph.config import schema_defaults, validate
@@ -322,6 +324,42 @@ def test_a_split_kinds_cell_sweeps_on_its_seeds_and_trains_the_later_seeds_at_th
     assert sorted(evaluation["seed"].unique()) == [0, 1, 2, 3]
 
 
+def test_a_split_kinds_cell_from_its_lr_jobs_is_the_cell_trained_in_one_job_to_the_byte():
+    """The workflow's attention_lr jobs (train_lr: one lr on every seed of `seeds`), read back (read_lr_jobs)
+    as run_cell's `swept`: the same three tables to the byte as the cell trained in one job, though each
+    lr's runs trained in a batch of their own (a run's arithmetic does not depend on its batch's other
+    runs, whose stops at patience 1 change its size), and the choosing job trains only what follows the
+    sweep: the later seeds at the chosen lr, after any extension's runs."""
+    cell = dataclasses.replace(
+        CELL,
+        seeds=(0, 1),
+        seeds_if_split=4,
+        split_kinds=("triple_capped",),
+        lr_extensions=1,
+        patience=1,
+        max_steps=100,
+        max_steps_extended=100,
+        log_every=10,
+    )
+    args = ("mqar", "residual", "triple_capped", torch.device("cpu"))
+    one_job = run_cell(cell, *args)
+    assert one_job[1]["steps_run"].nunique() > 1  # runs left the one job's batch at different steps
+    jobs = [train_lr(cell, *args[:3], lr, args[3]) for lr in cell.lrs]
+    names = dict(build_model("residual", "triple_capped", cell).named_parameters())
+    assert all(len(weights) == len(cell.seeds) * len(names) for _, _, weights in jobs)
+    stages, train_runs_ = [], uph.attention.training.train_runs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(uph.attention.training, "train_runs", lambda *a: stages.append(a[4]) or train_runs_(*a))
+        from_jobs = run_cell(cell, *args, swept=read_lr_jobs(jobs))
+    for table, expected in zip(from_jobs, one_job, strict=True):
+        pd.testing.assert_frame_equal(table, expected, check_exact=True)
+    chosen = one_job[1].loc[one_job[1]["chosen"], "lr"].iloc[0]
+    *extensions, later = stages
+    assert later == [(chosen, 2), (chosen, 3)] and all(lr not in cell.lrs for stage in extensions for lr, _ in stage)
+    with pytest.raises(ValueError, match="attention.split_kinds"):
+        train_lr(cell, "mqar", "residual", "standard", cell.lrs[0], args[3])
+
+
 @pytest.mark.parametrize("split_on", ["sweep seeds", "every seed"])
 def test_seeds_added_where_the_sweep_seeds_split_train_in_the_remaining_seeds_stage(split_on):
     """Runs that split on the sweep seeds split on every seed, so the seeds a split adds train with the
@@ -461,6 +499,8 @@ def test_an_attention_setting_reruns_every_attention_job_and_no_other_branch(tin
     cfg = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["attention"]
     cells = len(cfg["models"]) * len(cfg["attentions"]) * len(cfg["tasks"])  # one job per (model, attention, task)
     assert jobs["attention_train"] == cells and jobs["attention_table"] == 1
+    # and one per lr of a split kind's cell
+    assert jobs["attention_lr"] == len(cfg["models"]) * len(cfg["split_kinds"]) * len(cfg["tasks"]) * len(cfg["lrs"])
     # the branches beside it (the LM branch's jobs rerun too whenever its code changed after the fixture ran)
     assert not {"copy_task_train", "copy_task_table", "gram_resilience", "feedback_train", "corpus_roles"} & set(jobs)
 
@@ -470,7 +510,7 @@ def test_dropping_a_task_reruns_no_training_job_only_the_table(tiny_study, tmp_p
     stay done."""
     tasks = validate(yaml.safe_load((REPO / "config" / "test.yaml").read_text()))["attention"]["tasks"]
     jobs = planned_after(tiny_study, tmp_path, tasks=tasks[:-1])
-    assert "attention_train" not in jobs and jobs["attention_table"] == 1
+    assert not {"attention_lr", "attention_train"} & set(jobs) and jobs["attention_table"] == 1
 
 
 def test_a_run_stops_after_patience_evaluations_without_improvement_and_keeps_its_best_weights():

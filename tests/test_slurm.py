@@ -27,7 +27,7 @@ FIT_STAGE = {
 }
 # With `device: cuda` and no `<branch>.device`: extraction and the fit stage ask for a GPU, the training runs do not.
 GPU_RULES = {"extract", *FIT_STAGE}
-TRAINING_RULES = {"copy_task_train", "attention_train", "feedback_train"}
+TRAINING_RULES = {"copy_task_train", "attention_lr", "attention_train", "feedback_train"}
 
 
 def planned_jobs(dry_run: str) -> dict[str, int]:

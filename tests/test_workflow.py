@@ -11,7 +11,7 @@ import pytest
 import yaml
 from conftest import REPO, SNAKEMAKE, files_under, snakemake, without_modules
 
-from uph.config import schema_defaults
+from uph.config import schema_defaults, validate
 from uph.report.answers import point_label
 from uph.report.catalog import TABLES
 from uph.report.study import best_beyond_global
@@ -170,18 +170,26 @@ def test_dry_run_of_the_default_config_lists_the_stages(tmp_path):
 
 def test_the_default_starts_the_attention_cells_of_its_split_kinds_first(tmp_path):
     """Their cells train about three times the runs of another: on 2 cores, one left to start last ran alone
-    for eight minutes of a cold default. Every other attention job keeps priority 0 (no priority line)."""
+    for eight minutes of a cold default. Their lr jobs (attention_lr, theirs alone) start first too. Every
+    other attention job keeps priority 0 (no priority line)."""
     run = snakemake(tmp_path, "-n", "--forceall", config="config.yaml")
     assert run.returncode == 0, run.stderr[-3000:]
-    split_kinds = yaml.safe_load((REPO / "config.yaml").read_text())["attention"]["split_kinds"]
+    attention = validate(yaml.safe_load((REPO / "config.yaml").read_text()))["attention"]
     priorities = {}
-    for block in run.stdout.split("\nrule attention_train:\n")[1:]:
-        lines = block.split("\n[")[0]  # up to the next job's timestamp
-        kind = re.search(r"attention~(\w+)/task~", lines).group(1)
-        found = re.search(r"^    priority: (\d+)$", lines, re.M)
-        priorities.setdefault(kind, set()).add(int(found.group(1)) if found else 0)
-    assert set(split_kinds) < set(priorities)
-    assert priorities == {kind: {5 if kind in split_kinds else 0} for kind in priorities}
+    for rule in ("attention_lr", "attention_train"):
+        for block in run.stdout.split(f"\nrule {rule}:\n")[1:]:
+            lines = block.split("\n[")[0]  # up to the next job's timestamp
+            kind = re.search(r"attention~(\w+)/task~", lines).group(1)
+            found = re.search(r"^    priority: (\d+)$", lines, re.M)
+            priorities.setdefault((rule, kind), []).append(int(found.group(1)) if found else 0)
+    split_kinds = attention["split_kinds"]
+    assert split_kinds and {kind for rule, kind in priorities if rule == "attention_lr"} == set(split_kinds)
+    assert priorities == {
+        (rule, kind): [5 if kind in split_kinds else 0]
+        * len(attention["tasks"])
+        * (len(attention["lrs"]) if rule == "attention_lr" else 1)
+        for rule, kind in priorities
+    }
 
 
 def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path):

@@ -170,6 +170,16 @@ class Artifact:
         except READ_ERRORS as error:
             raise self.unusable(path, f"is damaged or truncated ({first_line(error)})") from None
 
+    def read_tensors(self, path: str | Path) -> dict:
+        """A safetensors file's tensors {name: tensor} (on the CPU)."""
+        from safetensors.torch import load_file
+
+        self._exists(path)
+        try:
+            return load_file(path)
+        except READ_ERRORS as error:
+            raise self.unusable(path, f"is damaged or truncated ({first_line(error)})") from None
+
     def read_tables(self, paths, expect: dict) -> pd.DataFrame:
         """`read_table` of every file of `paths`, concatenated (every refused file in one error: `each`)."""
         import pandas as pd
@@ -220,5 +230,6 @@ def check_fit_inputs(inputs, record: dict) -> None:
 ROLES_FILE = Artifact("roles table", "corpus_roles")  # results/corpus/roles.parquet: the users' text
 USERS_FILE = Artifact("users table", "corpus")  # results/corpus/users.parquet: tokens and splits
 ATTENTION_RUN = Artifact("attention run file", "attention_train")  # results/attention/**.parquet
+ATTENTION_LR_RUN = Artifact("attention lr-job file", "attention_lr")  # results/attention/**/lr~*/*
 COPY_TASK_RUN = Artifact("copy-task run file", "copy_task_train")  # results/copy_task/**.parquet
 FEEDBACK_RUN = Artifact("feedback run file", "feedback_train")  # results/feedback/**.parquet

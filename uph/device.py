@@ -44,12 +44,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # config key `extract.dtype
 BRANCH_DEFAULTS = {"extract": None, "fit": None, "copy_task": "cpu", "attention": "cpu", "feedback": "cpu"}
 # Rules whose CUDA kernels include some without a deterministic version (SDPA and embedding backward):
 # they run without torch's deterministic mode and repeat on CUDA only to a tolerance.
-TRAINING_RULES = ("copy_task_train", "attention_train", "feedback_train")
+TRAINING_RULES = ("copy_task_train", "attention_lr", "attention_train", "feedback_train")
 # The branch whose device each rule's jobs compute on (branch_device); rules not named use no torch device.
 FIT_RULES = ("fit_global", "fit_global_unigram", "fit_global_neural_cache", "validate", "fit", "fit_others")
 RULE_BRANCHES = {
     "extract": "extract",
     "copy_task_train": "copy_task",
+    "attention_lr": "attention",
     "attention_train": "attention",
     "feedback_train": "feedback",
     **dict.fromkeys((*FIT_RULES, "cross_user", "cross_user_headline"), "fit"),

@@ -145,11 +145,14 @@ def load_runs(model: nn.Module, states: Sequence[dict[str, torch.Tensor]]) -> nn
 
 
 def grad_norms(parameters: Sequence[torch.Tensor]) -> torch.Tensor:
-    """[R] each run's L2 norm of the gradients its slices of `parameters` hold (NaN if none do)."""
+    """[R] each run's L2 norm of the gradients its slices of `parameters` hold (NaN if none do): the norm of
+    the parameters' norms, each a reduction along a run's own row, so that a run's norm does not depend on
+    how many runs its batch holds (a reduction across the rows' columns would)."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.full((parameters[0].shape[0],), math.nan)
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads]), dim=0)
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads], dim=1)  # [R, P]
+    return torch.linalg.vector_norm(norms, dim=1)
 
 
 class RunAdamW:

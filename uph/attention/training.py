@@ -34,6 +34,11 @@ entries of every attention layer on `probe_size` validation sequences (score_abs
 the L2 norm of the gradient of all attention weights at that step before clipping (attention_grad_norm);
 the row of step s reads the model after s updates. A NaN or inf training loss ends the run as diverged.
 
+A split kind's sweep can also train as one job per lr (train_lr; the workflow's attention_lr jobs, so that
+16 cores train a long cell's lrs side by side): run_cell then starts from their runs (`swept`) and trains
+what follows. A run's arithmetic does not depend on the other runs of its batch, so the tables are the
+same to the byte either way (tests/test_attention_study.py).
+
 The runs of a stage (the sweep's lrs x sweep seeds, an extension's sweep seeds, the remaining seeds and,
 where the sweep seeds already split or the kind is of split_kinds, the added ones) train at once as one
 model of R runs (train_runs, uph.attention.runs): each keeps its own initial weights, batches, lr, Adam
@@ -389,14 +394,21 @@ def train_stage(
     )
 
 
-def sweep_lrs(cell: Cell, sweep_seeds: list[int], later_seeds: list[int]) -> tuple[Recorded, list[float]]:
-    """The lr sweep on `sweep_seeds`: every lr of the config's (`later_seeds` trained ahead at each), then,
-    while the best lr is an end of those tried, one lr_step past it, up to lr_extensions times. Returns
-    the runs and the lrs tried."""
+def sweep_lrs(
+    cell: Cell, sweep_seeds: list[int], later_seeds: list[int], swept: Recorded | None = None
+) -> tuple[Recorded, list[float]]:
+    """The lr sweep on `sweep_seeds`: every lr of the config's (`later_seeds` trained ahead at each; `swept`:
+    those runs trained already, by train_lr), then, while the best lr is an end of those tried, one lr_step
+    past it, up to lr_extensions times. Returns the runs and the lrs tried."""
     cfg = cell.cfg
     tried = list(cfg.lrs)
     runs = [(lr, seed) for lr in tried for seed in sweep_seeds]
-    recorded = train_stage(cell, Recorded(), runs, [(lr, seed) for lr in tried for seed in later_seeds])
+    if swept is None:
+        recorded = train_stage(cell, Recorded(), runs, [(lr, seed) for lr in tried for seed in later_seeds])
+    elif [(row["lr"], row["seed"]) for row in swept.sweep] == runs:
+        recorded = swept
+    else:
+        raise ValueError(f"{cell.name}: the lr jobs' runs are not the sweep's {runs}")
     for _ in range(cfg.lr_extensions):
         chosen = best_lr(pd.DataFrame(recorded.sweep))
         lr = None if chosen is None else extension(chosen, tried, cfg.lr_step)
@@ -491,6 +503,7 @@ def run_cell(
     device: torch.device,
     log: logging.Logger | None = None,
     ahead: bool | None = None,
+    swept: Recorded | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The lr sweep, the remaining seeds at the chosen lr, and the tests: (curves, sweep, evaluation).
     Each stage trains its runs at once (train_runs): the sweep's lrs x sweep seeds (the first sweep_seeds
@@ -502,9 +515,12 @@ def run_cell(
     remaining ones and those a split would add) at every lr of the first sweep within it, and keeps each
     run until the protocol asks for it: the lr is still chosen on the sweep seeds alone and the tables
     hold the same runs, but a cell whose lr is chosen among the config's lrs trains in one stage, not
-    three. Each run is the run it would be in its own stage, up to float32 rounding."""
+    three. Each run is the run it would be in its own stage, up to float32 rounding.
+
+    `swept`: a split kind's sweep over the config's lrs, trained already one job an lr (train_lr, then
+    read_lr_jobs); the cell trains what follows it, and nothing ahead."""
     cell = Cell(cfg, task, model_name, attention, device, log or logging.getLogger(__name__))
-    ahead = device.type == "cuda" if ahead is None else ahead
+    ahead = device.type == "cuda" and swept is None if ahead is None else ahead
     every_seed = [*cfg.seeds, *seeds_to_add(cfg.seeds, cfg.seeds_if_split)]
     split_kind = attention in cfg.split_kinds  # decided by the config, alike on every CPU
     sweep_seeds = list(cfg.seeds) if split_kind else list(cfg.seeds[: cfg.sweep_seeds])
@@ -516,7 +532,7 @@ def run_cell(
             every_seed[len(sweep_seeds) :],
         )
     later = [seed for seed in every_seed if seed not in sweep_seeds] if ahead else []
-    recorded, tried = sweep_lrs(cell, sweep_seeds, later)
+    recorded, tried = sweep_lrs(cell, sweep_seeds, later, swept)
     chosen = chosen_lr(cell, recorded)
     edge = lr_edge(chosen, tried)
     recorded, seeds = add_seeds(cell, recorded, chosen, sweep_seeds, split_kind)
@@ -531,3 +547,35 @@ def run_cell(
         ),
         pd.DataFrame(rows),
     )
+
+
+def train_lr(
+    cfg: AttentionStudyConfig,
+    task: str,
+    model_name: str,
+    attention: str,
+    lr: float,
+    device: torch.device,
+    log: logging.Logger | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, torch.Tensor]]:
+    """One lr of a split kind's sweep: its runs on every seed of `seeds`, as (curves, sweep rows, each run's
+    best weights {"<seed>/<name>": tensor}) for run_cell's `swept` (read_lr_jobs)."""
+    if attention not in cfg.split_kinds or lr not in cfg.lrs:
+        raise ValueError(f"an lr job trains an lr of attention.lrs {list(cfg.lrs)} of a kind of attention.split_kinds")
+    cell = Cell(cfg, task, model_name, attention, device, log or logging.getLogger(__name__))
+    recorded = train_stage(cell, Recorded(), [(lr, seed) for seed in cfg.seeds])
+    weights = {f"{seed}/{name}": t for (_, seed), state in recorded.states.items() for name, t in state.items()}
+    return pd.DataFrame(recorded.curves), pd.DataFrame(recorded.sweep), weights
+
+
+def read_lr_jobs(jobs: list[tuple[pd.DataFrame, pd.DataFrame, dict[str, torch.Tensor]]]) -> Recorded:
+    """The runs of train_lr's jobs, in order (the config's lrs), as the one sweep stage run_cell reads."""
+    curves, sweep, states = [], [], {}
+    for job_curves, job_sweep, weights in jobs:
+        curves += job_curves.to_dict("records")
+        sweep += job_sweep.to_dict("records")
+        lr = float(job_sweep["lr"].iloc[0])
+        for key, tensor in weights.items():
+            seed, name = key.split("/", 1)
+            states.setdefault((lr, int(seed)), {})[name] = tensor
+    return Recorded(curves, sweep, states)
