@@ -20,11 +20,16 @@ pinned), for each of the config's tasks: microseconds a run, the median of `repe
 fused C++ on a CPU, forward and backward; the optimizer stays eager), side by side with repeats interleaved:
 ms a run-step each way, their ratio, and the compile with its first step, paid once per kind and shape.
 
---profile instead prints a step profile per kind, one run alone and R at once (torch.profiler over
-`steps` steps, per step and per run): aten ops launched, their self time by kind of op (products,
-elementwise, reductions and softmax, copies and indexing, other), the products' FLOPs (the profiler's
-count for mm, bmm and addmm-style ops; the attention kernels' own products included) and the rate
-they ran at.
+--profile instead prints a step profile per kind, one run alone and R at once, per run-step: the wall of
+`steps` steps, then the same steps op by op (OpTimes, a TorchDispatchMode: each aten op timed around its own
+call, its kernel, output allocation and dispatch below autograd; torch.profiler's own cost a op made its
+figures several times the unprofiled step's). The ops' seconds by kind (products, elementwise, reductions
+and softmax, copies and indexing, other), what the wall holds outside them (Python, autograd's engine, the
+dispatch above aten), the products' FLOPs (torch.utils.flop_counter's count; the attention kernels' own
+products included) and the rate they ran at, and the elementwise ops' bytes (their tensors in and out) a
+second.
+
+Every mode runs with uph.heap.keep_freed_memory, as a workflow job does.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from collections import defaultdict
 
 import torch
 import yaml
+from op_times import KINDS, OpTimes
 
 from uph.attention.model import build_model
 from uph.attention.runs import RunAdamW
@@ -43,6 +49,7 @@ from uph.attention.steps import WARMUP, TrainSteps, host_batch
 from uph.attention.study_config import AttentionStudyConfig
 from uph.attention.tasks import make_batch
 from uph.config import validate
+from uph.heap import keep_freed_memory
 
 
 class Runs:
@@ -82,107 +89,21 @@ def step_time(groups: list[Runs], steps: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-PRODUCTS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "_scaled_dot_product", "addmv", "mv", "dot")
-REDUCTIONS = (
-    "sum",
-    "mean",
-    "norm",
-    "softmax",
-    "amax",
-    "max",
-    "min",
-    "all",
-    "any",
-    "logsumexp",
-    "nll_loss",
-    "_log_softmax",
-)
-COPIES = (
-    "copy_",
-    "to",
-    "_to_copy",
-    "cat",
-    "stack",
-    "index",
-    "gather",
-    "scatter",
-    "embedding",
-    "clone",
-    "contiguous",
-    "masked_fill",
-    "where",
-    "fill_",
-    "zero_",
-    "empty",
-    "zeros",
-    "ones",
-    "full",
-    "arange",
-    "triu",
-)
-
-
-def op_kind(name: str) -> str:
-    op = name.removeprefix("aten::")
-    if op.startswith(PRODUCTS):
-        return "products"
-    if op.startswith(REDUCTIONS) or "softmax" in op:
-        return "reductions"
-    if op.startswith(COPIES) or op in (
-        "view",
-        "reshape",
-        "permute",
-        "transpose",
-        "expand",
-        "select",
-        "slice",
-        "unsqueeze",
-        "squeeze",
-        "t",
-        "unbind",
-        "split",
-        "chunk",
-        "as_strided",
-        "flatten",
-        "detach",
-        "alias",
-        "narrow",
-        "view_as",
-        "unflatten",
-    ):
-        return "copies and views"
-    if op.endswith("_backward") or "Backward" in op:
-        return "other"
-    return "elementwise" if op[0].isalpha() else "other"
-
-
 def profile(group: Runs, steps: int) -> dict:
-    """Per step: aten ops launched, self CPU time by kind of op (ms), product FLOPs."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
+    """Per step: its wall (not timed op by op), aten ops, each kind of op's seconds and bytes (OpTimes), the
+    products' FLOPs."""
     for _ in range(WARMUP + 1):
         group.step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if group.device.type == "cuda" else [])
-    with torch_profile(activities=activities, with_flops=True) as prof:
-        start = time.perf_counter()
+    wall = step_time([group], steps)
+    with OpTimes() as ops:
         for _ in range(steps):
             group.step()
-        sync(group.device)
-        wall = (time.perf_counter() - start) / steps
-    by_kind, ops, flops = defaultdict(float), 0, 0
-    for event in prof.events():
-        if not event.name.startswith("aten::"):
-            continue
-        if event.cpu_parent is None or not event.cpu_parent.name.startswith("aten::"):
-            ops += 1  # an op the Python side launched, not one another aten op called
-        by_kind[op_kind(event.name)] += event.self_cpu_time_total / 1e3
-        flops += event.flops or 0
     return {
-        "wall": wall * 1e3,
-        "ops": ops / steps,
-        "flops": flops / steps,
-        **{k: v / steps for k, v in by_kind.items()},
+        "wall": wall,
+        "ops": ops.ops / steps,
+        "flops": ops.flops / steps,
+        **{kind: seconds / steps for kind, seconds in ops.seconds.items()},
+        **{f"{kind} bytes": size / steps for kind, size in ops.bytes.items()},
     }
 
 
@@ -242,6 +163,7 @@ def main() -> None:
     parser.add_argument("--batches", action="store_true", help="the host's batch draws a step, per task")
     parser.add_argument("--compiled", action="store_true", help="eager against torch.compile, side by side")
     args = parser.parse_args()
+    keep_freed_memory()  # as every workflow job (uph.job_start)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     section = config_section(args.config)
@@ -273,21 +195,28 @@ def main() -> None:
             )
         return
     if args.profile:
-        kinds = ("products", "elementwise", "reductions", "copies and views", "other")
-        print(f"per step of one run, {args.steps} steps profiled (torch.profiler; self CPU time of aten ops)")
+        kinds = KINDS
         print(
-            "| model | attention | runs at once | ms a step | ms a run-step | aten ops | "
+            f"per run-step: the wall of {args.steps} steps, then the same steps op by op (OpTimes: each aten op's own "
+            "call, its kernel and allocation; the rest of the wall is Python, autograd and dispatch above aten)"
+        )
+        print(
+            "| model | attention | runs at once | ms a run-step | aten ops a step | "
             + " | ".join(f"{k} ms" for k in kinds)
-            + " | MFLOP a run-step | products GFLOP/s |\n| --- | --- | ---: |"
-            + " ---: |" * (5 + len(kinds))
+            + " | outside aten ms | MFLOP | products GFLOP/s | elementwise GB/s |\n| --- | --- |"
+            + " ---: |" * (7 + len(kinds))
         )
         for model, kind in cells:
             for runs in (1, args.runs):
                 p = profile(Runs(cfg, model, kind, range(runs), device), args.steps)
+                inside = sum(p.get(k, 0.0) for k in kinds)
+                per_run = 1e3 / runs
                 print(
-                    f"| {model} | {kind} | {runs} | {p['wall']:.2f} | {p['wall'] / runs:.2f} | {p['ops']:.0f} | "
-                    + " | ".join(f"{p.get(k, 0.0):.2f}" for k in kinds)
-                    + f" | {p['flops'] / runs / 1e6:.0f} | {p['flops'] / 1e6 / max(p.get('products', 0), 1e-9):.1f} |"
+                    f"| {model} | {kind} | {runs} | {p['wall'] * per_run:.2f} | {p['ops']:.0f} | "
+                    + " | ".join(f"{p.get(k, 0.0) * per_run:.2f}" for k in kinds)
+                    + f" | {(p['wall'] - inside) * per_run:.2f} | {p['flops'] / runs / 1e6:.0f}"
+                    + f" | {p['flops'] / 1e9 / max(p.get('products', 0), 1e-12):.1f}"
+                    + f" | {p.get('elementwise bytes', 0) / 1e9 / max(p.get('elementwise', 0), 1e-12):.1f} |"
                 )
         return
     times = defaultdict(list)
