@@ -17,8 +17,8 @@ is list scheduling on N cores in the order Snakemake's scheduler prefers: whenev
 jobs (every input's job done) by priority (higher first), then jobid (lower first), each start when its
 cores fit, holding min(threads, N) cores for its measured seconds; wall_s is the last finish. The threads
 are those of the DAG built at N cores (a dry-run at each N): a rule's threads may depend on the cores
-(extraction on a CPU asks workflow.cores // shards, 8 at 16 cores), and a job that asks more cores than are
-free waits while later jobs that fit start (Snakemake reserves no cores either). Among jobs of equal
+(extraction on a cluster asks workflow.cores // shards), and a job that asks more cores than are free
+waits while later jobs that fit start (Snakemake reserves no cores either). Among jobs of equal
 priority Snakemake's ILP scheduler picks any set that fills the cores, so the jobid order is one of its
 choices, not its exact one. critical_path_s is the longest seconds-weighted path through the DAG, the wall
 on unlimited cores. Jobs keep their measured seconds at every N: the contention of the measured run (jobs
@@ -302,8 +302,8 @@ def dry_run(
 
 def with_resources(jobs: list[Job], dag: list[Job], threads: dict[str, int] | None = None) -> list[Job]:
     """`jobs` asking what the same jobs (rule and wildcards) of `dag` ask, threads and GPUs: `dag` is the
-    workflow's DAG built at the cores of a projection (a rule's threads may depend on them: extraction asks
-    workflow.cores // shards). `threads`: a rule's threads set by hand, before a layout lands."""
+    workflow's DAG built at the cores of a projection (a rule's threads may depend on them: extraction on a
+    cluster asks workflow.cores // shards). `threads`: a rule's threads set by hand, before a layout lands."""
     asked = {job.key: (job.threads, job.gpus) for job in dag}
     if missing := [job.key for job in jobs if job.key not in asked]:
         sys.exit(f"{len(missing)} jobs are not in the DAG built at other cores, e.g. {missing[0]}")

@@ -78,10 +78,14 @@ def gpus(branch):
 
 
 def extract_threads(wildcards):
-    """Extraction's cores: on a GPU one (it tokenizes and writes parquet beside the GPU's forward passes; a
-    job asking for two waits while the training jobs take the cores they free one at a time, which
-    benchmarks/makespan.py shows on the default's DAG), else the run's cores split between the shards."""
-    return 1 if gpus("extract") else max(1, workflow.cores // config["extract"]["shards"])
+    """Extraction's cores: one on a GPU (it tokenizes and writes parquet beside the GPU's forward passes) and
+    on one machine, where the training branches share the cores: a job asking for more waits while they take
+    the cores they free one at a time (benchmarks/makespan.py on the default's DAG at 16 cores: 584 s with
+    8 threads, 397 s with one; docs/performance.md, "The default on 16 cores"). On a cluster, where each job
+    has cores of its own, the run's cores split between the shards. Its bytes are the same on any number."""
+    if gpus("extract") or workflow.local_exec:
+        return 1
+    return max(1, workflow.cores // config["extract"]["shards"])
 
 
 def results(*parts):
