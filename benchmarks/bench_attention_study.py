@@ -107,13 +107,13 @@ def profile(group: Runs, steps: int) -> dict:
     }
 
 
-def config_section(paths: list[str]) -> dict:
+def config_section(paths: list[str], name: str = "attention") -> dict:
+    """The config files merged in order (a section's keys over the earlier file's), validated: section `name`."""
     config = {}
     for path in paths:
         for key, value in yaml.safe_load(open(path)).items():
             config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
-    validate(config)
-    return config["attention"]
+    return validate(config)[name]
 
 
 def batch_draws(cfg: AttentionStudyConfig, task: str, runs: int, steps: int, repeats: int) -> float:

@@ -18,7 +18,7 @@ import statistics
 import time
 
 import torch
-import yaml
+from bench_attention_study import config_section
 from op_times import KINDS, OpTimes
 
 from uph.attention.copy_task import (
@@ -30,7 +30,6 @@ from uph.attention.copy_task import (
     train_step,
 )
 from uph.attention.model import OneLayerModel
-from uph.config import validate
 from uph.heap import keep_freed_memory
 
 
@@ -51,11 +50,7 @@ def main() -> None:
     args = parser.parse_args()
     keep_freed_memory()  # as every workflow job (uph.job_start)
     torch.set_num_threads(args.threads)
-    config = {}
-    for path in args.config:
-        for key, value in yaml.safe_load(open(path)).items():
-            config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
-    section = validate(config)["copy_task"]
+    section = config_section(args.config, "copy_task")
     cfg = CopyTaskConfig.from_config(section)
     autocast = {"device_type": "cpu", "dtype": getattr(torch, cfg.dtype), "enabled": cfg.dtype != "float32"}
     print(
