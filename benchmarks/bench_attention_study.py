@@ -22,7 +22,7 @@ ms a run-step each way, their ratio, and the compile with its first step, paid o
 
 --profile instead prints a step profile per kind, one run alone and R at once, per run-step: the wall of
 `steps` steps, then the same steps op by op (OpTimes, a TorchDispatchMode: each aten op timed around its own
-call, its kernel, output allocation and dispatch below autograd; torch.profiler's own cost a op made its
+call, its kernel, output allocation and dispatch below autograd; torch.profiler's own cost an op made its
 figures several times the unprofiled step's). The ops' seconds by kind (products, elementwise, reductions
 and softmax, copies and indexing, other), what the wall holds outside them (Python, autograd's engine, the
 dispatch above aten), the products' FLOPs (torch.utils.flop_counter's count; the attention kernels' own
@@ -195,25 +195,24 @@ def main() -> None:
             )
         return
     if args.profile:
-        kinds = KINDS
         print(
             f"per run-step: the wall of {args.steps} steps, then the same steps op by op (OpTimes: each aten op's own "
             "call, its kernel and allocation; the rest of the wall is Python, autograd and dispatch above aten)"
         )
         print(
             "| model | attention | runs at once | ms a run-step | aten ops a step | "
-            + " | ".join(f"{k} ms" for k in kinds)
+            + " | ".join(f"{k} ms" for k in KINDS)
             + " | outside aten ms | MFLOP | products GFLOP/s | elementwise GB/s |\n| --- | --- |"
-            + " ---: |" * (7 + len(kinds))
+            + " ---: |" * (7 + len(KINDS))
         )
         for model, kind in cells:
             for runs in (1, args.runs):
                 p = profile(Runs(cfg, model, kind, range(runs), device), args.steps)
-                inside = sum(p.get(k, 0.0) for k in kinds)
+                inside = sum(p.get(k, 0.0) for k in KINDS)
                 per_run = 1e3 / runs
                 print(
                     f"| {model} | {kind} | {runs} | {p['wall'] * per_run:.2f} | {p['ops']:.0f} | "
-                    + " | ".join(f"{p.get(k, 0.0) * per_run:.2f}" for k in kinds)
+                    + " | ".join(f"{p.get(k, 0.0) * per_run:.2f}" for k in KINDS)
                     + f" | {(p['wall'] - inside) * per_run:.2f} | {p['flops'] / runs / 1e6:.0f}"
                     + f" | {p['flops'] / 1e9 / max(p.get('products', 0), 1e-12):.1f}"
                     + f" | {p.get('elementwise bytes', 0) / 1e9 / max(p.get('elementwise', 0), 1e-12):.1f} |"

@@ -170,13 +170,12 @@ def attention_priority(wildcards):
 
 
 def attention_lr_jobs(wildcards):
-    """attention_train's input `swept`: a kind of attention.split_kinds's attention_lr files, the config's lrs
-    in order (an lr named by str()); none for the other kinds."""
+    """attention_train's input `swept`: a kind of attention.split_kinds's attention_lr files, three an lr
+    (curves, sweep, weights), the config's lrs in order (an lr named by str()); none for the other kinds."""
     if wildcards.attention not in ATTENTION["split_kinds"]:
         return []
-    job = ATTENTION_LR_JOB.format(**wildcards, lr="{lr}")
-    names = ("curves.parquet", "sweep.parquet", "weights.safetensors")
-    return [f"{job}/{name}".format(lr=lr) for lr in map(str, ATTENTION["lrs"]) for name in names]
+    names = ("curves.parquet", "sweep.parquet", "weights.safetensors")  # attention_lr's outputs, in this order
+    return [f"{ATTENTION_LR_JOB}/{name}".format(**wildcards, lr=lr) for lr in ATTENTION["lrs"] for name in names]
 
 
 def attention_runs(name):

@@ -170,7 +170,7 @@ def test_rounding_level_noise_and_a_reshuffle_of_the_seeds_that_solve_agree(defa
     edit(results, "feedback", lambda t: t.assign(final_loss=t["final_loss"] + 1e-3))
     assert disagreements(results, reference) == []
 
-    cell = {"task": "loud_copy", "model": "residual", "attention": "triple_capped"}  # 9 of 10 solve
+    cell = {"task": "loud_copy", "model": "residual", "attention": "triple_capped"}  # 4 of 10 solve
     # the seeds' runs relabelled within the sweep's seeds 0-4 and within seeds 5-9 (a split kind's seeds at the
     # chosen lr only): other seeds solve, at the same share, and every lr keeps its seeds
     relabelled = {seed: start + (seed - start + 3) % 5 for start in (0, 5) for seed in range(start, start + 5)}
