@@ -1,7 +1,7 @@
 """Training steps of the attention study's model per kind: R runs one at a time against R runs at once.
 
     .venv/bin/python benchmarks/bench_attention_study.py [--config config.yaml] [--runs 8] [--steps 20]
-        [--repeats 3] [--threads 1] [--device cpu] [--profile | --batches | --compiled]
+        [--repeats 3] [--threads 1] [--device cpu] [--profile | --batches | --compiled | --lr-job TASK KIND LR]
 
 A step is one of uph.attention.training.train_runs (uph.attention.steps.TrainSteps): each run's fresh
 loud_copy batch, forward, cross-entropy, backward, per-run gradient clipping, AdamW. For each kind of
@@ -29,6 +29,11 @@ dispatch above aten), the products' FLOPs (torch.utils.flop_counter's count; the
 products included) and the rate they ran at, and the elementwise ops' bytes (their tensors in and out) a
 second.
 
+--lr-job TASK KIND LR instead runs an attention_lr job's training (uph.attention.training.train_lr on the
+residual model, every seed of attention.seeds) and prints where its seconds go: the training steps
+(TrainSteps), the host's batch draws (make_batch), the logging steps' evaluations (log_step), the rest; and
+its run-steps, steps and mean runs a step (runs leave the batch as they stop).
+
 Every mode runs with uph.heap.keep_freed_memory, as a workflow job does.
 """
 
@@ -43,6 +48,7 @@ import torch
 import yaml
 from op_times import KINDS, OpTimes
 
+import uph.attention.training as training
 from uph.attention.model import build_model
 from uph.attention.runs import RunAdamW
 from uph.attention.steps import WARMUP, TrainSteps, host_batch
@@ -150,6 +156,38 @@ def compiled_times(cfg: AttentionStudyConfig, cell: tuple[str, str], runs: int, 
     return statistics.median(times["eager"]), statistics.median(times["compiled"]), compile_seconds
 
 
+def lr_job_parts(cfg: AttentionStudyConfig, task: str, kind: str, lr: float) -> None:
+    """Print where train_lr's seconds go for one lr job: each part timed around its own calls."""
+    spent = defaultdict(float)
+
+    def timed(owner, name: str, part: str) -> None:
+        function = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - start
+
+        setattr(owner, name, wrapper)
+
+    timed(training.TrainSteps, "__call__", "training steps")
+    timed(training, "make_batch", "batch draws")
+    timed(training, "log_step", "logging steps' evaluations")
+    start = time.perf_counter()
+    _, sweep, _ = training.train_lr(cfg, task, "residual", kind, lr, torch.device("cpu"))
+    total = time.perf_counter() - start
+    steps, run_steps = sweep["steps_run"].max(), sweep["steps_run"].sum()
+    print(
+        f"{task} {kind} lr {lr}, {torch.get_num_threads()} thread(s), torch {torch.__version__}: {total:.1f} s, "
+        f"{run_steps} run-steps in {steps} steps ({run_steps / steps:.2f} runs a step)"
+    )
+    print("| part | s | share |\n| --- | ---: | ---: |")
+    for part, seconds in [*spent.items(), ("the rest", total - sum(spent.values()))]:
+        print(f"| {part} | {seconds:.1f} | {seconds / total:.1%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", nargs="+", default=["config.yaml"], help="config files, merged in order")
@@ -162,12 +200,17 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--batches", action="store_true", help="the host's batch draws a step, per task")
     parser.add_argument("--compiled", action="store_true", help="eager against torch.compile, side by side")
+    parser.add_argument("--lr-job", nargs=3, metavar=("TASK", "KIND", "LR"), help="where an lr job's seconds go")
     args = parser.parse_args()
     keep_freed_memory()  # as every workflow job (uph.job_start)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     section = config_section(args.config)
     cfg = AttentionStudyConfig.from_config(section)
+    if args.lr_job:
+        task, kind, lr = args.lr_job
+        lr_job_parts(AttentionStudyConfig.from_config({**section, "tasks": [task]}), task, kind, float(lr))
+        return
     cells = [(model, kind) for model in section["models"] for kind in args.attentions or section["attentions"]]
     seeds = range(args.runs)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
