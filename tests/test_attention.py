@@ -25,6 +25,7 @@ from uph.attention.self_attention import (
     triple_product_attention,
     triple_scores,
 )
+from uph.report.answers import MATCHED_CONTROLS
 
 
 def literal_gram_scores(q, k, r):
@@ -256,12 +257,9 @@ def test_soft_cap_is_the_capped_tempered_score_and_trains_its_temperature():
     assert layer.log_temperature.grad.abs().min() > 0
 
 
-MATCHED = {"triple_capped": "standard_capped", "triple_qknorm": "standard_qknorm"}  # variant -> its control
-
-
-@pytest.mark.parametrize("variant", MATCHED)
+@pytest.mark.parametrize("variant", MATCHED_CONTROLS)  # the pairs the report reads as variant and control
 def test_a_matched_control_is_standard_attention_with_its_variants_stabilizer_and_nothing_else(variant):
-    control = MATCHED[variant]
+    control = MATCHED_CONTROLS[variant]
     stabilizer = {field: getattr(KINDS[variant], field) for field in STABILIZERS}
     assert stabilizer == {field: getattr(KINDS[control], field) for field in STABILIZERS}
     assert any(value not in (None, False) for value in stabilizer.values())
@@ -275,7 +273,7 @@ def test_the_controls_attend_as_written_out():
     standard_capped: softmax(50 tanh(τ q·k / (50 sqrt(D)))) v; τ per head, learned."""
     torch.manual_seed(0)
     x, loud = torch.randn(2, 10, 16, dtype=torch.float64), torch.tensor([[1.0] * 9 + [8.0]] * 2, dtype=torch.float64)
-    for kind in MATCHED.values():
+    for kind in MATCHED_CONTROLS.values():
         layer = CausalSelfAttention(16, 2, kind).double()
         with torch.no_grad():
             layer.log_temperature.copy_(torch.tensor([0.3, -0.2]))
