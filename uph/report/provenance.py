@@ -98,7 +98,9 @@ def rule_devices(logs_dir: str | Path) -> dict:
 def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -> dict:
     """rule -> {'jobs': n, 'seconds': wall seconds summed over its jobs, 'cpu_seconds': their CPU seconds
     (Snakemake's cpu_time, user and system of each job's processes: what a job computed, whatever it waited
-    for, a run paused or cores shared), 'peak_rss_mb': the largest resident memory of any of its jobs
+    for, a run paused or cores shared; a lower bound, as Snakemake samples it every 0.5 s for a job's first
+    15 s, then every 30 s, and not at its end, so a longer job loses up to its last 30 s), 'peak_rss_mb':
+    the largest resident memory of any of its jobs
     (Snakemake's max_rss, MB; None where none was measured)}. `benchmark_patterns`: rule ->
     its `benchmark:` file pattern, e.g. 'results/benchmarks/extract-{shard}.tsv'; every file present
     in those patterns' folders counts for the first rule whose pattern it matches."""
