@@ -41,7 +41,7 @@ from uph.report.answers import (
 )
 from uph.report.catalog import FIGURES
 from uph.report.figures import pixel_size
-from uph.report.provenance import config_seeds, git_state, rule_devices
+from uph.report.provenance import config_seeds, git_state, rule_cpu_seconds, rule_devices, rule_wall_times
 from uph.report.study import Study
 from uph.report.summary import (
     attention_loud_copy_finding,
@@ -121,8 +121,13 @@ def test_provenance_records_the_run(tiny_study):
     # is about 10 MB; torch imported, over 200 MB): the figures are MB, not bytes or kB
     assert all(entry["seconds"] > 0 and entry["peak_rss_mb"] > 0 for entry in wall.values())
     assert wall["extract"]["peak_rss_mb"] > 50
-    # CPU seconds: what the jobs computed; extraction on 2 threads may compute more than its wall
-    assert all(entry["cpu_seconds"] >= 0 for entry in wall.values()) and wall["extract"]["cpu_seconds"] > 1
+    # CPU seconds: what the jobs computed, each job's own count at its end (its `<log>.cpu.json`), not Snakemake's
+    # samples; extraction on 2 threads may compute more than its wall
+    cpu = rule_cpu_seconds(results / "logs")
+    assert all(
+        (cpu[rule][0], round(cpu[rule][1], 2)) == (entry["jobs"], entry["cpu_seconds"]) for rule, entry in wall.items()
+    )
+    assert wall["extract"]["cpu_seconds"] > 1
     # what each rule's jobs ran on, from the record every job wrote beside its log (uph.logs.record_device)
     devices = record["devices_per_rule"]
     assert all(devices[rule]["jobs"] == entry["jobs"] for rule, entry in wall.items())
@@ -836,6 +841,37 @@ def test_provenance_gathers_the_device_records_of_each_rules_jobs(tmp_path):
     (tmp_path / "aggregate.log.device.json").write_text('{"rule": "aggr')
     with pytest.raises(ArtifactError, match=r"^device record '.*aggregate.log.device.json' is damaged; delete it"):
         rule_devices(tmp_path)
+
+
+def test_a_rules_cpu_seconds_are_its_jobs_own_records_where_every_job_left_one(tmp_path):
+    """Snakemake samples a job's cpu_time every 0.5 s for its first 15 s, then every 30 s, and not at its end:
+    a 41 s job records 15. The jobs' own counts (uph.logs: `<log>.cpu.json`) replace the samples where every
+    job of the rule left one; where one did not (a job of older code), the rule keeps the samples."""
+    benchmarks, logs = tmp_path / "benchmarks", tmp_path / "logs"
+    benchmarks.mkdir()
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    jobs = {"fit-job~0": (41.2, 15.4), "fit-job~1": (42.0, 15.2), "extract-0": (60.0, 44.0), "extract-1": (61.0, 45.0)}
+    for name, (wall, sampled) in jobs.items():
+        (benchmarks / f"{name}.tsv").write_text(
+            header + f"{wall}\t0:00:41\t1800\t3400\t1700\t1780\t0\t0\t36\t{sampled}\n"
+        )
+    records = {
+        "fit/fit-job~0.log": ("fit", 40.1),
+        "fit/fit-job~1.log": ("fit", 40.9),
+        "extract-1.log": ("extract", 59.0),
+    }
+    for log, (rule, seconds) in records.items():
+        (logs / log).parent.mkdir(parents=True, exist_ok=True)
+        write_json({"rule": rule, "cpu_seconds": seconds}, logs / f"{log}.cpu.json")
+    patterns = {"fit": f"{benchmarks}/fit-job~{{job}}.tsv", "extract": f"{benchmarks}/extract-{{shard}}.tsv"}
+    assert rule_cpu_seconds(logs) == {"fit": (2, 81.0), "extract": (1, 59.0)}
+    times = rule_wall_times(patterns, recorded_cpu=rule_cpu_seconds(logs))
+    assert times["fit"]["cpu_seconds"] == 81.0 and times["fit"]["seconds"] == 83.2
+    assert times["extract"]["cpu_seconds"] == 89.0  # one of its two jobs left no record: the samples stay
+    assert rule_wall_times(patterns)["fit"]["cpu_seconds"] == 30.6
+    (logs / "extract-1.log.cpu.json").write_text('{"rule": "extract"}')
+    with pytest.raises(ArtifactError, match=r"^CPU record '.*extract-1.log.cpu.json' is damaged; delete it"):
+        rule_cpu_seconds(logs)
 
 
 def test_user_ids_are_read_back_as_written(tmp_path):

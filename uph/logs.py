@@ -5,7 +5,9 @@ Every job logs one line saying what it runs on and leaves the same as JSON besid
 determinism on CUDA; a CUDA job adds its peak device memory when it ends, uph.device.peak_device_memory);
 results/provenance.json gathers them per rule. A job with a device (uph.device.job_device) sets
 up its device first (uph.device.setup_device); any other job records its host and CPU without
-importing torch. A job that ends well writes its record last (uph.records): what made its outputs.
+importing torch. A job that ends well leaves its CPU-seconds beside its log, `<log>.cpu.json` (its
+process's user and system time from its start, imports included: what Snakemake's benchmark `cpu_time`
+samples, and misses the last seconds of), and writes its record last (uph.records): what made its outputs.
 
 Fault injection for testing retries: with the environment variable UPH_FAIL_ONCE=<rule name>, the
 first attempt of each job of that rule exits 1 before any work and leaves `<its log>.failed-once`
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -60,12 +63,20 @@ def rule_logging(snakemake):
             )
             if snakemake.log:
                 write_json({**record, **peak}, f"{snakemake.log[0]}.device.json")
+        if snakemake.log:
+            write_json({"rule": name, "cpu_seconds": round(process_cpu_seconds(), 2)}, f"{snakemake.log[0]}.cpu.json")
         record_job(snakemake)
     except UphError as error:
         log.error(
             "the outputs are written and kept, the bookkeeping is not: %s (the next run does %s again)", error, name
         )
     log.info("done in %.1f s", time.perf_counter() - start)
+
+
+def process_cpu_seconds() -> float:
+    """User and system CPU-seconds of this process since it started, and of the children it waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def start_logging(snakemake) -> logging.Logger:

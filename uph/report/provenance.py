@@ -8,7 +8,8 @@ settings that cap torch's CPU kernels), per rule what its jobs ran on (hosts, de
 names, dtypes, matmul precision, the CPU kernels torch ran and its threads, TF32 and determinism on CUDA: the `<log>.device.json` each job writes
 beside its log, uph.logs), the host that wrote the record, and the wall time per rule summed over that
 rule's jobs from the `benchmark:` files present, each file attributed to the rule whose benchmark
-pattern (wildcards and their constraints, as Snakemake matches them) it matches. Torch-free.
+pattern (wildcards and their constraints, as Snakemake matches them) it matches, with their CPU-seconds
+(the `<log>.cpu.json` each job writes). Torch-free.
 """
 
 from __future__ import annotations
@@ -95,13 +96,29 @@ def rule_devices(logs_dir: str | Path) -> dict:
     }
 
 
-def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -> dict:
+def rule_cpu_seconds(logs_dir: str | Path) -> dict:
+    """rule -> (jobs, CPU-seconds summed over them), from every `<log>.cpu.json` under `logs_dir` (uph.logs)."""
+    totals = {}
+    for path in sorted(Path(logs_dir).rglob("*.cpu.json")):
+        try:
+            record = json.loads(path.read_text())
+            rule, seconds = record["rule"], float(record["cpu_seconds"])
+        except (ValueError, KeyError, TypeError):
+            raise ArtifactError(f"CPU record '{path}' is damaged; delete it or rerun that job") from None
+        jobs, total = totals.get(rule, (0, 0.0))
+        totals[rule] = (jobs + 1, total + seconds)
+    return totals
+
+
+def rule_wall_times(
+    benchmark_patterns: dict, exclude_rule: str | None = None, recorded_cpu: dict | None = None
+) -> dict:
     """rule -> {'jobs': n, 'seconds': wall seconds summed over its jobs, 'cpu_seconds': their CPU seconds
-    (Snakemake's cpu_time, user and system of each job's processes: what a job computed, whatever it waited
-    for, a run paused or cores shared; a lower bound, as Snakemake samples it every 0.5 s for a job's first
-    15 s, then every 30 s, and not at its end, so a longer job loses up to its last 30 s), 'peak_rss_mb':
-    the largest resident memory of any of its jobs
-    (Snakemake's max_rss, MB; None where none was measured)}. `benchmark_patterns`: rule ->
+    (user and system of each job's process: what a job computed, whatever it waited for, a run paused or
+    cores shared), 'peak_rss_mb': the largest resident memory of any of its jobs (Snakemake's max_rss, MB;
+    None where none was measured)}. The CPU-seconds are `recorded_cpu`'s (rule_cpu_seconds) where it holds as many
+    jobs as the benchmark files, else Snakemake's cpu_time: a lower bound, as Snakemake samples it every
+    0.5 s for a job's first 15 s, then every 30 s, and not at its end. `benchmark_patterns`: rule ->
     its `benchmark:` file pattern, e.g. 'results/benchmarks/extract-{shard}.tsv'; every file present
     in those patterns' folders counts for the first rule whose pattern it matches."""
     regexes = {
@@ -114,19 +131,20 @@ def rule_wall_times(benchmark_patterns: dict, exclude_rule: str | None = None) -
     for path in (path for folder in folders for path in sorted(folder.glob("*.tsv"))):
         rule = next((rule for rule, regex in regexes.items() if regex.fullmatch(path.as_posix())), None)
         if rule is not None:
-            jobs, seconds, cpu, rss = times.get(rule, (0, 0.0, 0.0, []))
+            jobs, seconds, sampled, rss = times.get(rule, (0, 0.0, 0.0, []))
             benchmark = pd.read_csv(path, sep="\t")
             rss = [*rss, *pd.to_numeric(benchmark["max_rss"], errors="coerce").dropna()]
-            cpu += float(pd.to_numeric(benchmark["cpu_time"], errors="coerce").fillna(0).sum())
-            times[rule] = (jobs + 1, seconds + float(benchmark["s"].sum()), cpu, rss)
+            sampled += float(pd.to_numeric(benchmark["cpu_time"], errors="coerce").fillna(0).sum())
+            times[rule] = (jobs + 1, seconds + float(benchmark["s"].sum()), sampled, rss)
+    recorded = recorded_cpu or {}
     return {
         rule: {
             "jobs": jobs,
             "seconds": round(seconds, 2),
-            "cpu_seconds": round(cpu, 2),
+            "cpu_seconds": round(recorded[rule][1] if recorded.get(rule, (0,))[0] == jobs else sampled, 2),
             "peak_rss_mb": round(max(rss), 1) if rss else None,
         }
-        for rule, (jobs, seconds, cpu, rss) in sorted(times.items())
+        for rule, (jobs, seconds, sampled, rss) in sorted(times.items())
     }
 
 
@@ -168,5 +186,7 @@ def provenance(
         "host": socket.gethostname(),  # of this record's job; each rule's jobs: devices_per_rule
         "machine": machine_record(),  # of this record's job: CPU, cores, kernel caps
         "devices_per_rule": rule_devices(logs_dir) if logs_dir else {},
-        "wall_seconds_per_rule": rule_wall_times(benchmark_patterns, exclude_rule),
+        "wall_seconds_per_rule": rule_wall_times(
+            benchmark_patterns, exclude_rule, rule_cpu_seconds(logs_dir) if logs_dir else None
+        ),
     }
