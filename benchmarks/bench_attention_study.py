@@ -31,8 +31,9 @@ second.
 
 --lr-job TASK KIND LR instead runs an attention_lr job's training (uph.attention.training.train_lr on the
 residual model, every seed of attention.seeds) and prints where its seconds go: the training steps
-(TrainSteps), the host's batch draws (make_batch), the logging steps' evaluations (log_step), the rest; and
-its run-steps, steps and mean runs a step (runs leave the batch as they stop).
+(TrainSteps), the host's batch draws (make_batch), the logging steps' evaluations (log_step), the rest; its
+run-steps, steps and mean runs a step (runs leave the batch as they stop); and a digest of what it returns
+(curves, sweep rows, best weights), so that two checkouts run side by side show whether a change kept every bit.
 
 Every mode runs with uph.heap.keep_freed_memory, as a workflow job does.
 """
@@ -40,6 +41,7 @@ Every mode runs with uph.heap.keep_freed_memory, as a workflow job does.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import time
 from collections import defaultdict
@@ -176,8 +178,13 @@ def lr_job_parts(cfg: AttentionStudyConfig, task: str, kind: str, lr: float) -> 
     timed(training, "make_batch", "batch draws")
     timed(training, "log_step", "logging steps' evaluations")
     start = time.perf_counter()
-    _, sweep, _ = training.train_lr(cfg, task, "residual", kind, lr, torch.device("cpu"))
+    curves, sweep, weights = training.train_lr(cfg, task, "residual", kind, lr, torch.device("cpu"))
     total = time.perf_counter() - start
+    digest = hashlib.sha256()
+    for table in (curves, sweep):
+        digest.update(table.to_csv(float_format="%.17g").encode())
+    for name in sorted(weights):
+        digest.update(name.encode() + weights[name].numpy().tobytes())
     steps, run_steps = sweep["steps_run"].max(), sweep["steps_run"].sum()
     print(
         f"{task} {kind} lr {lr}, {torch.get_num_threads()} thread(s), torch {torch.__version__}: {total:.1f} s, "
@@ -186,6 +193,7 @@ def lr_job_parts(cfg: AttentionStudyConfig, task: str, kind: str, lr: float) -> 
     print("| part | s | share |\n| --- | ---: | ---: |")
     for part, seconds in [*spent.items(), ("the rest", total - sum(spent.values()))]:
         print(f"| {part} | {seconds:.1f} | {seconds / total:.1%} |")
+    print(f"outputs' sha256: {digest.hexdigest()}")
 
 
 def main() -> None:
