@@ -237,8 +237,8 @@ def test_a_kind_is_flagged_loudness_invariant_exactly_when_m_leaves_its_output_u
 
 
 def test_soft_cap_is_the_capped_tempered_score_and_trains_its_temperature():
-    """triple_capped: cap tanh(τ s / cap) of the seed's score, -inf kept above the diagonal, never beyond
-    the cap, and the per-head log-temperature gets a gradient."""
+    """triple_capped: cap tanh(τ s / cap) of the seed's score, -inf above the diagonal, never beyond the cap,
+    and the per-head log-temperature gets a finite gradient, also where scores lie far beyond the cap."""
     torch.manual_seed(0)
     layer = CausalSelfAttention(16, 2, "triple_capped")
     with torch.no_grad():
@@ -246,11 +246,15 @@ def test_soft_cap_is_the_capped_tempered_score_and_trains_its_temperature():
     x = torch.randn(1, 6, 16) * 20  # scores far beyond the cap
     q, k, r, v = layer.heads(x)
     raw = triple_scores(q, k, r)
-    capped = soft_capped(raw, layer.log_temperature.exp()[0, :, None, None], 50.0)
+    assert torch.equal(triple_scores(q, k, r, masked=False).masked_fill(raw == -math.inf, -math.inf), raw)
+    capped = soft_capped(triple_scores(q, k, r, masked=False), layer.log_temperature.exp()[0, :, None, None], 50.0)
     tau = torch.tensor([1.0, math.e])[:, None, None]
     causal = raw.isfinite()
     torch.testing.assert_close(capped[causal], (50.0 * torch.tanh(raw * tau / 50.0))[causal])
     assert capped[~causal].eq(-math.inf).all() and capped[causal].abs().max() <= 50.0 and raw.abs().max() > 50.0
+    layer(x).square().sum().backward()
+    assert layer.log_temperature.grad.isfinite().all()  # no -inf under tanh, whose zero slope would give a NaN
+    layer.zero_grad()
     expected = torch.softmax(capped, -1) @ v
     torch.testing.assert_close(layer(x), layer.out(expected.transpose(1, 2).reshape(x.shape)))
     layer(x / 20).square().sum().backward()  # inside the cap, where tanh has slope

@@ -118,8 +118,9 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[-2:])
 
 
-def triple_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """Causal triple-product scores -det Gram(q_i, k_j, r_i) / D^1.5 [..., T, T], -inf above the diagonal."""
+def triple_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor, masked: bool = True) -> torch.Tensor:
+    """Causal triple-product scores -det Gram(q_i, k_j, r_i) / D^1.5 [..., T, T], -inf above the diagonal
+    (`masked` False: every entry)."""
     with torch.autocast(q.device.type, enabled=False):
         dtype = torch.promote_types(q.dtype, torch.float32)
         q, k, r = q.to(dtype), k.to(dtype), r.to(dtype)
@@ -135,7 +136,7 @@ def triple_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> torch.Te
         scores.addcmul_(vk, vk)  # + D^-1.5 δ (r·k)² / rr
         del vk
         _flat(scores).baddbmm_(_flat(delta[..., None]), _flat(kk[..., None, :]), alpha=-scale)
-        return scores.masked_fill_(_future(T, q.device), float("-inf"))
+        return scores.masked_fill_(_future(T, q.device), float("-inf")) if masked else scores
 
 
 class _TripleProductProbs(torch.autograd.Function):
@@ -263,9 +264,10 @@ def standard_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tor
     return _sdpa(q, k, v, is_causal=True)
 
 
-def standard_scores(q: torch.Tensor, k: torch.Tensor, r: None = None) -> list[torch.Tensor]:
-    """[q_i·k_j / sqrt(D)] [..., T, T], -inf above the diagonal: one block."""
-    return [(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5).masked_fill(_future(q.shape[-2], q.device), -math.inf)]
+def standard_scores(q: torch.Tensor, k: torch.Tensor, r: None = None, masked: bool = True) -> list[torch.Tensor]:
+    """[q_i·k_j / sqrt(D)] [..., T, T], -inf above the diagonal (`masked` False: every entry): one block."""
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    return [scores.masked_fill(_future(q.shape[-2], q.device), -math.inf) if masked else scores]
 
 
 def simplicial_scores(q: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> list[torch.Tensor]:
@@ -314,11 +316,12 @@ def normalized(vectors: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def soft_capped(scores: torch.Tensor, temperature: torch.Tensor, cap: float) -> torch.Tensor:
     """cap tanh(τ s / cap) per head (τ shaped to broadcast against s, e.g. [R, 1, n_head, 1, 1] for s
-    [R, B, n_head, T, T]), -inf kept off the causal entries: Gemma 2's logit soft cap after a learned
-    temperature. Near 0 it is τ s; it never leaves (-cap, cap)."""
-    masked = scores == -math.inf  # capped at 0 first: tanh's zero slope times -inf would be a NaN gradient
-    capped = cap * torch.tanh(scores.masked_fill(masked, 0) * temperature / cap)
-    return capped.masked_fill(masked, -math.inf)
+    [R, B, n_head, T, T]), -inf off the causal entries: Gemma 2's logit soft cap after a learned
+    temperature. Near 0 it is τ s; it never leaves (-cap, cap). The scores come unmasked (every entry finite)
+    and the causal mask follows the cap: a -inf under tanh, whose slope is 0 there, would give τ a NaN
+    gradient, and masking once is two passes over the scores fewer than masking around the cap."""
+    capped = cap * torch.tanh(scores * temperature / cap)
+    return capped.masked_fill(_future(scores.shape[-1], scores.device), -math.inf)
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,9 @@ class AttentionKind:
     vectors: int  # projected head vectors before v: 2 (q, k) or 3 (q, k, r)
     turned: int  # RoPE turns the first `turned` of them
     loud: tuple[int, ...]  # the key-side vectors a loud token's factor multiplies (1: k, 2: r)
-    scores: Callable  # (q, k, r) -> blocks of scores, -inf off the causal entries (mean |score| reads them)
+    # (q, k, r) -> blocks of scores, -inf off the causal entries (mean |score| reads them); a soft-capped kind's
+    # also takes masked=False: every entry, for soft_capped
+    scores: Callable
     kernel: Callable | None = None  # (q, k, r, v) -> y, a fused kernel; None: softmax over keys of the one block
     before_loud: Callable | None = None  # [q, k(, r)] -> the same after RoPE, before loudness (diff: its RoPE)
     prepare: Callable | None = None  # [q, k(, r)] -> the same after loudness, before scoring
@@ -348,9 +353,11 @@ class AttentionKind:
             q = q * temperature ** (1 / self.q_degree)
         if self.kernel is not None:
             return self.kernel(q, k, r, v)
-        (scores,) = self.scores(q, k, r)
         if self.soft_cap is not None:
+            (scores,) = self.scores(q, k, r, masked=False)
             scores = soft_capped(scores, temperature, self.soft_cap)
+        else:
+            (scores,) = self.scores(q, k, r)
         return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
@@ -367,7 +374,7 @@ TRIPLE = AttentionKind(
     vectors=3,
     turned=3,
     loud=(1,),
-    scores=lambda q, k, r: [triple_scores(q, k, r)],
+    scores=lambda q, k, r, masked=True: [triple_scores(q, k, r, masked)],
     kernel=triple_product_attention,
     q_degree=2,  # det Gram(c q, k, r) = c^2 det Gram(q, k, r)
 )
