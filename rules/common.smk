@@ -171,11 +171,11 @@ def attention_priority(wildcards):
 
 def attention_lr_jobs(wildcards):
     """attention_train's input `swept`: a kind of attention.split_kinds's attention_lr files, three an lr
-    (curves, sweep, weights), the config's lrs in order (an lr named by str()); none for the other kinds."""
+    (attention_lr's outputs in their order: curves, sweep, weights), the config's lrs in order (an lr named by
+    str()); none for the other kinds."""
     if wildcards.attention not in ATTENTION["split_kinds"]:
         return []
-    names = ("curves.parquet", "sweep.parquet", "weights.safetensors")  # attention_lr's outputs, in this order
-    return [f"{ATTENTION_LR_JOB}/{name}".format(**wildcards, lr=lr) for lr in ATTENTION["lrs"] for name in names]
+    return [path.format(**wildcards, lr=lr) for lr in ATTENTION["lrs"] for path in rules.attention_lr.output]
 
 
 def attention_runs(name):
